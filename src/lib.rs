@@ -1,0 +1,20 @@
+//! fencelog: a durable ownership ledger on an append-only, checksummed, hash-chained
+//! log. Layers, each a module, depending only downwards:
+//!
+//! - [`format`]: the bytes (pure);
+//! - [`storage`]: segment files, locking, group commit, recovery, readers.
+//!
+//! ```
+//! use fencelog::storage::{Log, LogOptions, verify_dir};
+//! let dir = tempfile::tempdir().unwrap();
+//! let log = Log::open(dir.path(), LogOptions::default()).unwrap();
+//! let a = log.append(b"first").unwrap();
+//! let b = log.append_batch(vec![b"second".to_vec(), b"third".to_vec()]).unwrap();
+//! assert_eq!((a.first_seq, b.first_seq, b.last_seq), (1, 2, 3));
+//! log.close().unwrap();
+//! let summary = verify_dir(dir.path(), LogOptions::default().body_max()).unwrap();
+//! assert!(summary.is_intact() && summary.records == 3);
+//! ```
+
+pub mod format;
+pub mod storage;

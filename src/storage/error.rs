@@ -1,0 +1,99 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every storage failure, with the evidence that locates it. `Clone` because one
+/// group-commit failure is reported to every appender in the group.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error: {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+
+    #[error(
+        "corruption in segment {segment} at byte {offset} (sequence {seq}): {detail}; the log refuses to open for writing"
+    )]
+    Corruption {
+        segment: PathBuf,
+        offset: u64,
+        seq: u64,
+        detail: String,
+    },
+
+    #[error("{segment}: {detail}")]
+    UnsupportedFormat { segment: PathBuf, detail: String },
+
+    #[error("{path} is not a fencelog log directory: {detail}")]
+    NotALogDirectory { path: PathBuf, detail: String },
+
+    #[error("record payload is {bytes} bytes; the limit is {max} bytes (payload_bytes_max)")]
+    RecordTooLarge { bytes: u64, max: u64 },
+
+    #[error(
+        "batch of {records} records / {bytes} bytes exceeds the limit of {records_max} records / {bytes_max} bytes"
+    )]
+    BatchTooLarge {
+        records: usize,
+        bytes: usize,
+        records_max: usize,
+        bytes_max: usize,
+    },
+
+    #[error("empty batch: nothing to append")]
+    EmptyBatch,
+
+    #[error(
+        "the log head is at sequence {actual}, not the expected {expected}; nothing was appended"
+    )]
+    HeadMoved { expected: u64, actual: u64 },
+
+    #[error(
+        "writer is poisoned by an earlier failure ({cause}); no append is acknowledged until the log is reopened and recovered"
+    )]
+    Poisoned { cause: String },
+
+    #[error("could not take the append lock {path} within {waited_ms} ms")]
+    LockTimeout { path: PathBuf, waited_ms: u64 },
+
+    #[error("invalid option: {detail}")]
+    InvalidOption { detail: String },
+
+    #[error("the log is closed")]
+    Closed,
+}
+
+impl Error {
+    /// A stable, machine-readable code for each kind of failure.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Io { .. } => "IO_ERROR",
+            Error::Corruption { .. } => "CORRUPTION",
+            Error::UnsupportedFormat { .. } => "UNSUPPORTED_FORMAT",
+            Error::NotALogDirectory { .. } => "NOT_A_LOG_DIRECTORY",
+            Error::RecordTooLarge { .. } => "RECORD_TOO_LARGE",
+            Error::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
+            Error::EmptyBatch => "EMPTY_BATCH",
+            Error::HeadMoved { .. } => "HEAD_MOVED",
+            Error::Poisoned { .. } => "WRITER_POISONED",
+            Error::LockTimeout { .. } => "LOCK_TIMEOUT",
+            Error::InvalidOption { .. } => "INVALID_OPTION",
+            Error::Closed => "CLOSED",
+        }
+    }
+
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |e| Error::Io {
+            op,
+            path,
+            source: Arc::new(e),
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! `storage`: segment files in a directory, the append lock, fsync and group commit,
+//! recovery of a torn tail, and verifying readers. It moves opaque payloads; it does
+//! not know what records mean.
+
+mod dir;
+mod error;
+mod faults;
+mod lock;
+mod options;
+mod reader;
+mod recovery;
+mod writer;
+
+pub use dir::{EVIDENCE_INFIX, LOCK_FILE, SNAPSHOT_DIR, list_segments, segment_path};
+pub use error::{Error, Result};
+pub use faults::Faults;
+pub use options::{Clock, LogOptions, VerifyOnOpen};
+pub use reader::{Problem, ReadSummary, read_records, verify_dir};
+pub use recovery::{OpenReport, Repair};
+pub use writer::{Appended, Log};

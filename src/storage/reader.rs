@@ -1,0 +1,240 @@
+//! Verifying readers. They take no lock and never write: sealed segments are mapped
+//! (memmap2), the last segment — which a recovering writer may truncate — is read
+//! into memory. Every problem is reported with segment, byte offset and sequence,
+//! and the scan resynchronises past damage so it decodes as much as it can.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::dir::list_segments;
+use super::error::{Error, Result};
+use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
+use crate::format::{
+    Cursor, GENESIS_LINK, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    SegmentHeaderError, decode_frame, hex, scan_frames,
+};
+
+/// One problem found by a reader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Stable code: `incomplete_frame`, `checksum_mismatch`, `chain_mismatch`, ...
+    pub kind: String,
+    pub segment: PathBuf,
+    pub offset: u64,
+    /// The sequence expected at that point.
+    pub seq: u64,
+    /// Damage at the very end that writer recovery would cut as a torn write (as
+    /// opposed to corruption, which it refuses).
+    pub torn_tail: bool,
+    /// Bytes skipped before the next intact frame (to the end if none).
+    pub damaged_bytes: u64,
+    pub detail: String,
+}
+
+/// What a read found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReadSummary {
+    pub segments: usize,
+    pub bytes: u64,
+    pub records: u64,
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    pub first_time_ms: Option<u64>,
+    pub last_time_ms: Option<u64>,
+    /// Chain link of the last intact record read (hex).
+    pub chain_head: String,
+    pub problems: Vec<Problem>,
+}
+
+impl ReadSummary {
+    pub fn is_intact(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// Damaged, and not only by a torn tail that recovery would cut.
+    pub fn has_corruption(&self) -> bool {
+        self.problems.iter().any(|p| !p.torn_tail)
+    }
+}
+
+/// Verify every record of the log in `dir`.
+pub fn verify_dir(dir: &Path, body_max: u32) -> Result<ReadSummary> {
+    read_records(dir, 1, body_max, |_| true)
+}
+
+/// Read and verify records with sequence ≥ `from_seq`, in order, calling `visit` for
+/// each intact one (return `false` to stop). Starts at the segment holding
+/// `from_seq`, trusting its header for the preceding link.
+pub fn read_records(
+    dir: &Path,
+    from_seq: u64,
+    body_max: u32,
+    mut visit: impl FnMut(&RecordRef<'_>) -> bool,
+) -> Result<ReadSummary> {
+    if !dir.is_dir() {
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: "it is not a readable directory".into(),
+        });
+    }
+    let segments = list_segments(dir)?;
+    if segments.is_empty() {
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: "it holds no segment file".into(),
+        });
+    }
+    let start = segments
+        .iter()
+        .rposition(|(s, _)| *s <= from_seq)
+        .unwrap_or(0);
+    let mut sum = ReadSummary {
+        segments: segments.len(),
+        chain_head: hex(&GENESIS_LINK),
+        ..Default::default()
+    };
+    let mut cursor: Option<Cursor> = None;
+    let mut stopped = false;
+    for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
+        if stopped {
+            break;
+        }
+        let is_last = i + 1 == segments.len();
+        let owned;
+        let mapped;
+        let bytes: &[u8] = if is_last {
+            owned = fs::read(path).map_err(Error::io("read", path))?;
+            &owned
+        } else {
+            mapped = Mapped::open(path)?;
+            mapped.bytes()
+        };
+        sum.bytes += bytes.len() as u64;
+        let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
+        let mut problem =
+            |kind: &str, offset: u64, seq: u64, torn: bool, damaged: u64, detail: String| {
+                sum.problems.push(Problem {
+                    kind: kind.into(),
+                    segment: path.clone(),
+                    offset,
+                    seq,
+                    torn_tail: torn,
+                    damaged_bytes: damaged,
+                    detail,
+                })
+            };
+        let header = match SegmentHeader::decode(bytes) {
+            Ok(h) => h,
+            Err(e @ SegmentHeaderError::UnsupportedVersion { .. }) => {
+                return Err(Error::UnsupportedFormat {
+                    segment: path.clone(),
+                    detail: e.to_string(),
+                });
+            }
+            Err(e) => {
+                let torn = is_last && is_torn_creation(bytes, &e, body_max);
+                let kind = if torn {
+                    "torn_segment_creation"
+                } else {
+                    "segment_header"
+                };
+                problem(
+                    kind,
+                    0,
+                    expected_seq,
+                    torn,
+                    bytes.len() as u64,
+                    e.to_string(),
+                );
+                cursor = None;
+                continue;
+            }
+        };
+        if let Err(Error::Corruption { detail, .. }) =
+            check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)
+        {
+            problem(
+                "segment_discontinuity",
+                0,
+                header.first_seq,
+                false,
+                0,
+                detail,
+            );
+        }
+        let mut c = Cursor {
+            next_seq: header.first_seq,
+            prev_link: header.prev_link,
+        };
+        let mut at = SEGMENT_HEADER_BYTES;
+        let mut on_record = |rec: &RecordRef<'_>, sum: &mut ReadSummary| {
+            if rec.seq < from_seq || stopped {
+                return;
+            }
+            sum.records += 1;
+            sum.first_seq.get_or_insert(rec.seq);
+            sum.first_time_ms.get_or_insert(rec.time_ms);
+            sum.last_seq = Some(rec.seq);
+            sum.last_time_ms = Some(rec.time_ms);
+            sum.chain_head = hex(&rec.link);
+            stopped = !visit(rec);
+        };
+        loop {
+            let mut local = ReadSummary::default();
+            let outcome = scan_frames(bytes, at, &mut c, body_max, |_, rec| {
+                on_record(rec, &mut local)
+            });
+            merge(&mut sum, local);
+            let ScanOutcome::Damaged(d) = outcome else {
+                break;
+            };
+            let end = d.resync_at.unwrap_or(bytes.len() as u64);
+            sum.problems.push(Problem {
+                kind: d.kind.code().into(),
+                segment: path.clone(),
+                offset: d.offset,
+                seq: d.expected_seq,
+                torn_tail: is_last && d.is_torn_tail(),
+                damaged_bytes: end - d.offset,
+                detail: match d.kind {
+                    crate::format::DamageKind::SequenceMismatch { found } => {
+                        format!("expected sequence {} but found {found}", d.expected_seq)
+                    }
+                    _ => format!(
+                        "damaged frame where sequence {} was expected",
+                        d.expected_seq
+                    ),
+                },
+            });
+            let Some(resync) = d.resync_at else { break };
+            // Anchor on the intact frame after the damage; its own link cannot be
+            // checked against a lost predecessor, so start the chain from it.
+            let (rec, used) = decode_frame(&bytes[resync as usize..], body_max)
+                .expect("resync found an intact frame");
+            let mut local = ReadSummary::default();
+            on_record(&rec, &mut local);
+            merge(&mut sum, local);
+            c = Cursor {
+                next_seq: rec.seq + 1,
+                prev_link: rec.link,
+            };
+            at = resync as usize + used;
+        }
+        cursor = Some(c);
+    }
+    Ok(sum)
+}
+
+fn merge(into: &mut ReadSummary, from: ReadSummary) {
+    if from.records == 0 {
+        return;
+    }
+    into.records += from.records;
+    into.first_seq = into.first_seq.or(from.first_seq);
+    into.first_time_ms = into.first_time_ms.or(from.first_time_ms);
+    into.last_seq = from.last_seq;
+    into.last_time_ms = from.last_time_ms;
+    into.chain_head = from.chain_head;
+}

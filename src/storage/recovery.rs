@@ -1,0 +1,315 @@
+//! Open-time recovery: the decision table of FORMAT.md §5, applied with the append
+//! lock held. Torn tails are cut (bytes kept as evidence); anything else is refused.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use serde::Serialize;
+
+use super::dir::{segment_path, sync_dir, write_evidence};
+use super::error::{Error, Result};
+use super::options::{LogOptions, VerifyOnOpen};
+use crate::format::{
+    Cursor, Damage, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    SegmentHeaderError, find_next_frame, hex, scan_frames,
+};
+
+/// One repair made while opening, with the evidence file that keeps what was cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Repair {
+    /// `torn_tail` or `torn_segment_creation`.
+    pub kind: &'static str,
+    /// What the damage looked like (`incomplete_frame`, `checksum_mismatch`, ...).
+    pub damage: String,
+    pub segment: PathBuf,
+    pub offset: u64,
+    pub bytes: u64,
+    /// The sequence the cut record would have carried.
+    pub seq: u64,
+    pub evidence: PathBuf,
+}
+
+/// What `Log::open` found and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpenReport {
+    pub segments: usize,
+    pub records_verified: u64,
+    /// Last durable sequence (0 for an empty log).
+    pub last_seq: u64,
+    pub chain_head: String,
+    pub repairs: Vec<Repair>,
+}
+
+/// The state a writer continues from.
+#[derive(Debug)]
+pub(crate) struct TailState {
+    pub segment: PathBuf,
+    pub segment_first_seq: u64,
+    pub segment_len: u64,
+    pub cursor: Cursor,
+}
+
+/// Map a whole file read-only (an empty file maps to an empty slice).
+pub(crate) struct Mapped {
+    map: Option<Mmap>,
+}
+
+impl Mapped {
+    pub fn open(path: &Path) -> Result<Self> {
+        let f = File::open(path).map_err(Error::io("open", path))?;
+        let len = f.metadata().map_err(Error::io("stat", path))?.len();
+        if len == 0 {
+            return Ok(Mapped { map: None });
+        }
+        // SAFETY: segments are only ever appended to, or truncated under the append
+        // lock; the writer maps them while holding that lock, and readers map only
+        // sealed segments (FORMAT.md §6), so the mapping never shrinks underneath.
+        let map = unsafe { Mmap::map(&f) }.map_err(Error::io("mmap", path))?;
+        Ok(Mapped { map: Some(map) })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+/// A last segment whose header never made it to disk whole, and which holds no
+/// intact frame, is the trace of a crash during rotation.
+pub(crate) fn is_torn_creation(bytes: &[u8], err: &SegmentHeaderError, body_max: u32) -> bool {
+    !matches!(err, SegmentHeaderError::UnsupportedVersion { .. })
+        && find_next_frame(bytes, SEGMENT_HEADER_BYTES.min(bytes.len()), body_max, 1).is_none()
+}
+
+pub(crate) fn header_error(path: &Path, err: SegmentHeaderError, expected_seq: u64) -> Error {
+    match err {
+        SegmentHeaderError::UnsupportedVersion { .. } => Error::UnsupportedFormat {
+            segment: path.to_path_buf(),
+            detail: err.to_string(),
+        },
+        _ => Error::Corruption {
+            segment: path.to_path_buf(),
+            offset: 0,
+            seq: expected_seq,
+            detail: err.to_string(),
+        },
+    }
+}
+
+/// Move a segment that was being created when the process died out of the way.
+pub(crate) fn set_aside_torn_segment(dir: &Path, path: &Path, expected_seq: u64) -> Result<Repair> {
+    let bytes = fs::read(path).map_err(Error::io("read", path))?;
+    let evidence = write_evidence(path, "torn-segment", 0, &bytes)?;
+    fs::remove_file(path).map_err(Error::io("remove", path))?;
+    sync_dir(dir)?;
+    tracing::warn!(segment = %path.display(), evidence = %evidence.display(), "set aside a segment torn during creation");
+    Ok(Repair {
+        kind: "torn_segment_creation",
+        damage: "segment_header".into(),
+        segment: path.to_path_buf(),
+        offset: 0,
+        bytes: bytes.len() as u64,
+        seq: expected_seq,
+        evidence,
+    })
+}
+
+/// Cut a torn tail at `offset`, after making its bytes durable as evidence.
+pub(crate) fn cut_torn_tail(
+    path: &Path,
+    bytes_from_offset: &[u8],
+    offset: u64,
+    damage: &Damage,
+) -> Result<Repair> {
+    let evidence = write_evidence(path, "torn-tail", offset, bytes_from_offset)?;
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(Error::io("open", path))?;
+    f.set_len(offset).map_err(Error::io("truncate", path))?;
+    f.sync_all().map_err(Error::io("fsync", path))?;
+    tracing::warn!(segment = %path.display(), offset, bytes = bytes_from_offset.len(), evidence = %evidence.display(),
+        "truncated a torn tail");
+    Ok(Repair {
+        kind: "torn_tail",
+        damage: damage.kind.code().into(),
+        segment: path.to_path_buf(),
+        offset,
+        bytes: bytes_from_offset.len() as u64,
+        seq: damage.expected_seq,
+        evidence,
+    })
+}
+
+pub(crate) fn damage_error(path: &Path, base: u64, d: &Damage, what: &str) -> Error {
+    let resync = match d.resync_at {
+        Some(o) => format!("; intact records follow at byte {}", base + o),
+        None => String::new(),
+    };
+    Error::Corruption {
+        segment: path.to_path_buf(),
+        offset: base + d.offset,
+        seq: d.expected_seq,
+        detail: format!("{} {what}{resync}", d.kind.code()),
+    }
+}
+
+/// Create a segment: file, header, fsync the file and then the directory.
+pub(crate) fn create_segment(dir: &Path, cursor: &Cursor) -> Result<PathBuf> {
+    use std::os::unix::fs::FileExt;
+    let path = segment_path(dir, cursor.next_seq);
+    let f = super::dir::open_private(&path, true)?;
+    let header = SegmentHeader {
+        first_seq: cursor.next_seq,
+        prev_link: cursor.prev_link,
+    }
+    .encode();
+    f.write_all_at(&header, 0)
+        .map_err(Error::io("write segment header", &path))?;
+    f.sync_all().map_err(Error::io("fsync", &path))?;
+    sync_dir(dir)?;
+    Ok(path)
+}
+
+/// Recover the directory for writing. The caller holds the append lock.
+pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenReport)> {
+    let body_max = opts.body_max();
+    let mut repairs = Vec::new();
+    let mut segments = super::dir::list_segments(dir)?;
+
+    // Decision: a last segment with a damaged header and no intact frame was torn
+    // during creation → set aside. (Repeat: a crash loop could leave several.)
+    while let Some((seq, path)) = segments.last().cloned() {
+        let map = Mapped::open(&path)?;
+        match SegmentHeader::decode(map.bytes()) {
+            Err(e) if is_torn_creation(map.bytes(), &e, body_max) => {
+                drop(map);
+                repairs.push(set_aside_torn_segment(dir, &path, seq)?);
+                segments.pop();
+            }
+            _ => break,
+        }
+    }
+
+    if segments.is_empty() {
+        let cursor = Cursor {
+            next_seq: 1,
+            prev_link: GENESIS_LINK,
+        };
+        let path = create_segment(dir, &cursor)?;
+        let tail = TailState {
+            segment: path,
+            segment_first_seq: 1,
+            segment_len: SEGMENT_HEADER_BYTES as u64,
+            cursor,
+        };
+        let report = OpenReport {
+            segments: 1,
+            records_verified: 0,
+            last_seq: 0,
+            chain_head: hex(&GENESIS_LINK),
+            repairs,
+        };
+        return Ok((tail, report));
+    }
+
+    let start = match opts.verify_on_open {
+        VerifyOnOpen::Full => 0,
+        VerifyOnOpen::LastSegment => segments.len() - 1,
+    };
+    let mut cursor: Option<Cursor> = None;
+    let mut records = 0u64;
+    let mut tail = None;
+    for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
+        let is_last = i + 1 == segments.len();
+        let map = Mapped::open(path)?;
+        let bytes = map.bytes();
+        let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
+        let header =
+            SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
+        check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)?;
+        let mut c = Cursor {
+            next_seq: header.first_seq,
+            prev_link: header.prev_link,
+        };
+        let mut len = bytes.len() as u64;
+        match scan_frames(bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| {
+            records += 1
+        }) {
+            ScanOutcome::Clean => {}
+            ScanOutcome::Damaged(d) if is_last && d.is_torn_tail() => {
+                repairs.push(cut_torn_tail(
+                    path,
+                    &bytes[d.offset as usize..],
+                    d.offset,
+                    &d,
+                )?);
+                len = d.offset;
+            }
+            ScanOutcome::Damaged(d) => {
+                let what = if is_last {
+                    ""
+                } else {
+                    "in a sealed segment (later segments exist)"
+                };
+                return Err(damage_error(path, 0, &d, what));
+            }
+        }
+        cursor = Some(c);
+        if is_last {
+            tail = Some(TailState {
+                segment: path.clone(),
+                segment_first_seq: *name_seq,
+                segment_len: len,
+                cursor: c,
+            });
+        }
+    }
+    let tail = tail.expect("the last segment is always scanned");
+    let report = OpenReport {
+        segments: segments.len(),
+        records_verified: records,
+        last_seq: tail.cursor.next_seq - 1,
+        chain_head: hex(&tail.cursor.prev_link),
+        repairs,
+    };
+    Ok((tail, report))
+}
+
+/// The header must match the file name and continue the chain of the segment before.
+pub(crate) fn check_header_continuity(
+    path: &Path,
+    name_seq: u64,
+    header: &SegmentHeader,
+    prev: Option<&Cursor>,
+    is_first_segment: bool,
+) -> Result<()> {
+    let refuse = |detail: String| {
+        Err(Error::Corruption {
+            segment: path.to_path_buf(),
+            offset: 0,
+            seq: header.first_seq,
+            detail,
+        })
+    };
+    if header.first_seq != name_seq {
+        return refuse(format!(
+            "header says first sequence {} but the file is named for {name_seq}",
+            header.first_seq
+        ));
+    }
+    match prev {
+        Some(c) if c.next_seq != header.first_seq => {
+            refuse(format!("segment starts at sequence {} but the previous one ends at {}", header.first_seq, c.next_seq - 1))
+        }
+        Some(c) if c.prev_link != header.prev_link => refuse(format!(
+            "segment header chain link {} does not match the previous segment's head {}",
+            hex(&header.prev_link),
+            hex(&c.prev_link)
+        )),
+        None if is_first_segment && (header.first_seq != 1 || header.prev_link != GENESIS_LINK) => {
+            refuse("the first segment does not start at sequence 1 with the genesis link (a segment is missing)".into())
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,527 @@
+//! The writer: one thread per open log owns the tail segment. Appenders hand it
+//! requests through a bounded queue and wait on a per-request completion; the thread
+//! drains everything queued (up to the batch limits), takes the cross-process lock,
+//! catches up with other processes' records, writes the group with one `pwrite`,
+//! syncs once, releases the lock and completes every request. No sleep on the path:
+//! the group is whatever arrived while the previous sync ran.
+
+use std::fs::{self, File};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::dir::{create_dir_private, segment_path};
+use super::error::{Error, Result};
+use super::lock::AppendLock;
+use super::options::LogOptions;
+use super::recovery::{
+    OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, damage_error,
+    header_error, is_torn_creation, recover, set_aside_torn_segment,
+};
+use crate::format::{
+    ChainLink, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, encode_frame, frame_bytes,
+    scan_frames,
+};
+
+/// An acknowledged (synced) append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Chain link of `last_seq`.
+    pub chain_head: ChainLink,
+}
+
+struct Request {
+    payloads: Vec<Vec<u8>>,
+    bytes: usize,
+    /// Append only if the log's last sequence is exactly this.
+    expect_last_seq: Option<u64>,
+    reply: oneshot::Sender<Result<Appended>>,
+}
+
+struct Shared {
+    poisoned: Mutex<Option<String>>,
+    /// Last sequence this writer knows to be durable (its own or caught up).
+    head: AtomicU64,
+    /// Records appended by other processes and found while catching up.
+    adopted: AtomicU64,
+}
+
+impl Shared {
+    fn poison_check(&self) -> Result<()> {
+        match &*self.poisoned.lock().expect("poison mutex") {
+            Some(cause) => Err(Error::Poisoned {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An open log, for appending. Cheap to share between threads (`&Log` is enough).
+pub struct Log {
+    dir: PathBuf,
+    opts: LogOptions,
+    writer_id: uuid::Uuid,
+    report: OpenReport,
+    shared: Arc<Shared>,
+    tx: Option<mpsc::Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Log {
+    /// Open (creating if allowed) and recover the log in `dir`: torn tails are cut
+    /// and kept as evidence, corruption is refused (see `open_report`).
+    pub fn open(dir: impl AsRef<Path>, opts: LogOptions) -> Result<Log> {
+        opts.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        prepare_dir(&dir, opts.create)?;
+        let lock = AppendLock::open(&dir)?;
+        let (tail, report) = {
+            let _held = lock.acquire(opts.lock_wait_ms_max)?;
+            recover(&dir, &opts)?
+        };
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&tail.segment)
+            .map_err(Error::io("open", &tail.segment))?;
+        let writer_id = opts.writer_id.unwrap_or_else(uuid::Uuid::new_v4);
+        let shared = Arc::new(Shared {
+            poisoned: Mutex::new(None),
+            head: AtomicU64::new(tail.cursor.next_seq - 1),
+            adopted: AtomicU64::new(0),
+        });
+        let (tx, rx) = mpsc::channel(opts.queue_depth_max);
+        let writer = Writer {
+            dir: dir.clone(),
+            opts: opts.clone(),
+            writer_id: *writer_id.as_bytes(),
+            lock: Arc::new(lock),
+            file,
+            tail,
+            shared: shared.clone(),
+            buf: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("fencelog-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(Error::io("spawn writer thread", &dir))?;
+        Ok(Log {
+            dir,
+            opts,
+            writer_id,
+            report,
+            shared,
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn options(&self) -> &LogOptions {
+        &self.opts
+    }
+
+    /// The identity this writer stamps on every record.
+    pub fn writer_id(&self) -> uuid::Uuid {
+        self.writer_id
+    }
+
+    /// What recovery found and did when this log was opened.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    /// Last sequence this writer knows to be durable.
+    pub fn head(&self) -> u64 {
+        self.shared.head.load(Ordering::Acquire)
+    }
+
+    /// Records other processes appended that this writer has caught up with.
+    pub fn adopted_records(&self) -> u64 {
+        self.shared.adopted.load(Ordering::Relaxed)
+    }
+
+    /// Append one record; returns once it is synced.
+    pub fn append(&self, payload: &[u8]) -> Result<Appended> {
+        self.append_batch(vec![payload.to_vec()])
+    }
+
+    /// Append records contiguously; returns once all are synced. After a crash, a
+    /// prefix of an unacknowledged batch may survive: atomicity across crashes is
+    /// per record (the ledger puts one transaction in one record).
+    pub fn append_batch(&self, payloads: Vec<Vec<u8>>) -> Result<Appended> {
+        let (req, rx) = self.request(payloads, None)?;
+        self.sender()?
+            .blocking_send(req)
+            .map_err(|_| Error::Closed)?;
+        rx.blocking_recv().map_err(|_| Error::Closed)?
+    }
+
+    /// Compare-and-append: append only if the last sequence is `expect_last_seq`
+    /// (checked after catching up with every other process), else `HEAD_MOVED`.
+    pub fn append_if_head(&self, expect_last_seq: u64, payloads: Vec<Vec<u8>>) -> Result<Appended> {
+        let (req, rx) = self.request(payloads, Some(expect_last_seq))?;
+        self.sender()?
+            .blocking_send(req)
+            .map_err(|_| Error::Closed)?;
+        rx.blocking_recv().map_err(|_| Error::Closed)?
+    }
+
+    /// `append` for async callers: waits on its completion without blocking a thread.
+    pub async fn append_async(&self, payload: Vec<u8>) -> Result<Appended> {
+        let (req, rx) = self.request(vec![payload], None)?;
+        self.sender()?.send(req).await.map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Stop the writer thread after it finishes what is queued.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown();
+        self.shared.poison_check()
+    }
+
+    fn sender(&self) -> Result<&mpsc::Sender<Request>> {
+        self.tx.as_ref().ok_or(Error::Closed)
+    }
+
+    fn request(
+        &self,
+        payloads: Vec<Vec<u8>>,
+        expect_last_seq: Option<u64>,
+    ) -> Result<(Request, oneshot::Receiver<Result<Appended>>)> {
+        if payloads.is_empty() {
+            return Err(Error::EmptyBatch);
+        }
+        let max = self.opts.payload_bytes_max as usize;
+        if let Some(p) = payloads.iter().find(|p| p.len() > max) {
+            return Err(Error::RecordTooLarge {
+                bytes: p.len() as u64,
+                max: max as u64,
+            });
+        }
+        let bytes = payloads.iter().map(Vec::len).sum();
+        if payloads.len() > self.opts.batch_records_max || bytes > self.opts.batch_bytes_max {
+            return Err(Error::BatchTooLarge {
+                records: payloads.len(),
+                bytes,
+                records_max: self.opts.batch_records_max,
+                bytes_max: self.opts.batch_bytes_max,
+            });
+        }
+        self.shared.poison_check()?;
+        let (reply, rx) = oneshot::channel();
+        Ok((
+            Request {
+                payloads,
+                bytes,
+                expect_last_seq,
+                reply,
+            },
+            rx,
+        ))
+    }
+
+    fn shutdown(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn prepare_dir(dir: &Path, create: bool) -> Result<()> {
+    if !dir.exists() {
+        if !create {
+            return Err(Error::NotALogDirectory {
+                path: dir.into(),
+                detail: "it does not exist".into(),
+            });
+        }
+        create_dir_private(dir)?;
+        super::dir::sync_dir(
+            dir.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        )?;
+    } else if !dir.is_dir() {
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: "it is not a directory".into(),
+        });
+    } else if super::dir::list_segments(dir)?.is_empty() {
+        // Refuse to turn an unrelated, non-empty directory into a log.
+        let foreign = fs::read_dir(dir)
+            .map_err(Error::io("list", dir))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| {
+                n != super::dir::LOCK_FILE
+                    && n != super::dir::SNAPSHOT_DIR
+                    && !n.contains(super::dir::EVIDENCE_INFIX)
+            });
+        if let Some(name) = foreign {
+            return Err(Error::NotALogDirectory {
+                path: dir.into(),
+                detail: format!(
+                    "it holds no segment but holds {name:?}; refusing to create a log among other files"
+                ),
+            });
+        }
+    }
+    create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))
+}
+
+struct Writer {
+    dir: PathBuf,
+    opts: LogOptions,
+    writer_id: [u8; 16],
+    lock: Arc<AppendLock>,
+    file: File,
+    tail: TailState,
+    shared: Arc<Shared>,
+    /// Frames of the group being written (reused; bounded by `batch_bytes_max`).
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut carried: Option<Request> = None;
+        loop {
+            let Some(first) = carried.take().or_else(|| rx.blocking_recv()) else {
+                return;
+            };
+            let (mut records, mut bytes) = (first.payloads.len(), first.bytes);
+            let mut group = vec![first];
+            while let Ok(r) = rx.try_recv() {
+                if records + r.payloads.len() > self.opts.batch_records_max
+                    || bytes + r.bytes > self.opts.batch_bytes_max
+                {
+                    carried = Some(r);
+                    break;
+                }
+                records += r.payloads.len();
+                bytes += r.bytes;
+                group.push(r);
+            }
+            self.commit(group);
+        }
+    }
+
+    fn commit(&mut self, group: Vec<Request>) {
+        if let Err(e) = self.shared.poison_check() {
+            return group
+                .into_iter()
+                .for_each(|r| drop(r.reply.send(Err(e.clone()))));
+        }
+        let outcome = self.lock_and_write(&group);
+        match outcome {
+            Ok(results) => {
+                self.shared
+                    .head
+                    .store(self.tail.cursor.next_seq - 1, Ordering::Release);
+                for (r, res) in group.into_iter().zip(results) {
+                    let _ = r.reply.send(res);
+                }
+            }
+            Err(e) => {
+                if !matches!(e, Error::LockTimeout { .. }) {
+                    // Bytes may be half on disk: nothing is acknowledged until reopen.
+                    tracing::error!(error = %e, "writer poisoned");
+                    *self.shared.poisoned.lock().expect("poison mutex") = Some(e.to_string());
+                }
+                group
+                    .into_iter()
+                    .for_each(|r| drop(r.reply.send(Err(e.clone()))));
+            }
+        }
+    }
+
+    fn lock_and_write(&mut self, group: &[Request]) -> Result<Vec<Result<Appended>>> {
+        let lock = Arc::clone(&self.lock);
+        let _held = lock.acquire(self.opts.lock_wait_ms_max)?;
+        self.catch_up()?;
+        self.write_group(group)
+    }
+
+    /// Adopt what other processes appended since our last look: the rest of our
+    /// segment, then any segments they created. Holding the lock, an incomplete
+    /// frame at the end can only be a dead writer's torn write, so it is cut.
+    fn catch_up(&mut self) -> Result<()> {
+        let body_max = self.opts.body_max();
+        loop {
+            let path = self.tail.segment.clone();
+            let len = self
+                .file
+                .metadata()
+                .map_err(Error::io("stat", &path))?
+                .len();
+            if len < self.tail.segment_len {
+                return Err(Error::Corruption {
+                    segment: path,
+                    offset: len,
+                    seq: self.tail.cursor.next_seq,
+                    detail: format!(
+                        "segment shrank from {} to {len} bytes under the writer",
+                        self.tail.segment_len
+                    ),
+                });
+            }
+            if len > self.tail.segment_len {
+                let base = self.tail.segment_len;
+                let mut bytes = vec![0u8; (len - base) as usize];
+                self.file
+                    .read_exact_at(&mut bytes, base)
+                    .map_err(Error::io("read", &path))?;
+                let mut adopted = 0u64;
+                match scan_frames(&bytes, 0, &mut self.tail.cursor, body_max, |_, _| {
+                    adopted += 1
+                }) {
+                    ScanOutcome::Clean => self.tail.segment_len = len,
+                    ScanOutcome::Damaged(d) if d.is_torn_tail() => {
+                        cut_torn_tail(&path, &bytes[d.offset as usize..], base + d.offset, &d)?;
+                        self.tail.segment_len = base + d.offset;
+                    }
+                    ScanOutcome::Damaged(d) => {
+                        return Err(damage_error(&path, base, &d, "(found while catching up)"));
+                    }
+                }
+                self.shared.adopted.fetch_add(adopted, Ordering::Relaxed);
+            }
+            // Rotation only ever seals a segment holding records, so an empty
+            // segment has no successor (and would share its successor's name).
+            if self.tail.cursor.next_seq == self.tail.segment_first_seq {
+                return Ok(());
+            }
+            let next = segment_path(&self.dir, self.tail.cursor.next_seq);
+            if !next.exists() {
+                return Ok(());
+            }
+            let bytes = fs::read(&next).map_err(Error::io("read", &next))?;
+            let header = match SegmentHeader::decode(&bytes) {
+                Ok(h) => h,
+                Err(e) if is_torn_creation(&bytes, &e, body_max) => {
+                    set_aside_torn_segment(&self.dir, &next, self.tail.cursor.next_seq)?;
+                    return Ok(());
+                }
+                Err(e) => return Err(header_error(&next, e, self.tail.cursor.next_seq)),
+            };
+            check_header_continuity(
+                &next,
+                self.tail.cursor.next_seq,
+                &header,
+                Some(&self.tail.cursor),
+                false,
+            )?;
+            self.switch_to(next, SEGMENT_HEADER_BYTES as u64)?;
+        }
+    }
+
+    fn switch_to(&mut self, path: PathBuf, len: u64) -> Result<()> {
+        self.file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(Error::io("open", &path))?;
+        self.tail.segment_first_seq = self.tail.cursor.next_seq;
+        self.tail.segment = path;
+        self.tail.segment_len = len;
+        Ok(())
+    }
+
+    fn write_group(&mut self, group: &[Request]) -> Result<Vec<Result<Appended>>> {
+        let now_ms = self.opts.now_ms();
+        self.buf.clear();
+        let mut results = Vec::with_capacity(group.len());
+        for req in group {
+            let last = self.tail.cursor.next_seq - 1;
+            if let Some(expected) = req.expect_last_seq.filter(|&e| e != last) {
+                results.push(Err(Error::HeadMoved {
+                    expected,
+                    actual: last,
+                }));
+                continue;
+            }
+            let first_seq = self.tail.cursor.next_seq;
+            for p in &req.payloads {
+                let used = self.tail.segment_len + self.buf.len() as u64;
+                if used > SEGMENT_HEADER_BYTES as u64
+                    && used + frame_bytes(p.len()) as u64 > self.opts.segment_bytes_max
+                {
+                    self.flush()?;
+                    let path = create_segment(&self.dir, &self.tail.cursor)?;
+                    self.switch_to(path, SEGMENT_HEADER_BYTES as u64)?;
+                }
+                let c = &mut self.tail.cursor;
+                c.prev_link = encode_frame(
+                    &mut self.buf,
+                    &c.prev_link,
+                    c.next_seq,
+                    &self.writer_id,
+                    now_ms,
+                    p,
+                );
+                c.next_seq += 1;
+            }
+            let c = &self.tail.cursor;
+            results.push(Ok(Appended {
+                first_seq,
+                last_seq: c.next_seq - 1,
+                chain_head: c.prev_link,
+            }));
+        }
+        self.flush()?;
+        Ok(results)
+    }
+
+    /// Write the buffered frames at the tail and sync them (data, not metadata that
+    /// is not needed to read them back: `fdatasync`).
+    fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let path = &self.tail.segment;
+        if let Some(prefix) = self
+            .opts
+            .faults
+            .as_ref()
+            .and_then(|f| f.write_fails(self.buf.len()))
+        {
+            let _ = self
+                .file
+                .write_all_at(&self.buf[..prefix], self.tail.segment_len);
+            return Err(Error::io("write", path)(std::io::Error::other(
+                "injected write failure",
+            )));
+        }
+        self.file
+            .write_all_at(&self.buf, self.tail.segment_len)
+            .map_err(Error::io("write", path))?;
+        if self.opts.faults.as_ref().is_some_and(|f| f.sync_fails()) {
+            return Err(Error::io("fdatasync", path)(std::io::Error::other(
+                "injected sync failure",
+            )));
+        }
+        self.file
+            .sync_data()
+            .map_err(Error::io("fdatasync", path))?;
+        self.tail.segment_len += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}

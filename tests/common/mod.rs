@@ -1,0 +1,72 @@
+#![allow(dead_code)]
+//! Helpers shared by the integration tests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use fencelog::storage::{LogOptions, read_records};
+
+/// Copy every regular file of `from` into a fresh temp directory.
+pub fn copy_dir(from: &Path) -> tempfile::TempDir {
+    let to = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.path().join(e.file_name())).unwrap();
+        }
+    }
+    to
+}
+
+/// blake3 of every file under `dir` (recursively), by relative path.
+pub fn hash_tree(dir: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let h = blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string();
+                out.insert(p.strip_prefix(dir).unwrap().to_path_buf(), h);
+            }
+        }
+    }
+    out
+}
+
+/// All intact records as (seq, payload), verifying as it reads.
+pub fn records(dir: &Path) -> Vec<(u64, Vec<u8>)> {
+    let mut v = Vec::new();
+    read_records(dir, 1, LogOptions::default().body_max(), |r| {
+        v.push((r.seq, r.payload.to_vec()));
+        true
+    })
+    .unwrap();
+    v
+}
+
+pub fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    fencelog::storage::list_segments(dir).unwrap().into_iter().map(|(_, p)| p).collect()
+}
+
+/// A tiny deterministic PRNG (xorshift64*), so failures are reproducible from a seed.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub fn seed() -> u64 {
+    std::env::var("FENCELOG_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    })
+}

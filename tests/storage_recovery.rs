@@ -1,0 +1,358 @@
+//! Recovery, corruption, limits and injected failures, on real files.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{copy_dir, hash_tree, records, segment_files};
+use fencelog::format::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use fencelog::storage::{Error, Faults, Log, LogOptions, verify_dir};
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("record {i} {}", "p".repeat((i % 7) as usize * 5)).into_bytes()
+}
+
+fn write_log(dir: &Path, n: u64, opts: LogOptions) {
+    let log = Log::open(dir, opts).unwrap();
+    for i in 1..=n {
+        assert_eq!(log.append(&payload(i)).unwrap().first_seq, i);
+    }
+    log.close().unwrap();
+}
+
+fn small_segments() -> LogOptions {
+    LogOptions { segment_bytes_max: 300, ..LogOptions::default() }
+}
+
+/// Proves: cutting the last record at every byte offset is recovered as a torn
+/// tail: earlier records survive exactly, the cut bytes are kept as evidence, and the
+/// next append gets the next sequence with a valid chain.
+#[test]
+fn truncation_at_every_offset_of_the_last_record_recovers_the_previous_records() {
+    let base = tempfile::tempdir().unwrap();
+    write_log(base.path(), 5, LogOptions::default());
+    let seg = &segment_files(base.path())[0];
+    let full = fs::read(seg).unwrap();
+    let last_len = fencelog::format::frame_bytes(payload(5).len());
+    let last_start = full.len() - last_len;
+    for cut in last_start..=full.len() {
+        let d = copy_dir(base.path());
+        let seg = &segment_files(d.path())[0];
+        fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(cut as u64).unwrap();
+        let log = Log::open(d.path(), LogOptions::default()).unwrap();
+        let report = log.open_report().clone();
+        let intact = cut == full.len();
+        assert_eq!(report.last_seq, if intact { 5 } else { 4 }, "cut at {cut}");
+        if intact || cut == last_start {
+            assert!(report.repairs.is_empty(), "cut at {cut}: a clean boundary needs no repair");
+        } else {
+            assert_eq!(report.repairs.len(), 1);
+            let r = &report.repairs[0];
+            assert_eq!((r.kind, r.offset, r.seq), ("torn_tail", last_start as u64, 5));
+            assert_eq!(fs::read(&r.evidence).unwrap(), &full[last_start..cut], "evidence keeps the cut bytes");
+        }
+        let next = log.append(b"after recovery").unwrap();
+        assert_eq!(next.first_seq, report.last_seq + 1);
+        log.close().unwrap();
+        let recs = records(d.path());
+        let expect: Vec<_> = (1..=report.last_seq).map(|i| (i, payload(i))).collect();
+        assert_eq!(&recs[..recs.len() - 1], &expect[..], "cut at {cut}");
+        assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
+    }
+}
+
+/// Proves: one bit flipped at every byte of a multi-segment log is detected every
+/// time — as a torn tail (cut, with evidence) when it hits the very last record, as
+/// refused corruption anywhere else — never accepted silently, never a panic.
+#[test]
+fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
+    let base = tempfile::tempdir().unwrap();
+    write_log(base.path(), 9, small_segments());
+    let segs = segment_files(base.path());
+    assert!(segs.len() >= 3, "the log must span several segments, has {}", segs.len());
+    let original = records(base.path());
+    let (mut torn, mut refused) = (0, 0);
+    for (si, _) in segs.iter().enumerate() {
+        let len = fs::metadata(&segs[si]).unwrap().len() as usize;
+        for byte in 0..len {
+            let d = copy_dir(base.path());
+            let seg = &segment_files(d.path())[si];
+            let mut bytes = fs::read(seg).unwrap();
+            bytes[byte] ^= 1 << (byte % 8);
+            fs::write(seg, &bytes).unwrap();
+            let where_ = format!("segment {si} byte {byte}");
+            let summary = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
+            assert!(!summary.is_intact(), "{where_}: the reader must report the damage");
+            match Log::open(d.path(), small_segments()) {
+                Err(Error::Corruption { segment, offset, seq, .. }) => {
+                    refused += 1;
+                    assert!(summary.has_corruption(), "{where_}: reader and writer must agree");
+                    assert!(segment.starts_with(d.path()) && seq >= 1 && offset < len as u64, "{where_}");
+                }
+                Err(e) => panic!("{where_}: unexpected error {e}"),
+                Ok(log) => {
+                    torn += 1;
+                    let r = log.open_report().repairs.clone();
+                    assert_eq!(r.len(), 1, "{where_}: opened without reporting a repair");
+                    assert!(si == segs.len() - 1 && r[0].offset <= byte as u64, "{where_}: cut must cover the flip");
+                    assert!(!summary.has_corruption(), "{where_}: reader must call it a torn tail");
+                    drop(log);
+                    let survived = records(d.path());
+                    assert_eq!(&original[..survived.len()], &survived[..], "{where_}: survivors are an exact prefix");
+                    assert_eq!(survived.len(), original.len() - 1, "{where_}: only the last record is lost");
+                }
+            }
+        }
+    }
+    assert!(torn > 0 && refused > torn, "torn {torn}, refused {refused}");
+}
+
+/// Proves: a damaged record followed by intact ones refuses to open for writing,
+/// naming the segment, the byte offset and the sequence, and changes no byte.
+#[test]
+fn mid_log_corruption_is_refused_with_segment_offset_and_sequence() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 4, LogOptions::default());
+    let seg = segment_files(d.path())[0].clone();
+    let mut bytes = fs::read(&seg).unwrap();
+    let rec2 = SEGMENT_HEADER_BYTES + fencelog::format::frame_bytes(payload(1).len());
+    bytes[rec2 + FRAME_HEADER_BYTES + 30] ^= 0x10;
+    fs::write(&seg, &bytes).unwrap();
+    let before = hash_tree(d.path());
+    let err = Log::open(d.path(), LogOptions::default()).err().expect("must refuse");
+    match &err {
+        Error::Corruption { segment, offset, seq, detail } => {
+            assert_eq!((segment, *offset, *seq), (&seg, rec2 as u64, 2));
+            assert!(detail.contains("checksum_mismatch") && detail.contains("intact records follow"), "{detail}");
+        }
+        e => panic!("expected corruption, got {e}"),
+    }
+    assert_eq!(err.code(), "CORRUPTION");
+    let msg = err.to_string();
+    assert!(msg.contains(&seg.display().to_string()) && msg.contains("sequence 2"), "{msg}");
+    let after: std::collections::BTreeMap<_, _> =
+        hash_tree(d.path()).into_iter().filter(|(p, _)| p.file_name().unwrap() != "LOCK").collect();
+    let before: std::collections::BTreeMap<_, _> = before.into_iter().filter(|(p, _)| p.file_name().unwrap() != "LOCK").collect();
+    assert_eq!(before, after, "refusal must not change a byte");
+}
+
+/// Proves: an intact record whose chain link was recomputed after an edit (a
+/// forged record with a valid checksum) is caught by the next record's link.
+#[test]
+fn an_edited_record_with_a_recomputed_checksum_breaks_the_chain() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 3, LogOptions::default());
+    let seg = segment_files(d.path())[0].clone();
+    let mut bytes = fs::read(&seg).unwrap();
+    let r1 = SEGMENT_HEADER_BYTES;
+    let body_len = u32::from_le_bytes(bytes[r1..r1 + 4].try_into().unwrap()) as usize;
+    let body = r1 + FRAME_HEADER_BYTES;
+    bytes[body + body_len - 1] ^= 1; // edit the payload of record 1
+    let crc = crc32fast::hash(&bytes[body..body + body_len]);
+    bytes[r1 + 4..r1 + 8].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&seg, &bytes).unwrap();
+    let s = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
+    assert_eq!(s.problems[0].kind, "chain_mismatch");
+    assert_eq!((s.problems[0].seq, s.problems[0].offset), (1, r1 as u64));
+    assert!(matches!(Log::open(d.path(), LogOptions::default()), Err(Error::Corruption { seq: 1, .. })));
+}
+
+/// Proves: a crash between creating a segment and writing its header (a 0-byte, a
+/// partial or an all-zero header) is recovered: the file is set aside as evidence and
+/// appends continue with the next sequence in a fresh segment.
+#[test]
+fn crash_between_segment_creation_and_header_write_is_recovered() {
+    for torn_header in [vec![], b"FENCE".to_vec(), vec![0u8; SEGMENT_HEADER_BYTES]] {
+        let d = tempfile::tempdir().unwrap();
+        write_log(d.path(), 3, LogOptions::default());
+        let torn_path = fencelog::storage::segment_path(d.path(), 4);
+        fs::write(&torn_path, &torn_header).unwrap();
+        let log = Log::open(d.path(), LogOptions::default()).unwrap();
+        let r = &log.open_report().repairs;
+        assert_eq!((r.len(), r[0].kind, r[0].seq), (1, "torn_segment_creation", 4));
+        assert_eq!(fs::read(&r[0].evidence).unwrap(), torn_header);
+        assert_eq!(log.append(b"four").unwrap().first_seq, 4);
+        log.close().unwrap();
+        assert_eq!(records(d.path()).len(), 4);
+    }
+}
+
+/// Proves: the same crash left by another process is handled by a running writer
+/// while catching up under the lock.
+#[test]
+fn writer_catching_up_sets_aside_a_segment_another_process_tore() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    fs::write(fencelog::storage::segment_path(d.path(), 2), b"FEN").unwrap();
+    assert_eq!(log.append(b"two").unwrap().first_seq, 2);
+    log.close().unwrap();
+    assert_eq!(records(d.path()).len(), 2);
+}
+
+/// Proves: an injected write failure that leaves half a frame on disk poisons the
+/// writer (every later append fails with WRITER_POISONED), and reopening recovers by
+/// cutting the torn bytes.
+#[test]
+fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let log = Log::open(d.path(), LogOptions { faults: Some(faults.clone()), ..LogOptions::default() }).unwrap();
+    log.append(b"one").unwrap();
+    log.append(b"two").unwrap();
+    faults.fail_write_after(0, 20);
+    let err = log.append(b"three").unwrap_err();
+    assert_eq!(err.code(), "IO_ERROR", "{err}");
+    for _ in 0..3 {
+        let err = log.append(b"later").unwrap_err();
+        assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+        assert!(err.to_string().contains("injected write failure"));
+    }
+    assert!(log.close().is_err(), "close reports the poisoning");
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    let r = &log.open_report().repairs;
+    assert_eq!((r.len(), r[0].bytes, r[0].seq), (1, 20, 3));
+    assert_eq!(log.append(b"three again").unwrap().first_seq, 3);
+    log.close().unwrap();
+    let recs = records(d.path());
+    assert_eq!(recs.iter().map(|r| r.1.as_slice()).collect::<Vec<_>>(), vec![&b"one"[..], b"two", b"three again"]);
+}
+
+/// Proves: a failed sync poisons the writer; the unacknowledged record's outcome is
+/// unknown (its bytes reached the page cache), and reopen recovers a consistent log.
+#[test]
+fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let log = Log::open(d.path(), LogOptions { faults: Some(faults.clone()), ..LogOptions::default() }).unwrap();
+    log.append(b"acknowledged").unwrap();
+    faults.fail_sync_after(0);
+    assert_eq!(log.append(b"unknown outcome").unwrap_err().code(), "IO_ERROR");
+    assert_eq!(log.append(b"refused").unwrap_err().code(), "WRITER_POISONED");
+    drop(log);
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    assert!(log.open_report().repairs.is_empty());
+    let next = log.append(b"after reopen").unwrap().first_seq;
+    log.close().unwrap();
+    let recs = records(d.path());
+    assert_eq!(recs[0].1, b"acknowledged");
+    assert_eq!(recs.last().unwrap(), &(next, b"after reopen".to_vec()));
+    assert!(!recs.iter().any(|r| r.1 == b"refused"), "nothing after the poisoning is written");
+}
+
+/// Proves: the record size limit refuses an oversized record with a clear error
+/// and writes nothing.
+#[test]
+fn oversized_record_is_refused_and_nothing_is_written() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LogOptions { payload_bytes_max: 1024, ..LogOptions::default() };
+    let log = Log::open(d.path(), opts).unwrap();
+    log.append(&[1u8; 1024]).unwrap();
+    let before = hash_tree(d.path());
+    let err = log.append(&[1u8; 1025]).unwrap_err();
+    assert!(matches!(err, Error::RecordTooLarge { bytes: 1025, max: 1024 }));
+    assert_eq!(err.code(), "RECORD_TOO_LARGE");
+    assert!(err.to_string().contains("1025") && err.to_string().contains("payload_bytes_max"));
+    let err = log.append_batch(vec![vec![0; 10], vec![0; 2000]]).unwrap_err();
+    assert_eq!(err.code(), "RECORD_TOO_LARGE", "one oversized record refuses the whole batch");
+    assert_eq!(hash_tree(d.path()), before);
+    assert_eq!(log.append(b"still fine").unwrap().first_seq, 2, "a refusal does not poison");
+    // The default limit is 1 MiB.
+    assert_eq!(LogOptions::default().payload_bytes_max, 1 << 20);
+}
+
+/// Proves: the batch limits (records and bytes) refuse a batch whole.
+#[test]
+fn batch_over_the_limits_is_refused_whole() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LogOptions { batch_records_max: 4, batch_bytes_max: 2048, payload_bytes_max: 1024, ..LogOptions::default() };
+    let log = Log::open(d.path(), opts).unwrap();
+    let err = log.append_batch(vec![vec![1u8; 8]; 5]).unwrap_err();
+    assert!(matches!(err, Error::BatchTooLarge { records: 5, records_max: 4, .. }), "{err}");
+    let err = log.append_batch(vec![vec![1u8; 1000]; 3]).unwrap_err();
+    assert!(matches!(err, Error::BatchTooLarge { bytes: 3000, bytes_max: 2048, .. }), "{err}");
+    assert_eq!(log.append_batch(vec![]).unwrap_err().code(), "EMPTY_BATCH");
+    assert_eq!(log.append_batch(vec![vec![1u8; 8]; 4]).unwrap().last_seq, 4);
+    log.close().unwrap();
+    assert_eq!(records(d.path()).len(), 4);
+}
+
+/// Proves: segments rotate before exceeding segment_bytes_max; a record larger
+/// than the limit gets a segment of its own; sequences and the chain run across.
+#[test]
+fn segments_rotate_at_the_size_limit_and_the_chain_spans_them() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("log"); // created by fencelog, so with its modes
+    let opts = LogOptions { segment_bytes_max: 1000, ..LogOptions::default() };
+    let log = Log::open(&dir, opts).unwrap();
+    for i in 0..40u64 {
+        log.append(&vec![b'a'; (i % 5 * 40) as usize]).unwrap();
+    }
+    log.append(&vec![b'z'; 3000]).unwrap();
+    log.append(b"after the big one").unwrap();
+    log.close().unwrap();
+    let segs = segment_files(dir.as_path());
+    assert!(segs.len() > 5);
+    let mut oversize = 0;
+    for s in &segs {
+        let len = fs::metadata(s).unwrap().len();
+        if len > 1000 {
+            oversize += 1;
+            assert!(fs::read(s).unwrap().windows(3000).any(|w| w.iter().all(|&b| b == b'z')), "only the big record may exceed");
+        }
+        let mode = fs::metadata(s).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "segments are private");
+    }
+    assert_eq!(oversize, 1);
+    for private_dir in [dir.clone(), dir.join("snapshots")] {
+        assert_eq!(fs::metadata(&private_dir).unwrap().permissions().mode() & 0o777, 0o700);
+    }
+    let s = verify_dir(dir.as_path(), LogOptions::default().body_max()).unwrap();
+    assert!(s.is_intact() && s.records == 42 && s.segments == segs.len());
+}
+
+/// Proves: compare-and-append lands only when the head is where the caller expects.
+#[test]
+fn append_if_head_refuses_when_the_head_moved() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Log::open(d.path(), LogOptions::default()).unwrap();
+    let b = Log::open(d.path(), LogOptions::default()).unwrap();
+    a.append(b"1").unwrap();
+    assert_eq!(b.append_if_head(1, vec![b"2".to_vec()]).unwrap().first_seq, 2);
+    let err = a.append_if_head(1, vec![b"stale".to_vec()]).unwrap_err();
+    assert!(matches!(err, Error::HeadMoved { expected: 1, actual: 2 }), "{err}");
+    assert_eq!(a.append_if_head(2, vec![b"3".to_vec()]).unwrap().first_seq, 3);
+    assert_eq!(a.adopted_records(), 1, "a caught up with b's record");
+}
+
+/// Proves: a segment of a newer format version is named, not mistaken for damage.
+#[test]
+fn unknown_format_version_is_a_clear_error_naming_it() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 1, LogOptions::default());
+    let seg = segment_files(d.path())[0].clone();
+    let mut b = fs::read(&seg).unwrap();
+    b[8..10].copy_from_slice(&2u16.to_le_bytes());
+    let crc = crc32fast::hash(&b[..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&seg, &b).unwrap();
+    let err = Log::open(d.path(), LogOptions::default()).err().unwrap();
+    assert_eq!(err.code(), "UNSUPPORTED_FORMAT");
+    assert!(err.to_string().contains("version 2") && err.to_string().contains("[1]"), "{err}");
+    assert_eq!(verify_dir(d.path(), 1 << 20).unwrap_err().code(), "UNSUPPORTED_FORMAT");
+}
+
+/// Proves: fencelog refuses to start a log inside a directory of unrelated files.
+#[test]
+fn a_directory_of_other_files_is_not_turned_into_a_log() {
+    let d = tempfile::tempdir().unwrap();
+    fs::write(d.path().join("notes.txt"), b"mine").unwrap();
+    let err = Log::open(d.path(), LogOptions::default()).err().unwrap();
+    assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
+    assert!(err.to_string().contains("notes.txt"));
+    let err = Log::open(d.path().join("missing"), LogOptions { create: false, ..LogOptions::default() }).err().unwrap();
+    assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
+}

@@ -34,8 +34,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
-    let root = std::env::var_os("FENCELOG_BENCH_DIR")
-        .map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+    let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).expect("bench dir");
     let cfg = Cfg {
         quick,
@@ -55,24 +54,22 @@ fn main() {
     eprintln!("fencelog single appender: p50 {:.1} µs", single.p50_us);
     out.insert("raw_fdatasync_4k".into(), raw.json());
     out.insert("fencelog_single_appender".into(), single.json());
-    out.insert(
-        "single_p50_over_raw_p50".into(),
-        json!(round2(single.p50_us / raw.p50_us)),
-    );
+    out.insert("single_p50_over_raw_p50".into(), json!(round2(single.p50_us / raw.p50_us)));
 
     let mut through = serde_json::Map::new();
     for &k in &CONCURRENCY {
-        let fl = fencelog_async(&cfg, k);
+        let (fl, per_sync) = fencelog_async(&cfg, k);
         let fl_threads = fencelog_threads(&cfg, k);
         let sq = sqlite(&cfg, k);
         let rn = rename_pattern(&cfg, k);
         eprintln!(
-            "{k:>2} appenders: fencelog {fl:.0}/s (threads {fl_threads:.0}/s), sqlite {sq:.0}/s, rename {rn:.0}/s"
+            "{k:>2} appenders: fencelog {fl:.0}/s ({per_sync:.1}/sync) (threads {fl_threads:.0}/s), sqlite {sq:.0}/s, rename {rn:.0}/s"
         );
         through.insert(
             format!("appenders_{k}"),
             json!({
                 "fencelog_async_per_s": fl.round(),
+                "fencelog_async_records_per_sync": round2(per_sync),
                 "fencelog_threads_per_s": fl_threads.round(),
                 "sqlite_wal_full_per_s": sq.round(),
                 "rename_json_per_s": rn.round(),
@@ -114,10 +111,7 @@ fn machine() -> Value {
 }
 
 fn tmp(cfg: &Cfg, name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(name)
-        .tempdir_in(&cfg.root)
-        .expect("tempdir")
+    tempfile::Builder::new().prefix(name).tempdir_in(&cfg.root).expect("tempdir")
 }
 
 fn payload(i: u64) -> Vec<u8> {
@@ -151,11 +145,7 @@ fn latency(n: usize, mut op: impl FnMut(u64)) -> Lat {
         })
         .collect();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Lat {
-        p50_us: v[v.len() / 2],
-        p99_us: v[v.len() * 99 / 100],
-        mean_us: v.iter().sum::<f64>() / v.len() as f64,
-    }
+    Lat { p50_us: v[v.len() / 2], p99_us: v[v.len() * 99 / 100], mean_us: v.iter().sum::<f64>() / v.len() as f64 }
 }
 
 fn raw_fdatasync_4k(cfg: &Cfg) -> impl FnMut(u64) {
@@ -200,14 +190,11 @@ fn timed_threads(cfg: &Cfg, k: usize, work: impl Fn(usize, &AtomicBool) -> u64 +
     total as f64 / start.elapsed().as_secs_f64()
 }
 
-fn fencelog_async(cfg: &Cfg, k: usize) -> f64 {
+/// Returns (appends per second, mean records per sync).
+fn fencelog_async(cfg: &Cfg, k: usize) -> (f64, f64) {
     let d = tmp(cfg, "async");
     let log = Arc::new(Log::open(d.path(), LogOptions::default()).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -231,7 +218,9 @@ fn fencelog_async(cfg: &Cfg, k: usize) -> f64 {
             t.await.unwrap();
         }
     });
-    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let (records, syncs) = log.commit_stats();
+    (rate, records as f64 / syncs.max(1) as f64)
 }
 
 fn fencelog_threads(cfg: &Cfg, k: usize) -> f64 {
@@ -257,12 +246,7 @@ fn sqlite(cfg: &Cfg, k: usize) -> f64 {
         c.pragma_update(None, "synchronous", "FULL").unwrap();
         c
     };
-    open(&path)
-        .execute(
-            "CREATE TABLE log (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
-            [],
-        )
-        .unwrap();
+    open(&path).execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)", []).unwrap();
     timed_threads(cfg, k, |w, stop| {
         let c = open(&path);
         let mut st = c.prepare("INSERT INTO log (payload) VALUES (?1)").unwrap();
@@ -285,12 +269,7 @@ fn rename_pattern(cfg: &Cfg, k: usize) -> f64 {
         let target = dir.join(format!("owner-{w}.json"));
         let temp = dir.join(format!(".owner-{w}.json.tmp"));
         while !stop.load(Ordering::Relaxed) {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&temp)
-                .unwrap();
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&temp).unwrap();
             f.write_all(&payload(n)).unwrap();
             f.sync_all().unwrap();
             std::fs::rename(&temp, &target).unwrap();
@@ -311,10 +290,7 @@ fn scan(cfg: &Cfg) -> Value {
     let build = Instant::now();
     while written < cfg.scan_bytes {
         let batch: Vec<Vec<u8>> = (i..i + per_batch).map(payload).collect();
-        written += batch
-            .iter()
-            .map(|p| fencelog::format::frame_bytes(p.len()) as u64)
-            .sum::<u64>();
+        written += batch.iter().map(|p| fencelog::format::frame_bytes(p.len()) as u64).sum::<u64>();
         log.append_batch(batch).unwrap();
         i += per_batch;
     }
@@ -323,10 +299,7 @@ fn scan(cfg: &Cfg) -> Value {
     let t = Instant::now();
     let s = verify_dir(d.path(), opts.body_max()).unwrap();
     let secs = t.elapsed().as_secs_f64();
-    assert!(
-        s.is_intact() && s.records == i,
-        "scan must verify every record"
-    );
+    assert!(s.is_intact() && s.records == i, "scan must verify every record");
     json!({
         "log_bytes": s.bytes,
         "records": s.records,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fencelog::format::{
-    Cursor, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, decode_frame,
-    encode_frame, hex, scan_frames,
+    Cursor, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, decode_frame, encode_frame, hex,
+    scan_frames,
 };
 use fencelog::storage::{Log, LogOptions, read_records, verify_dir};
 use serde_json::{Value, json};
@@ -28,40 +28,19 @@ fn root(rel: &str) -> PathBuf {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
 /// The vectors this format version defines: (name, prev link, seq, time, payload).
 fn frame_cases() -> Vec<(&'static str, [u8; 32], u64, u64, Vec<u8>)> {
     vec![
         ("frame-empty-payload", GENESIS_LINK, 1, 0, vec![]),
-        (
-            "frame-first-record",
-            GENESIS_LINK,
-            1,
-            1_767_225_600_000,
-            b"{\"claim\":\"home/a\"}".to_vec(),
-        ),
-        (
-            "frame-chained",
-            [0xab; 32],
-            4_294_967_296,
-            u64::MAX,
-            (0u8..=255).collect(),
-        ),
+        ("frame-first-record", GENESIS_LINK, 1, 1_767_225_600_000, b"{\"claim\":\"home/a\"}".to_vec()),
+        ("frame-chained", [0xab; 32], 4_294_967_296, u64::MAX, (0u8..=255).collect()),
     ]
 }
 
-fn expected_frame_json(
-    prev: &[u8; 32],
-    seq: u64,
-    time_ms: u64,
-    payload: &[u8],
-    link: &[u8],
-) -> Value {
+fn expected_frame_json(prev: &[u8; 32], seq: u64, time_ms: u64, payload: &[u8], link: &[u8]) -> Value {
     json!({
         "prev_link": hex(prev), "seq": seq, "writer": hex(&WRITER), "time_ms": time_ms,
         "link": hex(link), "payload": hex(payload),
@@ -74,10 +53,7 @@ fn expected_frame_json(
 fn frame_vectors_decode_and_reencode_byte_for_byte() {
     let dir = root("log-format/vectors");
     for (name, prev, seq, time_ms, payload) in frame_cases() {
-        let (bin, js) = (
-            dir.join(format!("{name}.bin")),
-            dir.join(format!("{name}.json")),
-        );
+        let (bin, js) = (dir.join(format!("{name}.bin")), dir.join(format!("{name}.json")));
         if regen() {
             let mut out = Vec::new();
             let link = encode_frame(&mut out, &prev, seq, &WRITER, time_ms, &payload);
@@ -89,24 +65,11 @@ fn frame_vectors_decode_and_reencode_byte_for_byte() {
         let want: Value = serde_json::from_str(&fs::read_to_string(&js).unwrap()).unwrap();
         let (rec, used) = decode_frame(&bytes, u32::MAX).unwrap();
         assert_eq!(used, bytes.len(), "{name}");
-        let prev: [u8; 32] = unhex(want["prev_link"].as_str().unwrap())
-            .try_into()
-            .unwrap();
+        let prev: [u8; 32] = unhex(want["prev_link"].as_str().unwrap()).try_into().unwrap();
         assert!(rec.link_follows(&prev), "{name}: link");
-        assert_eq!(
-            expected_frame_json(&prev, rec.seq, rec.time_ms, rec.payload, &rec.link),
-            want,
-            "{name}"
-        );
+        assert_eq!(expected_frame_json(&prev, rec.seq, rec.time_ms, rec.payload, &rec.link), want, "{name}");
         let mut again = Vec::new();
-        encode_frame(
-            &mut again,
-            &prev,
-            rec.seq,
-            &rec.writer,
-            rec.time_ms,
-            rec.payload,
-        );
+        encode_frame(&mut again, &prev, rec.seq, &rec.writer, rec.time_ms, rec.payload);
         assert_eq!(again, bytes, "{name}: re-encoding");
     }
 }
@@ -116,78 +79,44 @@ fn frame_vectors_decode_and_reencode_byte_for_byte() {
 #[test]
 fn segment_vectors_decode_and_reencode_byte_for_byte() {
     let dir = root("log-format/vectors");
-    let (hbin, hjs) = (
-        dir.join("segment-header.bin"),
-        dir.join("segment-header.json"),
-    );
-    let (sbin, sjs) = (
-        dir.join("segment-three-records.seg"),
-        dir.join("segment-three-records.json"),
-    );
+    let (hbin, hjs) = (dir.join("segment-header.bin"), dir.join("segment-header.json"));
+    let (sbin, sjs) = (dir.join("segment-three-records.seg"), dir.join("segment-three-records.json"));
     if regen() {
-        let h = SegmentHeader {
-            first_seq: 1_000_001,
-            prev_link: [0x5a; 32],
-        };
+        let h = SegmentHeader { first_seq: 1_000_001, prev_link: [0x5a; 32] };
         fs::write(&hbin, h.encode()).unwrap();
-        let v = json!({"magic": "FENCELOG", "format_version": 1, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
+        let v =
+            json!({"magic": "FENCELOG", "format_version": 1, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
         fs::write(&hjs, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
-        let mut seg = SegmentHeader {
-            first_seq: 1,
-            prev_link: GENESIS_LINK,
-        }
-        .encode()
-        .to_vec();
+        let mut seg = SegmentHeader { first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
         let mut link = GENESIS_LINK;
         let mut listed = vec![];
         for (seq, p) in [(1u64, &b"alpha"[..]), (2, b"beta"), (3, b"gamma")] {
             let prev = link;
             link = encode_frame(&mut seg, &prev, seq, &WRITER, 1_767_225_600_000 + seq, p);
-            listed.push(expected_frame_json(
-                &prev,
-                seq,
-                1_767_225_600_000 + seq,
-                p,
-                &link,
-            ));
+            listed.push(expected_frame_json(&prev, seq, 1_767_225_600_000 + seq, p, &link));
         }
         fs::write(&sbin, &seg).unwrap();
-        fs::write(
-            &sjs,
-            serde_json::to_string_pretty(&Value::Array(listed)).unwrap() + "\n",
-        )
-        .unwrap();
+        fs::write(&sjs, serde_json::to_string_pretty(&Value::Array(listed)).unwrap() + "\n").unwrap();
     }
     let hb = fs::read(&hbin).unwrap();
     let want: Value = serde_json::from_str(&fs::read_to_string(&hjs).unwrap()).unwrap();
     let h = SegmentHeader::decode(&hb).unwrap();
     assert_eq!(&hb[..8], want["magic"].as_str().unwrap().as_bytes());
-    assert_eq!(
-        u16::from_le_bytes([hb[8], hb[9]]) as u64,
-        want["format_version"].as_u64().unwrap()
-    );
+    assert_eq!(u16::from_le_bytes([hb[8], hb[9]]) as u64, want["format_version"].as_u64().unwrap());
     assert_eq!(
         (h.first_seq, hex(&h.prev_link)),
-        (
-            want["first_seq"].as_u64().unwrap(),
-            want["prev_link"].as_str().unwrap().into()
-        )
+        (want["first_seq"].as_u64().unwrap(), want["prev_link"].as_str().unwrap().into())
     );
     assert_eq!(h.encode().to_vec(), hb);
 
     let seg = fs::read(&sbin).unwrap();
     let want: Value = serde_json::from_str(&fs::read_to_string(&sjs).unwrap()).unwrap();
     let h = SegmentHeader::decode(&seg).unwrap();
-    let mut c = Cursor {
-        next_seq: h.first_seq,
-        prev_link: h.prev_link,
-    };
+    let mut c = Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
     let mut got = vec![];
     let mut prev = h.prev_link;
     let out = scan_frames(&seg, SEGMENT_HEADER_BYTES, &mut c, u32::MAX, |_, r| {
-        got.push(expected_frame_json(
-            &prev, r.seq, r.time_ms, r.payload, &r.link,
-        ));
+        got.push(expected_frame_json(&prev, r.seq, r.time_ms, r.payload, &r.link));
         prev = r.link;
     });
     assert_eq!(out, ScanOutcome::Clean);
@@ -214,10 +143,7 @@ fn v1_fixture_log_reads_verifies_and_accepts_appends() {
         let _ = fs::remove_dir_all(&dir);
         let log = Log::open(&dir, fixture_options()).unwrap();
         for i in 1..=12u32 {
-            let p = format!(
-                "{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{}\"}}",
-                "v1".repeat(i as usize * 3)
-            );
+            let p = format!("{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{}\"}}", "v1".repeat(i as usize * 3));
             log.append(p.as_bytes()).unwrap();
         }
         log.close().unwrap();
@@ -229,14 +155,7 @@ fn v1_fixture_log_reads_verifies_and_accepts_appends() {
     assert!(s.is_intact(), "{:?}", s.problems);
     let mut listing = format!(
         "segments {} bytes {} records {} seq {:?}..{:?} time {:?}..{:?}\nchain head {}\n",
-        s.segments,
-        s.bytes,
-        s.records,
-        s.first_seq,
-        s.last_seq,
-        s.first_time_ms,
-        s.last_time_ms,
-        s.chain_head
+        s.segments, s.bytes, s.records, s.first_seq, s.last_seq, s.first_time_ms, s.last_time_ms, s.chain_head
     );
     read_records(&dir, 1, body_max, |r| {
         let w = uuid::Uuid::from_bytes(r.writer);
@@ -255,10 +174,7 @@ fn v1_fixture_log_reads_verifies_and_accepts_appends() {
     let copy = common::copy_dir(&dir);
     let log = Log::open(copy.path(), LogOptions::default()).unwrap();
     assert!(log.open_report().repairs.is_empty());
-    assert_eq!(
-        log.append(b"appended by a later build").unwrap().first_seq,
-        13
-    );
+    assert_eq!(log.append(b"appended by a later build").unwrap().first_seq, 13);
     log.close().unwrap();
     assert!(verify_dir(copy.path(), body_max).unwrap().is_intact());
 }

@@ -1,8 +1,6 @@
 //! Property tests of the pure format layer.
 
-use fencelog::format::{
-    Cursor, GENESIS_LINK, ScanOutcome, decode_frame, encode_frame, scan_frames,
-};
+use fencelog::format::{Cursor, GENESIS_LINK, ScanOutcome, decode_frame, encode_frame, scan_frames};
 use proptest::prelude::*;
 
 fn encode_all(payloads: &[Vec<u8>]) -> Vec<u8> {

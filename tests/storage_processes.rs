@@ -15,13 +15,7 @@ const TORTURE: &str = env!("CARGO_BIN_EXE_fencelog-torture");
 
 fn spawn(dir: &Path, tag: &str, count: u64, threads: u64, segment_bytes_max: u64) -> Child {
     Command::new(TORTURE)
-        .args([
-            dir.to_str().unwrap(),
-            tag,
-            &count.to_string(),
-            &threads.to_string(),
-            &segment_bytes_max.to_string(),
-        ])
+        .args([dir.to_str().unwrap(), tag, &count.to_string(), &threads.to_string(), &segment_bytes_max.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -51,22 +45,12 @@ fn kill_9_at_random_moments_never_loses_an_acknowledged_append() {
     let mut promised: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     let mut repairs = 0;
     for round in 0..60 {
-        let mut child = spawn(
-            d.path(),
-            &format!("r{round}"),
-            0,
-            1 + rng.below(4),
-            8 * 1024,
-        );
+        let mut child = spawn(d.path(), &format!("r{round}"), 0, 1 + rng.below(4), 8 * 1024);
         let stdout = child.stdout.take().unwrap();
         let reader = std::thread::spawn(move || {
             let mut buf = Vec::new();
             let mut r = BufReader::new(stdout);
-            while r
-                .read_until(b'\n', &mut buf)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {}
+            while r.read_until(b'\n', &mut buf).map(|n| n > 0).unwrap_or(false) {}
             buf
         });
         std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
@@ -74,45 +58,23 @@ fn kill_9_at_random_moments_never_loses_an_acknowledged_append() {
         child.wait().unwrap();
         let acked = acks(&reader.join().unwrap());
         for (seq, payload) in acked {
-            assert!(
-                promised.insert(seq, payload).is_none(),
-                "round {round}: sequence {seq} acknowledged twice"
-            );
+            assert!(promised.insert(seq, payload).is_none(), "round {round}: sequence {seq} acknowledged twice");
         }
         // Readers first (they never repair), then a writer recovers the tail.
         let summary = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
-        assert!(
-            !summary.has_corruption(),
-            "round {round}: {:?}",
-            summary.problems
-        );
+        assert!(!summary.has_corruption(), "round {round}: {:?}", summary.problems);
         let log = Log::open(d.path(), LogOptions::default()).unwrap();
         repairs += log.open_report().repairs.len();
         drop(log);
         let on_disk: BTreeMap<u64, Vec<u8>> = records(d.path()).into_iter().collect();
         for (seq, payload) in &promised {
-            assert_eq!(
-                on_disk.get(seq),
-                Some(payload),
-                "round {round}: acknowledged sequence {seq} lost or changed"
-            );
+            assert_eq!(on_disk.get(seq), Some(payload), "round {round}: acknowledged sequence {seq} lost or changed");
         }
         let seqs: Vec<u64> = on_disk.keys().copied().collect();
-        assert_eq!(
-            seqs,
-            (1..=seqs.len() as u64).collect::<Vec<_>>(),
-            "round {round}: sequences dense"
-        );
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "round {round}: sequences dense");
     }
-    assert!(
-        promised.len() > 100,
-        "the children must have made progress: {}",
-        promised.len()
-    );
-    eprintln!(
-        "{} acknowledged appends checked, {repairs} torn tails repaired",
-        promised.len()
-    );
+    assert!(promised.len() > 100, "the children must have made progress: {}", promised.len());
+    eprintln!("{} acknowledged appends checked, {repairs} torn tails repaired", promised.len());
 }
 
 /// Proves: 8 processes appending to one directory at once produce dense sequences,
@@ -120,21 +82,12 @@ fn kill_9_at_random_moments_never_loses_an_acknowledged_append() {
 #[test]
 fn eight_processes_appending_concurrently_keep_sequences_dense_and_the_chain_intact() {
     let d = tempfile::tempdir().unwrap();
-    Log::open(d.path(), LogOptions::default())
-        .unwrap()
-        .close()
-        .unwrap();
-    let children: Vec<Child> = (0..8)
-        .map(|p| spawn(d.path(), &format!("proc{p}"), 150, 2, 16 * 1024))
-        .collect();
+    Log::open(d.path(), LogOptions::default()).unwrap().close().unwrap();
+    let children: Vec<Child> = (0..8).map(|p| spawn(d.path(), &format!("proc{p}"), 150, 2, 16 * 1024)).collect();
     let mut acked = Vec::new();
     for c in children {
         let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "child failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
         acked.extend(acks(&out.stdout));
     }
     assert_eq!(acked.len(), 8 * 2 * 150);
@@ -146,11 +99,7 @@ fn eight_processes_appending_concurrently_keep_sequences_dense_and_the_chain_int
     assert_eq!(unique.len(), on_disk.len(), "no payload written twice");
     let by_seq: BTreeMap<u64, Vec<u8>> = on_disk.into_iter().collect();
     for (seq, payload) in &acked {
-        assert_eq!(
-            by_seq.get(seq),
-            Some(payload),
-            "acknowledged sequence {seq}"
-        );
+        assert_eq!(by_seq.get(seq), Some(payload), "acknowledged sequence {seq}");
     }
     let s = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
     assert!(s.is_intact() && s.segments > 1, "{s:?}");
@@ -181,9 +130,6 @@ fn sixty_four_threads_share_group_commits_with_dense_sequences() {
     log.close().unwrap();
     let mut sorted = acked.clone();
     sorted.sort();
-    assert_eq!(
-        sorted.iter().map(|a| a.0).collect::<Vec<_>>(),
-        (1..=64 * 40).collect::<Vec<u64>>()
-    );
+    assert_eq!(sorted.iter().map(|a| a.0).collect::<Vec<_>>(), (1..=64 * 40).collect::<Vec<u64>>());
     assert_eq!(records(d.path()), sorted);
 }

@@ -24,10 +24,7 @@ fn write_log(dir: &Path, n: u64, opts: LogOptions) {
 }
 
 fn small_segments() -> LogOptions {
-    LogOptions {
-        segment_bytes_max: 300,
-        ..LogOptions::default()
-    }
+    LogOptions { segment_bytes_max: 300, ..LogOptions::default() }
 }
 
 /// Proves: cutting the last record at every byte offset is recovered as a torn
@@ -44,33 +41,18 @@ fn truncation_at_every_offset_of_the_last_record_recovers_the_previous_records()
     for cut in last_start..=full.len() {
         let d = copy_dir(base.path());
         let seg = &segment_files(d.path())[0];
-        fs::OpenOptions::new()
-            .write(true)
-            .open(seg)
-            .unwrap()
-            .set_len(cut as u64)
-            .unwrap();
+        fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(cut as u64).unwrap();
         let log = Log::open(d.path(), LogOptions::default()).unwrap();
         let report = log.open_report().clone();
         let intact = cut == full.len();
         assert_eq!(report.last_seq, if intact { 5 } else { 4 }, "cut at {cut}");
         if intact || cut == last_start {
-            assert!(
-                report.repairs.is_empty(),
-                "cut at {cut}: a clean boundary needs no repair"
-            );
+            assert!(report.repairs.is_empty(), "cut at {cut}: a clean boundary needs no repair");
         } else {
             assert_eq!(report.repairs.len(), 1);
             let r = &report.repairs[0];
-            assert_eq!(
-                (r.kind, r.offset, r.seq),
-                ("torn_tail", last_start as u64, 5)
-            );
-            assert_eq!(
-                fs::read(&r.evidence).unwrap(),
-                &full[last_start..cut],
-                "evidence keeps the cut bytes"
-            );
+            assert_eq!((r.kind, r.offset, r.seq), ("torn_tail", last_start as u64, 5));
+            assert_eq!(fs::read(&r.evidence).unwrap(), &full[last_start..cut], "evidence keeps the cut bytes");
         }
         let next = log.append(b"after recovery").unwrap();
         assert_eq!(next.first_seq, report.last_seq + 1);
@@ -78,11 +60,7 @@ fn truncation_at_every_offset_of_the_last_record_recovers_the_previous_records()
         let recs = records(d.path());
         let expect: Vec<_> = (1..=report.last_seq).map(|i| (i, payload(i))).collect();
         assert_eq!(&recs[..recs.len() - 1], &expect[..], "cut at {cut}");
-        assert!(
-            verify_dir(d.path(), LogOptions::default().body_max())
-                .unwrap()
-                .is_intact()
-        );
+        assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
     }
 }
 
@@ -94,11 +72,7 @@ fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
     let base = tempfile::tempdir().unwrap();
     write_log(base.path(), 9, small_segments());
     let segs = segment_files(base.path());
-    assert!(
-        segs.len() >= 3,
-        "the log must span several segments, has {}",
-        segs.len()
-    );
+    assert!(segs.len() >= 3, "the log must span several segments, has {}", segs.len());
     let original = records(base.path());
     let (mut torn, mut refused) = (0, 0);
     for (si, _) in segs.iter().enumerate() {
@@ -111,52 +85,24 @@ fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
             fs::write(seg, &bytes).unwrap();
             let where_ = format!("segment {si} byte {byte}");
             let summary = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
-            assert!(
-                !summary.is_intact(),
-                "{where_}: the reader must report the damage"
-            );
+            assert!(!summary.is_intact(), "{where_}: the reader must report the damage");
             match Log::open(d.path(), small_segments()) {
-                Err(Error::Corruption {
-                    segment,
-                    offset,
-                    seq,
-                    ..
-                }) => {
+                Err(Error::Corruption { segment, offset, seq, .. }) => {
                     refused += 1;
-                    assert!(
-                        summary.has_corruption(),
-                        "{where_}: reader and writer must agree"
-                    );
-                    assert!(
-                        segment.starts_with(d.path()) && seq >= 1 && offset < len as u64,
-                        "{where_}"
-                    );
+                    assert!(summary.has_corruption(), "{where_}: reader and writer must agree");
+                    assert!(segment.starts_with(d.path()) && seq >= 1 && offset < len as u64, "{where_}");
                 }
                 Err(e) => panic!("{where_}: unexpected error {e}"),
                 Ok(log) => {
                     torn += 1;
                     let r = log.open_report().repairs.clone();
                     assert_eq!(r.len(), 1, "{where_}: opened without reporting a repair");
-                    assert!(
-                        si == segs.len() - 1 && r[0].offset <= byte as u64,
-                        "{where_}: cut must cover the flip"
-                    );
-                    assert!(
-                        !summary.has_corruption(),
-                        "{where_}: reader must call it a torn tail"
-                    );
+                    assert!(si == segs.len() - 1 && r[0].offset <= byte as u64, "{where_}: cut must cover the flip");
+                    assert!(!summary.has_corruption(), "{where_}: reader must call it a torn tail");
                     drop(log);
                     let survived = records(d.path());
-                    assert_eq!(
-                        &original[..survived.len()],
-                        &survived[..],
-                        "{where_}: survivors are an exact prefix"
-                    );
-                    assert_eq!(
-                        survived.len(),
-                        original.len() - 1,
-                        "{where_}: only the last record is lost"
-                    );
+                    assert_eq!(&original[..survived.len()], &survived[..], "{where_}: survivors are an exact prefix");
+                    assert_eq!(survived.len(), original.len() - 1, "{where_}: only the last record is lost");
                 }
             }
         }
@@ -176,38 +122,21 @@ fn mid_log_corruption_is_refused_with_segment_offset_and_sequence() {
     bytes[rec2 + FRAME_HEADER_BYTES + 30] ^= 0x10;
     fs::write(&seg, &bytes).unwrap();
     let before = hash_tree(d.path());
-    let err = Log::open(d.path(), LogOptions::default())
-        .err()
-        .expect("must refuse");
+    let err = Log::open(d.path(), LogOptions::default()).err().expect("must refuse");
     match &err {
-        Error::Corruption {
-            segment,
-            offset,
-            seq,
-            detail,
-        } => {
+        Error::Corruption { segment, offset, seq, detail } => {
             assert_eq!((segment, *offset, *seq), (&seg, rec2 as u64, 2));
-            assert!(
-                detail.contains("checksum_mismatch") && detail.contains("intact records follow"),
-                "{detail}"
-            );
+            assert!(detail.contains("checksum_mismatch") && detail.contains("intact records follow"), "{detail}");
         }
         e => panic!("expected corruption, got {e}"),
     }
     assert_eq!(err.code(), "CORRUPTION");
     let msg = err.to_string();
-    assert!(
-        msg.contains(&seg.display().to_string()) && msg.contains("sequence 2"),
-        "{msg}"
-    );
-    let after: std::collections::BTreeMap<_, _> = hash_tree(d.path())
-        .into_iter()
-        .filter(|(p, _)| p.file_name().unwrap() != "LOCK")
-        .collect();
-    let before: std::collections::BTreeMap<_, _> = before
-        .into_iter()
-        .filter(|(p, _)| p.file_name().unwrap() != "LOCK")
-        .collect();
+    assert!(msg.contains(&seg.display().to_string()) && msg.contains("sequence 2"), "{msg}");
+    let after: std::collections::BTreeMap<_, _> =
+        hash_tree(d.path()).into_iter().filter(|(p, _)| p.file_name().unwrap() != "LOCK").collect();
+    let before: std::collections::BTreeMap<_, _> =
+        before.into_iter().filter(|(p, _)| p.file_name().unwrap() != "LOCK").collect();
     assert_eq!(before, after, "refusal must not change a byte");
 }
 
@@ -229,10 +158,7 @@ fn an_edited_record_with_a_recomputed_checksum_breaks_the_chain() {
     let s = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
     assert_eq!(s.problems[0].kind, "chain_mismatch");
     assert_eq!((s.problems[0].seq, s.problems[0].offset), (1, r1 as u64));
-    assert!(matches!(
-        Log::open(d.path(), LogOptions::default()),
-        Err(Error::Corruption { seq: 1, .. })
-    ));
+    assert!(matches!(Log::open(d.path(), LogOptions::default()), Err(Error::Corruption { seq: 1, .. })));
 }
 
 /// Proves: a crash between creating a segment and writing its header (a 0-byte, a
@@ -247,10 +173,7 @@ fn crash_between_segment_creation_and_header_write_is_recovered() {
         fs::write(&torn_path, &torn_header).unwrap();
         let log = Log::open(d.path(), LogOptions::default()).unwrap();
         let r = &log.open_report().repairs;
-        assert_eq!(
-            (r.len(), r[0].kind, r[0].seq),
-            (1, "torn_segment_creation", 4)
-        );
+        assert_eq!((r.len(), r[0].kind, r[0].seq), (1, "torn_segment_creation", 4));
         assert_eq!(fs::read(&r[0].evidence).unwrap(), torn_header);
         assert_eq!(log.append(b"four").unwrap().first_seq, 4);
         log.close().unwrap();
@@ -278,14 +201,7 @@ fn writer_catching_up_sets_aside_a_segment_another_process_tore() {
 fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
     let d = tempfile::tempdir().unwrap();
     let faults = Arc::new(Faults::default());
-    let log = Log::open(
-        d.path(),
-        LogOptions {
-            faults: Some(faults.clone()),
-            ..LogOptions::default()
-        },
-    )
-    .unwrap();
+    let log = Log::open(d.path(), LogOptions { faults: Some(faults.clone()), ..LogOptions::default() }).unwrap();
     log.append(b"one").unwrap();
     log.append(b"two").unwrap();
     faults.fail_write_after(0, 20);
@@ -303,10 +219,7 @@ fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
     assert_eq!(log.append(b"three again").unwrap().first_seq, 3);
     log.close().unwrap();
     let recs = records(d.path());
-    assert_eq!(
-        recs.iter().map(|r| r.1.as_slice()).collect::<Vec<_>>(),
-        vec![&b"one"[..], b"two", b"three again"]
-    );
+    assert_eq!(recs.iter().map(|r| r.1.as_slice()).collect::<Vec<_>>(), vec![&b"one"[..], b"two", b"three again"]);
 }
 
 /// Proves: a failed sync poisons the writer; the unacknowledged record's outcome is
@@ -315,24 +228,11 @@ fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
 fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
     let d = tempfile::tempdir().unwrap();
     let faults = Arc::new(Faults::default());
-    let log = Log::open(
-        d.path(),
-        LogOptions {
-            faults: Some(faults.clone()),
-            ..LogOptions::default()
-        },
-    )
-    .unwrap();
+    let log = Log::open(d.path(), LogOptions { faults: Some(faults.clone()), ..LogOptions::default() }).unwrap();
     log.append(b"acknowledged").unwrap();
     faults.fail_sync_after(0);
-    assert_eq!(
-        log.append(b"unknown outcome").unwrap_err().code(),
-        "IO_ERROR"
-    );
-    assert_eq!(
-        log.append(b"refused").unwrap_err().code(),
-        "WRITER_POISONED"
-    );
+    assert_eq!(log.append(b"unknown outcome").unwrap_err().code(), "IO_ERROR");
+    assert_eq!(log.append(b"refused").unwrap_err().code(), "WRITER_POISONED");
     drop(log);
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     assert!(log.open_report().repairs.is_empty());
@@ -341,10 +241,7 @@ fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
     let recs = records(d.path());
     assert_eq!(recs[0].1, b"acknowledged");
     assert_eq!(recs.last().unwrap(), &(next, b"after reopen".to_vec()));
-    assert!(
-        !recs.iter().any(|r| r.1 == b"refused"),
-        "nothing after the poisoning is written"
-    );
+    assert!(!recs.iter().any(|r| r.1 == b"refused"), "nothing after the poisoning is written");
 }
 
 /// Proves: the record size limit refuses an oversized record with a clear error
@@ -352,37 +249,18 @@ fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
 #[test]
 fn oversized_record_is_refused_and_nothing_is_written() {
     let d = tempfile::tempdir().unwrap();
-    let opts = LogOptions {
-        payload_bytes_max: 1024,
-        ..LogOptions::default()
-    };
+    let opts = LogOptions { payload_bytes_max: 1024, ..LogOptions::default() };
     let log = Log::open(d.path(), opts).unwrap();
     log.append(&[1u8; 1024]).unwrap();
     let before = hash_tree(d.path());
     let err = log.append(&[1u8; 1025]).unwrap_err();
-    assert!(matches!(
-        err,
-        Error::RecordTooLarge {
-            bytes: 1025,
-            max: 1024
-        }
-    ));
+    assert!(matches!(err, Error::RecordTooLarge { bytes: 1025, max: 1024 }));
     assert_eq!(err.code(), "RECORD_TOO_LARGE");
     assert!(err.to_string().contains("1025") && err.to_string().contains("payload_bytes_max"));
-    let err = log
-        .append_batch(vec![vec![0; 10], vec![0; 2000]])
-        .unwrap_err();
-    assert_eq!(
-        err.code(),
-        "RECORD_TOO_LARGE",
-        "one oversized record refuses the whole batch"
-    );
+    let err = log.append_batch(vec![vec![0; 10], vec![0; 2000]]).unwrap_err();
+    assert_eq!(err.code(), "RECORD_TOO_LARGE", "one oversized record refuses the whole batch");
     assert_eq!(hash_tree(d.path()), before);
-    assert_eq!(
-        log.append(b"still fine").unwrap().first_seq,
-        2,
-        "a refusal does not poison"
-    );
+    assert_eq!(log.append(b"still fine").unwrap().first_seq, 2, "a refusal does not poison");
     // The default limit is 1 MiB.
     assert_eq!(LogOptions::default().payload_bytes_max, 1 << 20);
 }
@@ -391,37 +269,13 @@ fn oversized_record_is_refused_and_nothing_is_written() {
 #[test]
 fn batch_over_the_limits_is_refused_whole() {
     let d = tempfile::tempdir().unwrap();
-    let opts = LogOptions {
-        batch_records_max: 4,
-        batch_bytes_max: 2048,
-        payload_bytes_max: 1024,
-        ..LogOptions::default()
-    };
+    let opts =
+        LogOptions { batch_records_max: 4, batch_bytes_max: 2048, payload_bytes_max: 1024, ..LogOptions::default() };
     let log = Log::open(d.path(), opts).unwrap();
     let err = log.append_batch(vec![vec![1u8; 8]; 5]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::BatchTooLarge {
-                records: 5,
-                records_max: 4,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, Error::BatchTooLarge { records: 5, records_max: 4, .. }), "{err}");
     let err = log.append_batch(vec![vec![1u8; 1000]; 3]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::BatchTooLarge {
-                bytes: 3000,
-                bytes_max: 2048,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, Error::BatchTooLarge { bytes: 3000, bytes_max: 2048, .. }), "{err}");
     assert_eq!(log.append_batch(vec![]).unwrap_err().code(), "EMPTY_BATCH");
     assert_eq!(log.append_batch(vec![vec![1u8; 8]; 4]).unwrap().last_seq, 4);
     log.close().unwrap();
@@ -434,10 +288,7 @@ fn batch_over_the_limits_is_refused_whole() {
 fn segments_rotate_at_the_size_limit_and_the_chain_spans_them() {
     let parent = tempfile::tempdir().unwrap();
     let dir = parent.path().join("log"); // created by fencelog, so with its modes
-    let opts = LogOptions {
-        segment_bytes_max: 1000,
-        ..LogOptions::default()
-    };
+    let opts = LogOptions { segment_bytes_max: 1000, ..LogOptions::default() };
     let log = Log::open(&dir, opts).unwrap();
     for i in 0..40u64 {
         log.append(&vec![b'a'; (i % 5 * 40) as usize]).unwrap();
@@ -453,10 +304,7 @@ fn segments_rotate_at_the_size_limit_and_the_chain_spans_them() {
         if len > 1000 {
             oversize += 1;
             assert!(
-                fs::read(s)
-                    .unwrap()
-                    .windows(3000)
-                    .any(|w| w.iter().all(|&b| b == b'z')),
+                fs::read(s).unwrap().windows(3000).any(|w| w.iter().all(|&b| b == b'z')),
                 "only the big record may exceed"
             );
         }
@@ -465,10 +313,7 @@ fn segments_rotate_at_the_size_limit_and_the_chain_spans_them() {
     }
     assert_eq!(oversize, 1);
     for private_dir in [dir.clone(), dir.join("snapshots")] {
-        assert_eq!(
-            fs::metadata(&private_dir).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
+        assert_eq!(fs::metadata(&private_dir).unwrap().permissions().mode() & 0o777, 0o700);
     }
     let s = verify_dir(dir.as_path(), LogOptions::default().body_max()).unwrap();
     assert!(s.is_intact() && s.records == 42 && s.segments == segs.len());
@@ -481,25 +326,10 @@ fn append_if_head_refuses_when_the_head_moved() {
     let a = Log::open(d.path(), LogOptions::default()).unwrap();
     let b = Log::open(d.path(), LogOptions::default()).unwrap();
     a.append(b"1").unwrap();
-    assert_eq!(
-        b.append_if_head(1, vec![b"2".to_vec()]).unwrap().first_seq,
-        2
-    );
+    assert_eq!(b.append_if_head(1, vec![b"2".to_vec()]).unwrap().first_seq, 2);
     let err = a.append_if_head(1, vec![b"stale".to_vec()]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::HeadMoved {
-                expected: 1,
-                actual: 2
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(
-        a.append_if_head(2, vec![b"3".to_vec()]).unwrap().first_seq,
-        3
-    );
+    assert!(matches!(err, Error::HeadMoved { expected: 1, actual: 2 }), "{err}");
+    assert_eq!(a.append_if_head(2, vec![b"3".to_vec()]).unwrap().first_seq, 3);
     assert_eq!(a.adopted_records(), 1, "a caught up with b's record");
 }
 
@@ -516,14 +346,8 @@ fn unknown_format_version_is_a_clear_error_naming_it() {
     fs::write(&seg, &b).unwrap();
     let err = Log::open(d.path(), LogOptions::default()).err().unwrap();
     assert_eq!(err.code(), "UNSUPPORTED_FORMAT");
-    assert!(
-        err.to_string().contains("version 2") && err.to_string().contains("[1]"),
-        "{err}"
-    );
-    assert_eq!(
-        verify_dir(d.path(), 1 << 20).unwrap_err().code(),
-        "UNSUPPORTED_FORMAT"
-    );
+    assert!(err.to_string().contains("version 2") && err.to_string().contains("[1]"), "{err}");
+    assert_eq!(verify_dir(d.path(), 1 << 20).unwrap_err().code(), "UNSUPPORTED_FORMAT");
 }
 
 /// Proves: fencelog refuses to start a log inside a directory of unrelated files.
@@ -534,14 +358,6 @@ fn a_directory_of_other_files_is_not_turned_into_a_log() {
     let err = Log::open(d.path(), LogOptions::default()).err().unwrap();
     assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
     assert!(err.to_string().contains("notes.txt"));
-    let err = Log::open(
-        d.path().join("missing"),
-        LogOptions {
-            create: false,
-            ..LogOptions::default()
-        },
-    )
-    .err()
-    .unwrap();
+    let err = Log::open(d.path().join("missing"), LogOptions { create: false, ..LogOptions::default() }).err().unwrap();
     assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
 }

@@ -11,11 +11,7 @@ use fencelog::storage::{Log, LogOptions, verify_dir};
 use serde_json::json;
 
 #[derive(Parser)]
-#[command(
-    name = "fencelog",
-    version,
-    about = "A durable, hash-chained ownership ledger"
-)]
+#[command(name = "fencelog", version, about = "A durable, hash-chained ownership ledger")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -51,12 +47,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.cmd {
-        Cmd::Demo {
-            dir,
-            records,
-            appenders,
-            payload_bytes,
-        } => demo(dir, records, appenders, payload_bytes),
+        Cmd::Demo { dir, records, appenders, payload_bytes } => demo(dir, records, appenders, payload_bytes),
         Cmd::Verify { dir } => verify(dir),
     };
     match result {
@@ -65,10 +56,7 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
         Err(e) => {
-            println!(
-                "{}",
-                json!({"error": {"code": e.code(), "message": e.to_string()}})
-            );
+            println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
             eprintln!("fencelog: {e}");
             ExitCode::from(match e {
                 fencelog::storage::Error::NotALogDirectory { .. } => 2,
@@ -103,9 +91,7 @@ fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> Cmd
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().expect("appender thread"))
+        handles.into_iter().try_for_each(|h| h.join().expect("appender thread"))
     })?;
     let elapsed = started.elapsed();
     let head = log.head();
@@ -129,8 +115,5 @@ fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> Cmd
 fn verify(dir: PathBuf) -> CmdResult {
     let summary = verify_dir(&dir, LogOptions::default().body_max())?;
     let code = if summary.is_intact() { 0 } else { 1 };
-    Ok((
-        serde_json::to_value(&summary).expect("summary serializes"),
-        code,
-    ))
+    Ok((serde_json::to_value(&summary).expect("summary serializes"), code))
 }

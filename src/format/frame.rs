@@ -98,13 +98,7 @@ pub fn frame_bytes(payload_len: usize) -> usize {
 }
 
 /// The chain rule: `link_n = blake3(link_{n-1} || body_n without its link field)`.
-pub fn chain_link(
-    prev: &ChainLink,
-    seq: u64,
-    writer: &[u8; 16],
-    time_ms: u64,
-    payload: &[u8],
-) -> ChainLink {
+pub fn chain_link(prev: &ChainLink, seq: u64, writer: &[u8; 16], time_ms: u64, payload: &[u8]) -> ChainLink {
     let mut h = blake3::Hasher::new();
     h.update(prev);
     h.update(&seq.to_le_bytes());
@@ -134,10 +128,7 @@ pub fn encode_frame(
 ) -> ChainLink {
     let link = chain_link(prev, seq, writer, time_ms, payload);
     let body_len = BODY_FIXED_BYTES + payload.len();
-    assert!(
-        body_len <= u32::MAX as usize,
-        "caller enforces the payload limit"
-    );
+    assert!(body_len <= u32::MAX as usize, "caller enforces the payload limit");
     let start = out.len();
     out.reserve(FRAME_HEADER_BYTES + body_len);
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
@@ -162,10 +153,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// any input.
 pub fn decode_frame(buf: &[u8], body_max: u32) -> Result<(RecordRef<'_>, usize), FrameError> {
     if buf.len() < FRAME_HEADER_BYTES {
-        return Err(FrameError::Incomplete {
-            have: buf.len() as u64,
-            need: FRAME_HEADER_BYTES as u64,
-        });
+        return Err(FrameError::Incomplete { have: buf.len() as u64, need: FRAME_HEADER_BYTES as u64 });
     }
     let len = u32::from_le_bytes(buf[0..4].try_into().expect("4 bytes"));
     let stored = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
@@ -174,10 +162,7 @@ pub fn decode_frame(buf: &[u8], body_max: u32) -> Result<(RecordRef<'_>, usize),
     }
     let total = FRAME_HEADER_BYTES + len as usize;
     if buf.len() < total {
-        return Err(FrameError::Incomplete {
-            have: buf.len() as u64,
-            need: total as u64,
-        });
+        return Err(FrameError::Incomplete { have: buf.len() as u64, need: total as u64 });
     }
     let body = &buf[FRAME_HEADER_BYTES..total];
     let computed = crc32fast::hash(body);
@@ -190,9 +175,7 @@ pub fn decode_frame(buf: &[u8], body_max: u32) -> Result<(RecordRef<'_>, usize),
     }
     let rec = RecordRef {
         seq: u64_at(body, SEQ_AT),
-        writer: body[WRITER_AT..WRITER_AT + 16]
-            .try_into()
-            .expect("16 bytes"),
+        writer: body[WRITER_AT..WRITER_AT + 16].try_into().expect("16 bytes"),
         time_ms: u64_at(body, TIME_AT),
         link: body[LINK_AT..LINK_AT + 32].try_into().expect("32 bytes"),
         payload: &body[PAYLOAD_AT..],
@@ -223,28 +206,12 @@ mod tests {
         let payload = b"hello, ledger".to_vec();
         let writer = [7u8; 16];
         let mut out = Vec::new();
-        let link = encode_frame(
-            &mut out,
-            &GENESIS_LINK,
-            42,
-            &writer,
-            1_700_000_000_123,
-            &payload,
-        );
-        let body = RecordBody {
-            seq: 42,
-            writer,
-            time_ms: 1_700_000_000_123,
-            link,
-            payload,
-        };
+        let link = encode_frame(&mut out, &GENESIS_LINK, 42, &writer, 1_700_000_000_123, &payload);
+        let body = RecordBody { seq: 42, writer, time_ms: 1_700_000_000_123, link, payload };
         let via_bincode = bincode::serde::encode_to_vec(&body, bincode::config::legacy()).unwrap();
         assert_eq!(&out[FRAME_HEADER_BYTES..], &via_bincode[..]);
-        let (back, _): (RecordBody, usize) = bincode::serde::decode_from_slice(
-            &out[FRAME_HEADER_BYTES..],
-            bincode::config::legacy(),
-        )
-        .unwrap();
+        let (back, _): (RecordBody, usize) =
+            bincode::serde::decode_from_slice(&out[FRAME_HEADER_BYTES..], bincode::config::legacy()).unwrap();
         assert_eq!(back, body);
     }
 
@@ -254,10 +221,7 @@ mod tests {
         let l1 = encode_frame(&mut out, &GENESIS_LINK, 1, &[1; 16], 10, b"a");
         let (rec, used) = decode_frame(&out, 1 << 20).unwrap();
         assert_eq!(used, out.len());
-        assert_eq!(
-            (rec.seq, rec.time_ms, rec.payload, rec.link),
-            (1, 10, &b"a"[..], l1)
-        );
+        assert_eq!((rec.seq, rec.time_ms, rec.payload, rec.link), (1, 10, &b"a"[..], l1));
         assert!(rec.link_follows(&GENESIS_LINK));
         assert!(!rec.link_follows(&[9; 32]));
     }
@@ -267,20 +231,11 @@ mod tests {
         let mut out = Vec::new();
         encode_frame(&mut out, &GENESIS_LINK, 1, &[1; 16], 10, b"payload");
         for cut in 0..out.len() {
-            assert!(matches!(
-                decode_frame(&out[..cut], 1 << 20),
-                Err(FrameError::Incomplete { .. })
-            ));
+            assert!(matches!(decode_frame(&out[..cut], 1 << 20), Err(FrameError::Incomplete { .. })));
         }
         let mut bad = out.clone();
         bad[20] ^= 1;
-        assert!(matches!(
-            decode_frame(&bad, 1 << 20),
-            Err(FrameError::Checksum { .. })
-        ));
-        assert!(matches!(
-            decode_frame(&out, 10),
-            Err(FrameError::LengthOutOfRange { .. })
-        ));
+        assert!(matches!(decode_frame(&bad, 1 << 20), Err(FrameError::Checksum { .. })));
+        assert!(matches!(decode_frame(&out, 10), Err(FrameError::LengthOutOfRange { .. })));
     }
 }

@@ -7,14 +7,11 @@ mod scan;
 mod segment;
 
 pub use frame::{
-    BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, GENESIS_LINK, RecordBody,
-    RecordRef, chain_link, decode_frame, encode_frame, frame_bytes, hex,
+    BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, GENESIS_LINK, RecordBody, RecordRef, chain_link,
+    decode_frame, encode_frame, frame_bytes, hex,
 };
 pub use scan::{Cursor, Damage, DamageKind, ScanOutcome, find_next_frame, scan_frames};
-pub use segment::{
-    FORMAT_VERSION, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader,
-    SegmentHeaderError,
-};
+pub use segment::{FORMAT_VERSION, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader, SegmentHeaderError};
 
 /// Hard upper bound on a record payload, whatever the configuration says. The frame
 /// length is a u32, and a bound this size keeps a corrupt length field from asking a

@@ -45,10 +45,7 @@ impl DamageKind {
     /// write can produce qualifies; an intact frame with the wrong sequence or link
     /// was written whole and is never a torn write.
     pub fn could_be_torn_write(&self) -> bool {
-        matches!(
-            self,
-            DamageKind::Incomplete | DamageKind::LengthOutOfRange | DamageKind::Checksum
-        )
+        matches!(self, DamageKind::Incomplete | DamageKind::LengthOutOfRange | DamageKind::Checksum)
     }
 }
 
@@ -109,12 +106,7 @@ pub fn scan_frames(
             Err(FrameError::Malformed) => DamageKind::Malformed,
         };
         let resync_at = find_next_frame(buf, at + 1, body_max, cursor.next_seq).map(|o| o as u64);
-        return ScanOutcome::Damaged(Damage {
-            kind,
-            offset: at as u64,
-            expected_seq: cursor.next_seq,
-            resync_at,
-        });
+        return ScanOutcome::Damaged(Damage { kind, offset: at as u64, expected_seq: cursor.next_seq, resync_at });
     }
     ScanOutcome::Clean
 }
@@ -125,8 +117,7 @@ pub fn scan_frames(
 /// A payload that itself contains a complete frame could be mistaken for one; that
 /// errs towards refusing, never towards dropping data.
 pub fn find_next_frame(buf: &[u8], from: usize, body_max: u32, min_seq: u64) -> Option<usize> {
-    (from..buf.len())
-        .find(|&o| matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= min_seq))
+    (from..buf.len()).find(|&o| matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= min_seq))
 }
 
 #[cfg(test)]
@@ -138,14 +129,7 @@ mod tests {
         let mut out = Vec::new();
         let mut link = GENESIS_LINK;
         for seq in 1..=n {
-            link = encode_frame(
-                &mut out,
-                &link,
-                seq,
-                &[2; 16],
-                seq * 10,
-                format!("record {seq}").as_bytes(),
-            );
+            link = encode_frame(&mut out, &link, seq, &[2; 16], seq * 10, format!("record {seq}").as_bytes());
         }
         out
     }
@@ -153,15 +137,9 @@ mod tests {
     #[test]
     fn clean_run_visits_every_record_in_order() {
         let buf = log_of(5);
-        let mut c = Cursor {
-            next_seq: 1,
-            prev_link: GENESIS_LINK,
-        };
+        let mut c = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
         let mut seen = vec![];
-        assert_eq!(
-            scan_frames(&buf, 0, &mut c, 1 << 20, |_, r| seen.push(r.seq)),
-            ScanOutcome::Clean
-        );
+        assert_eq!(scan_frames(&buf, 0, &mut c, 1 << 20, |_, r| seen.push(r.seq)), ScanOutcome::Clean);
         assert_eq!(seen, vec![1, 2, 3, 4, 5]);
         assert_eq!(c.next_seq, 6);
     }
@@ -170,13 +148,8 @@ mod tests {
     fn damage_in_the_middle_resyncs_on_the_next_intact_frame() {
         let mut buf = log_of(5);
         buf[100] ^= 0x40; // inside record 2's body
-        let mut c = Cursor {
-            next_seq: 1,
-            prev_link: GENESIS_LINK,
-        };
-        let ScanOutcome::Damaged(d) = scan_frames(&buf, 0, &mut c, 1 << 20, |_, _| {}) else {
-            panic!()
-        };
+        let mut c = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
+        let ScanOutcome::Damaged(d) = scan_frames(&buf, 0, &mut c, 1 << 20, |_, _| {}) else { panic!() };
         assert_eq!(d.expected_seq, 2);
         assert!(d.resync_at.is_some() && !d.is_torn_tail());
     }
@@ -185,13 +158,8 @@ mod tests {
     fn a_cut_last_record_is_a_torn_tail() {
         let buf = log_of(3);
         let cut = &buf[..buf.len() - 5];
-        let mut c = Cursor {
-            next_seq: 1,
-            prev_link: GENESIS_LINK,
-        };
-        let ScanOutcome::Damaged(d) = scan_frames(cut, 0, &mut c, 1 << 20, |_, _| {}) else {
-            panic!()
-        };
+        let mut c = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
+        let ScanOutcome::Damaged(d) = scan_frames(cut, 0, &mut c, 1 << 20, |_, _| {}) else { panic!() };
         assert!(d.is_torn_tail() && d.expected_seq == 3);
     }
 }

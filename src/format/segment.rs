@@ -46,8 +46,7 @@ impl SegmentHeader {
         let mut b = [0u8; SEGMENT_HEADER_BYTES];
         b[MAGIC_AT..MAGIC_AT + 8].copy_from_slice(&MAGIC);
         b[VERSION_AT..VERSION_AT + 2].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[HEADER_LEN_AT..HEADER_LEN_AT + 2]
-            .copy_from_slice(&(SEGMENT_HEADER_BYTES as u16).to_le_bytes());
+        b[HEADER_LEN_AT..HEADER_LEN_AT + 2].copy_from_slice(&(SEGMENT_HEADER_BYTES as u16).to_le_bytes());
         b[FIRST_SEQ_AT..FIRST_SEQ_AT + 8].copy_from_slice(&self.first_seq.to_le_bytes());
         b[PREV_LINK_AT..PREV_LINK_AT + 32].copy_from_slice(&self.prev_link);
         let crc = crc32fast::hash(&b[..CRC_AT]);
@@ -75,8 +74,7 @@ impl SegmentHeader {
         if !SUPPORTED_VERSIONS.contains(&version) {
             return Err(SegmentHeaderError::UnsupportedVersion { found: version });
         }
-        let header_len =
-            u16::from_le_bytes(b[HEADER_LEN_AT..HEADER_LEN_AT + 2].try_into().expect("2"));
+        let header_len = u16::from_le_bytes(b[HEADER_LEN_AT..HEADER_LEN_AT + 2].try_into().expect("2"));
         let flags = u32::from_le_bytes(b[FLAGS_AT..FLAGS_AT + 4].try_into().expect("4"));
         let reserved = u32::from_le_bytes(b[RESERVED_AT..RESERVED_AT + 4].try_into().expect("4"));
         if header_len as usize != SEGMENT_HEADER_BYTES || flags != 0 || reserved != 0 {
@@ -92,10 +90,7 @@ impl SegmentHeader {
 impl std::fmt::Display for SegmentHeaderError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Short { have } => write!(
-                f,
-                "segment header is {have} bytes, expected {SEGMENT_HEADER_BYTES}"
-            ),
+            Self::Short { have } => write!(f, "segment header is {have} bytes, expected {SEGMENT_HEADER_BYTES}"),
             Self::BadMagic { found } => write!(
                 f,
                 "not a fencelog segment: magic {:?} (expected {:?})",
@@ -103,21 +98,12 @@ impl std::fmt::Display for SegmentHeaderError {
                 String::from_utf8_lossy(&MAGIC)
             ),
             Self::Checksum { stored, computed } => {
-                write!(
-                    f,
-                    "segment header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-                )
+                write!(f, "segment header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")
             }
             Self::UnsupportedVersion { found } => {
-                write!(
-                    f,
-                    "segment format version {found} is not supported (this build reads {SUPPORTED_VERSIONS:?})"
-                )
+                write!(f, "segment format version {found} is not supported (this build reads {SUPPORTED_VERSIONS:?})")
             }
-            Self::Malformed => write!(
-                f,
-                "segment header has non-zero reserved fields or a wrong length"
-            ),
+            Self::Malformed => write!(f, "segment header has non-zero reserved fields or a wrong length"),
         }
     }
 }
@@ -128,20 +114,13 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let h = SegmentHeader {
-            first_seq: 1234,
-            prev_link: [5; 32],
-        };
+        let h = SegmentHeader { first_seq: 1234, prev_link: [5; 32] };
         assert_eq!(SegmentHeader::decode(&h.encode()), Ok(h));
     }
 
     #[test]
     fn newer_version_with_valid_checksum_is_named_not_called_damage() {
-        let mut b = SegmentHeader {
-            first_seq: 1,
-            prev_link: [0; 32],
-        }
-        .encode();
+        let mut b = SegmentHeader { first_seq: 1, prev_link: [0; 32] }.encode();
         b[VERSION_AT..VERSION_AT + 2].copy_from_slice(&9u16.to_le_bytes());
         let crc = crc32fast::hash(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
@@ -152,11 +131,7 @@ mod tests {
 
     #[test]
     fn every_single_bit_flip_in_a_header_is_rejected() {
-        let b = SegmentHeader {
-            first_seq: 77,
-            prev_link: [3; 32],
-        }
-        .encode();
+        let b = SegmentHeader { first_seq: 77, prev_link: [3; 32] }.encode();
         for i in 0..b.len() * 8 {
             let mut c = b;
             c[i / 8] ^= 1 << (i % 8);

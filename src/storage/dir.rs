@@ -41,17 +41,11 @@ pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 
 /// Make the directory durable: needed after creating, renaming or removing a file.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io("fsync directory", dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io("fsync directory", dir))
 }
 
 pub(crate) fn create_dir_private(dir: &Path) -> Result<()> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(Error::io("create directory", dir))
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(Error::io("create directory", dir))
 }
 
 pub(crate) fn open_private(path: &Path, create_new: bool) -> Result<File> {
@@ -67,12 +61,7 @@ pub(crate) fn open_private(path: &Path, create_new: bool) -> Result<File> {
 
 /// Write `bytes` to a new evidence file beside `segment` and make it durable before
 /// the caller cuts anything: the cut bytes are never lost.
-pub(crate) fn write_evidence(
-    segment: &Path,
-    what: &str,
-    offset: u64,
-    bytes: &[u8],
-) -> Result<PathBuf> {
+pub(crate) fn write_evidence(segment: &Path, what: &str, offset: u64, bytes: &[u8]) -> Result<PathBuf> {
     let base = format!("{}{EVIDENCE_INFIX}{what}-{offset}", segment.display());
     let mut path = PathBuf::from(&base);
     let mut n = 1;
@@ -81,8 +70,7 @@ pub(crate) fn write_evidence(
         n += 1;
     }
     let mut f = open_private(&path, true)?;
-    f.write_all(bytes)
-        .map_err(Error::io("write evidence", &path))?;
+    f.write_all(bytes).map_err(Error::io("write evidence", &path))?;
     f.sync_all().map_err(Error::io("fsync evidence", &path))?;
     sync_dir(segment.parent().unwrap_or(Path::new(".")))?;
     Ok(path)

@@ -8,21 +8,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("I/O error: {op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: Arc<std::io::Error>,
-    },
+    Io { op: &'static str, path: PathBuf, source: Arc<std::io::Error> },
 
     #[error(
         "corruption in segment {segment} at byte {offset} (sequence {seq}): {detail}; the log refuses to open for writing"
     )]
-    Corruption {
-        segment: PathBuf,
-        offset: u64,
-        seq: u64,
-        detail: String,
-    },
+    Corruption { segment: PathBuf, offset: u64, seq: u64, detail: String },
 
     #[error("{segment}: {detail}")]
     UnsupportedFormat { segment: PathBuf, detail: String },
@@ -36,19 +27,12 @@ pub enum Error {
     #[error(
         "batch of {records} records / {bytes} bytes exceeds the limit of {records_max} records / {bytes_max} bytes"
     )]
-    BatchTooLarge {
-        records: usize,
-        bytes: usize,
-        records_max: usize,
-        bytes_max: usize,
-    },
+    BatchTooLarge { records: usize, bytes: usize, records_max: usize, bytes_max: usize },
 
     #[error("empty batch: nothing to append")]
     EmptyBatch,
 
-    #[error(
-        "the log head is at sequence {actual}, not the expected {expected}; nothing was appended"
-    )]
+    #[error("the log head is at sequence {actual}, not the expected {expected}; nothing was appended")]
     HeadMoved { expected: u64, actual: u64 },
 
     #[error(
@@ -85,15 +69,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(
-        op: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
-        move |e| Error::Io {
-            op,
-            path,
-            source: Arc::new(e),
-        }
+        move |e| Error::Io { op, path, source: Arc::new(e) }
     }
 }

@@ -18,10 +18,7 @@ pub(crate) struct Held<'a>(&'a AppendLock);
 impl AppendLock {
     pub fn open(dir: &Path) -> Result<Self> {
         let path = dir.join(LOCK_FILE);
-        Ok(AppendLock {
-            file: open_private(&path, false)?,
-            path,
-        })
+        Ok(AppendLock { file: open_private(&path, false)?, path })
     }
 
     /// Take the lock, polling with exponential backoff (20 µs → 1 ms) up to
@@ -38,10 +35,7 @@ impl AppendLock {
             }
             let waited = start.elapsed();
             if waited >= Duration::from_millis(wait_ms_max) {
-                return Err(Error::LockTimeout {
-                    path: self.path.clone(),
-                    waited_ms: waited.as_millis() as u64,
-                });
+                return Err(Error::LockTimeout { path: self.path.clone(), waited_ms: waited.as_millis() as u64 });
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));

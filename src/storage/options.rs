@@ -85,19 +85,13 @@ impl LogOptions {
     pub(crate) fn validate(&self) -> Result<()> {
         let bad = |detail: String| Err(Error::InvalidOption { detail });
         if self.payload_bytes_max == 0 || self.payload_bytes_max > PAYLOAD_BYTES_HARD_MAX {
-            return bad(format!(
-                "payload_bytes_max must be in 1..={PAYLOAD_BYTES_HARD_MAX}"
-            ));
+            return bad(format!("payload_bytes_max must be in 1..={PAYLOAD_BYTES_HARD_MAX}"));
         }
         if self.batch_records_max == 0 || self.batch_bytes_max < self.payload_bytes_max as usize {
-            return bad(
-                "batch_records_max must be > 0 and batch_bytes_max >= payload_bytes_max".into(),
-            );
+            return bad("batch_records_max must be > 0 and batch_bytes_max >= payload_bytes_max".into());
         }
         if self.segment_bytes_max <= SEGMENT_HEADER_BYTES as u64 {
-            return bad(format!(
-                "segment_bytes_max must exceed the {SEGMENT_HEADER_BYTES}-byte header"
-            ));
+            return bad(format!("segment_bytes_max must exceed the {SEGMENT_HEADER_BYTES}-byte header"));
         }
         if self.queue_depth_max == 0 {
             return bad("queue_depth_max must be > 0".into());

@@ -12,8 +12,8 @@ use super::dir::list_segments;
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Cursor, GENESIS_LINK, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, decode_frame, hex, scan_frames,
+    Cursor, GENESIS_LINK, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError,
+    decode_frame, hex, scan_frames,
 };
 
 /// One problem found by a reader.
@@ -45,6 +45,8 @@ pub struct ReadSummary {
     pub last_time_ms: Option<u64>,
     /// Chain link of the last intact record read (hex).
     pub chain_head: String,
+    #[serde(skip)]
+    head_link: Option<crate::format::ChainLink>,
     pub problems: Vec<Problem>,
 }
 
@@ -74,27 +76,14 @@ pub fn read_records(
     mut visit: impl FnMut(&RecordRef<'_>) -> bool,
 ) -> Result<ReadSummary> {
     if !dir.is_dir() {
-        return Err(Error::NotALogDirectory {
-            path: dir.into(),
-            detail: "it is not a readable directory".into(),
-        });
+        return Err(Error::NotALogDirectory { path: dir.into(), detail: "it is not a readable directory".into() });
     }
     let segments = list_segments(dir)?;
     if segments.is_empty() {
-        return Err(Error::NotALogDirectory {
-            path: dir.into(),
-            detail: "it holds no segment file".into(),
-        });
+        return Err(Error::NotALogDirectory { path: dir.into(), detail: "it holds no segment file".into() });
     }
-    let start = segments
-        .iter()
-        .rposition(|(s, _)| *s <= from_seq)
-        .unwrap_or(0);
-    let mut sum = ReadSummary {
-        segments: segments.len(),
-        chain_head: hex(&GENESIS_LINK),
-        ..Default::default()
-    };
+    let start = segments.iter().rposition(|(s, _)| *s <= from_seq).unwrap_or(0);
+    let mut sum = ReadSummary { segments: segments.len(), chain_head: hex(&GENESIS_LINK), ..Default::default() };
     let mut cursor: Option<Cursor> = None;
     let mut stopped = false;
     for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
@@ -113,41 +102,26 @@ pub fn read_records(
         };
         sum.bytes += bytes.len() as u64;
         let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
-        let mut problem =
-            |kind: &str, offset: u64, seq: u64, torn: bool, damaged: u64, detail: String| {
-                sum.problems.push(Problem {
-                    kind: kind.into(),
-                    segment: path.clone(),
-                    offset,
-                    seq,
-                    torn_tail: torn,
-                    damaged_bytes: damaged,
-                    detail,
-                })
-            };
+        let mut problem = |kind: &str, offset: u64, seq: u64, torn: bool, damaged: u64, detail: String| {
+            sum.problems.push(Problem {
+                kind: kind.into(),
+                segment: path.clone(),
+                offset,
+                seq,
+                torn_tail: torn,
+                damaged_bytes: damaged,
+                detail,
+            })
+        };
         let header = match SegmentHeader::decode(bytes) {
             Ok(h) => h,
             Err(e @ SegmentHeaderError::UnsupportedVersion { .. }) => {
-                return Err(Error::UnsupportedFormat {
-                    segment: path.clone(),
-                    detail: e.to_string(),
-                });
+                return Err(Error::UnsupportedFormat { segment: path.clone(), detail: e.to_string() });
             }
             Err(e) => {
                 let torn = is_last && is_torn_creation(bytes, &e, body_max);
-                let kind = if torn {
-                    "torn_segment_creation"
-                } else {
-                    "segment_header"
-                };
-                problem(
-                    kind,
-                    0,
-                    expected_seq,
-                    torn,
-                    bytes.len() as u64,
-                    e.to_string(),
-                );
+                let kind = if torn { "torn_segment_creation" } else { "segment_header" };
+                problem(kind, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
                 cursor = None;
                 continue;
             }
@@ -155,19 +129,9 @@ pub fn read_records(
         if let Err(Error::Corruption { detail, .. }) =
             check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)
         {
-            problem(
-                "segment_discontinuity",
-                0,
-                header.first_seq,
-                false,
-                0,
-                detail,
-            );
+            problem("segment_discontinuity", 0, header.first_seq, false, 0, detail);
         }
-        let mut c = Cursor {
-            next_seq: header.first_seq,
-            prev_link: header.prev_link,
-        };
+        let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         let mut at = SEGMENT_HEADER_BYTES;
         let mut on_record = |rec: &RecordRef<'_>, sum: &mut ReadSummary| {
             if rec.seq < from_seq || stopped {
@@ -178,14 +142,12 @@ pub fn read_records(
             sum.first_time_ms.get_or_insert(rec.time_ms);
             sum.last_seq = Some(rec.seq);
             sum.last_time_ms = Some(rec.time_ms);
-            sum.chain_head = hex(&rec.link);
+            sum.head_link = Some(rec.link);
             stopped = !visit(rec);
         };
         loop {
             let mut local = ReadSummary::default();
-            let outcome = scan_frames(bytes, at, &mut c, body_max, |_, rec| {
-                on_record(rec, &mut local)
-            });
+            let outcome = scan_frames(bytes, at, &mut c, body_max, |_, rec| on_record(rec, &mut local));
             merge(&mut sum, local);
             let ScanOutcome::Damaged(d) = outcome else {
                 break;
@@ -202,27 +164,23 @@ pub fn read_records(
                     crate::format::DamageKind::SequenceMismatch { found } => {
                         format!("expected sequence {} but found {found}", d.expected_seq)
                     }
-                    _ => format!(
-                        "damaged frame where sequence {} was expected",
-                        d.expected_seq
-                    ),
+                    _ => format!("damaged frame where sequence {} was expected", d.expected_seq),
                 },
             });
             let Some(resync) = d.resync_at else { break };
             // Anchor on the intact frame after the damage; its own link cannot be
             // checked against a lost predecessor, so start the chain from it.
-            let (rec, used) = decode_frame(&bytes[resync as usize..], body_max)
-                .expect("resync found an intact frame");
+            let (rec, used) = decode_frame(&bytes[resync as usize..], body_max).expect("resync found an intact frame");
             let mut local = ReadSummary::default();
             on_record(&rec, &mut local);
             merge(&mut sum, local);
-            c = Cursor {
-                next_seq: rec.seq + 1,
-                prev_link: rec.link,
-            };
+            c = Cursor { next_seq: rec.seq + 1, prev_link: rec.link };
             at = resync as usize + used;
         }
         cursor = Some(c);
+    }
+    if let Some(link) = sum.head_link {
+        sum.chain_head = hex(&link);
     }
     Ok(sum)
 }
@@ -236,5 +194,5 @@ fn merge(into: &mut ReadSummary, from: ReadSummary) {
     into.first_time_ms = into.first_time_ms.or(from.first_time_ms);
     into.last_seq = from.last_seq;
     into.last_time_ms = from.last_time_ms;
-    into.chain_head = from.chain_head;
+    into.head_link = from.head_link;
 }

@@ -11,8 +11,8 @@ use super::dir::{segment_path, sync_dir, write_evidence};
 use super::error::{Error, Result};
 use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
-    Cursor, Damage, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, find_next_frame, hex, scan_frames,
+    Cursor, Damage, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError,
+    find_next_frame, hex, scan_frames,
 };
 
 /// One repair made while opening, with the evidence file that keeps what was cut.
@@ -83,16 +83,10 @@ pub(crate) fn is_torn_creation(bytes: &[u8], err: &SegmentHeaderError, body_max:
 
 pub(crate) fn header_error(path: &Path, err: SegmentHeaderError, expected_seq: u64) -> Error {
     match err {
-        SegmentHeaderError::UnsupportedVersion { .. } => Error::UnsupportedFormat {
-            segment: path.to_path_buf(),
-            detail: err.to_string(),
-        },
-        _ => Error::Corruption {
-            segment: path.to_path_buf(),
-            offset: 0,
-            seq: expected_seq,
-            detail: err.to_string(),
-        },
+        SegmentHeaderError::UnsupportedVersion { .. } => {
+            Error::UnsupportedFormat { segment: path.to_path_buf(), detail: err.to_string() }
+        }
+        _ => Error::Corruption { segment: path.to_path_buf(), offset: 0, seq: expected_seq, detail: err.to_string() },
     }
 }
 
@@ -115,17 +109,9 @@ pub(crate) fn set_aside_torn_segment(dir: &Path, path: &Path, expected_seq: u64)
 }
 
 /// Cut a torn tail at `offset`, after making its bytes durable as evidence.
-pub(crate) fn cut_torn_tail(
-    path: &Path,
-    bytes_from_offset: &[u8],
-    offset: u64,
-    damage: &Damage,
-) -> Result<Repair> {
+pub(crate) fn cut_torn_tail(path: &Path, bytes_from_offset: &[u8], offset: u64, damage: &Damage) -> Result<Repair> {
     let evidence = write_evidence(path, "torn-tail", offset, bytes_from_offset)?;
-    let f = fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(Error::io("open", path))?;
+    let f = fs::OpenOptions::new().write(true).open(path).map_err(Error::io("open", path))?;
     f.set_len(offset).map_err(Error::io("truncate", path))?;
     f.sync_all().map_err(Error::io("fsync", path))?;
     tracing::warn!(segment = %path.display(), offset, bytes = bytes_from_offset.len(), evidence = %evidence.display(),
@@ -159,13 +145,8 @@ pub(crate) fn create_segment(dir: &Path, cursor: &Cursor) -> Result<PathBuf> {
     use std::os::unix::fs::FileExt;
     let path = segment_path(dir, cursor.next_seq);
     let f = super::dir::open_private(&path, true)?;
-    let header = SegmentHeader {
-        first_seq: cursor.next_seq,
-        prev_link: cursor.prev_link,
-    }
-    .encode();
-    f.write_all_at(&header, 0)
-        .map_err(Error::io("write segment header", &path))?;
+    let header = SegmentHeader { first_seq: cursor.next_seq, prev_link: cursor.prev_link }.encode();
+    f.write_all_at(&header, 0).map_err(Error::io("write segment header", &path))?;
     f.sync_all().map_err(Error::io("fsync", &path))?;
     sync_dir(dir)?;
     Ok(path)
@@ -192,24 +173,11 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     }
 
     if segments.is_empty() {
-        let cursor = Cursor {
-            next_seq: 1,
-            prev_link: GENESIS_LINK,
-        };
+        let cursor = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
         let path = create_segment(dir, &cursor)?;
-        let tail = TailState {
-            segment: path,
-            segment_first_seq: 1,
-            segment_len: SEGMENT_HEADER_BYTES as u64,
-            cursor,
-        };
-        let report = OpenReport {
-            segments: 1,
-            records_verified: 0,
-            last_seq: 0,
-            chain_head: hex(&GENESIS_LINK),
-            repairs,
-        };
+        let tail = TailState { segment: path, segment_first_seq: 1, segment_len: SEGMENT_HEADER_BYTES as u64, cursor };
+        let report =
+            OpenReport { segments: 1, records_verified: 0, last_seq: 0, chain_head: hex(&GENESIS_LINK), repairs };
         return Ok((tail, report));
     }
 
@@ -225,44 +193,24 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         let map = Mapped::open(path)?;
         let bytes = map.bytes();
         let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
-        let header =
-            SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
+        let header = SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
         check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)?;
-        let mut c = Cursor {
-            next_seq: header.first_seq,
-            prev_link: header.prev_link,
-        };
+        let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         let mut len = bytes.len() as u64;
-        match scan_frames(bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| {
-            records += 1
-        }) {
+        match scan_frames(bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| records += 1) {
             ScanOutcome::Clean => {}
             ScanOutcome::Damaged(d) if is_last && d.is_torn_tail() => {
-                repairs.push(cut_torn_tail(
-                    path,
-                    &bytes[d.offset as usize..],
-                    d.offset,
-                    &d,
-                )?);
+                repairs.push(cut_torn_tail(path, &bytes[d.offset as usize..], d.offset, &d)?);
                 len = d.offset;
             }
             ScanOutcome::Damaged(d) => {
-                let what = if is_last {
-                    ""
-                } else {
-                    "in a sealed segment (later segments exist)"
-                };
+                let what = if is_last { "" } else { "in a sealed segment (later segments exist)" };
                 return Err(damage_error(path, 0, &d, what));
             }
         }
         cursor = Some(c);
         if is_last {
-            tail = Some(TailState {
-                segment: path.clone(),
-                segment_first_seq: *name_seq,
-                segment_len: len,
-                cursor: c,
-            });
+            tail = Some(TailState { segment: path.clone(), segment_first_seq: *name_seq, segment_len: len, cursor: c });
         }
     }
     let tail = tail.expect("the last segment is always scanned");
@@ -285,23 +233,17 @@ pub(crate) fn check_header_continuity(
     is_first_segment: bool,
 ) -> Result<()> {
     let refuse = |detail: String| {
-        Err(Error::Corruption {
-            segment: path.to_path_buf(),
-            offset: 0,
-            seq: header.first_seq,
-            detail,
-        })
+        Err(Error::Corruption { segment: path.to_path_buf(), offset: 0, seq: header.first_seq, detail })
     };
     if header.first_seq != name_seq {
-        return refuse(format!(
-            "header says first sequence {} but the file is named for {name_seq}",
-            header.first_seq
-        ));
+        return refuse(format!("header says first sequence {} but the file is named for {name_seq}", header.first_seq));
     }
     match prev {
-        Some(c) if c.next_seq != header.first_seq => {
-            refuse(format!("segment starts at sequence {} but the previous one ends at {}", header.first_seq, c.next_seq - 1))
-        }
+        Some(c) if c.next_seq != header.first_seq => refuse(format!(
+            "segment starts at sequence {} but the previous one ends at {}",
+            header.first_seq,
+            c.next_seq - 1
+        )),
         Some(c) if c.prev_link != header.prev_link => refuse(format!(
             "segment header chain link {} does not match the previous segment's head {}",
             hex(&header.prev_link),

@@ -8,7 +8,7 @@
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -19,12 +19,11 @@ use super::error::{Error, Result};
 use super::lock::AppendLock;
 use super::options::LogOptions;
 use super::recovery::{
-    OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, damage_error,
-    header_error, is_torn_creation, recover, set_aside_torn_segment,
+    OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, damage_error, header_error,
+    is_torn_creation, recover, set_aside_torn_segment,
 };
 use crate::format::{
-    ChainLink, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, encode_frame, frame_bytes,
-    scan_frames,
+    ChainLink, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, encode_frame, frame_bytes, scan_frames,
 };
 
 /// An acknowledged (synced) append.
@@ -48,16 +47,19 @@ struct Shared {
     poisoned: Mutex<Option<String>>,
     /// Last sequence this writer knows to be durable (its own or caught up).
     head: AtomicU64,
-    /// Records appended by other processes and found while catching up.
+    /// Records other processes appended and found while catching up.
     adopted: AtomicU64,
+    /// The writer thread holds requests it is about to commit.
+    thread_busy: AtomicBool,
+    /// Records this writer appended, and the data syncs it took to do so.
+    appended: AtomicU64,
+    syncs: AtomicU64,
 }
 
 impl Shared {
     fn poison_check(&self) -> Result<()> {
         match &*self.poisoned.lock().expect("poison mutex") {
-            Some(cause) => Err(Error::Poisoned {
-                cause: cause.clone(),
-            }),
+            Some(cause) => Err(Error::Poisoned { cause: cause.clone() }),
             None => Ok(()),
         }
     }
@@ -70,6 +72,8 @@ pub struct Log {
     writer_id: uuid::Uuid,
     report: OpenReport,
     shared: Arc<Shared>,
+    /// The tail state, shared by the writer thread and the inline fast path.
+    state: Arc<Mutex<Writer>>,
     tx: Option<mpsc::Sender<Request>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -96,9 +100,12 @@ impl Log {
             poisoned: Mutex::new(None),
             head: AtomicU64::new(tail.cursor.next_seq - 1),
             adopted: AtomicU64::new(0),
+            thread_busy: AtomicBool::new(false),
+            appended: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
         });
         let (tx, rx) = mpsc::channel(opts.queue_depth_max);
-        let writer = Writer {
+        let state = Arc::new(Mutex::new(Writer {
             dir: dir.clone(),
             opts: opts.clone(),
             writer_id: *writer_id.as_bytes(),
@@ -107,20 +114,13 @@ impl Log {
             tail,
             shared: shared.clone(),
             buf: Vec::new(),
-        };
+        }));
+        let (thread_state, thread_shared) = (state.clone(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("fencelog-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || run(thread_state, thread_shared, rx))
             .map_err(Error::io("spawn writer thread", &dir))?;
-        Ok(Log {
-            dir,
-            opts,
-            writer_id,
-            report,
-            shared,
-            tx: Some(tx),
-            thread: Some(thread),
-        })
+        Ok(Log { dir, opts, writer_id, report, shared, state, tx: Some(tx), thread: Some(thread) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -151,6 +151,12 @@ impl Log {
         self.shared.adopted.load(Ordering::Relaxed)
     }
 
+    /// `(records appended, data syncs taken)` by this writer: their ratio is the
+    /// mean group-commit size.
+    pub fn commit_stats(&self) -> (u64, u64) {
+        (self.shared.appended.load(Ordering::Relaxed), self.shared.syncs.load(Ordering::Relaxed))
+    }
+
     /// Append one record; returns once it is synced.
     pub fn append(&self, payload: &[u8]) -> Result<Appended> {
         self.append_batch(vec![payload.to_vec()])
@@ -161,19 +167,29 @@ impl Log {
     /// per record (the ledger puts one transaction in one record).
     pub fn append_batch(&self, payloads: Vec<Vec<u8>>) -> Result<Appended> {
         let (req, rx) = self.request(payloads, None)?;
-        self.sender()?
-            .blocking_send(req)
-            .map_err(|_| Error::Closed)?;
-        rx.blocking_recv().map_err(|_| Error::Closed)?
+        self.submit_blocking(req, rx)
     }
 
     /// Compare-and-append: append only if the last sequence is `expect_last_seq`
     /// (checked after catching up with every other process), else `HEAD_MOVED`.
     pub fn append_if_head(&self, expect_last_seq: u64, payloads: Vec<Vec<u8>>) -> Result<Appended> {
         let (req, rx) = self.request(payloads, Some(expect_last_seq))?;
-        self.sender()?
-            .blocking_send(req)
-            .map_err(|_| Error::Closed)?;
+        self.submit_blocking(req, rx)
+    }
+
+    /// Fast path: when nothing is queued and the writer thread is idle, commit in
+    /// the caller's thread. A lone appender then pays no hand-off between threads
+    /// (two wake-ups of idle CPUs per append, which cost more than the syscalls);
+    /// under concurrency requests queue up and share the writer thread's syncs.
+    fn submit_blocking(&self, req: Request, mut rx: oneshot::Receiver<Result<Appended>>) -> Result<Appended> {
+        let tx = self.sender()?;
+        if !self.shared.thread_busy.load(Ordering::Acquire) && tx.capacity() == tx.max_capacity() {
+            if let Ok(mut w) = self.state.try_lock() {
+                w.commit(vec![req]);
+                return rx.try_recv().map_err(|_| Error::Closed)?;
+            }
+        }
+        tx.blocking_send(req).map_err(|_| Error::Closed)?;
         rx.blocking_recv().map_err(|_| Error::Closed)?
     }
 
@@ -204,10 +220,7 @@ impl Log {
         }
         let max = self.opts.payload_bytes_max as usize;
         if let Some(p) = payloads.iter().find(|p| p.len() > max) {
-            return Err(Error::RecordTooLarge {
-                bytes: p.len() as u64,
-                max: max as u64,
-            });
+            return Err(Error::RecordTooLarge { bytes: p.len() as u64, max: max as u64 });
         }
         let bytes = payloads.iter().map(Vec::len).sum();
         if payloads.len() > self.opts.batch_records_max || bytes > self.opts.batch_bytes_max {
@@ -220,15 +233,7 @@ impl Log {
         }
         self.shared.poison_check()?;
         let (reply, rx) = oneshot::channel();
-        Ok((
-            Request {
-                payloads,
-                bytes,
-                expect_last_seq,
-                reply,
-            },
-            rx,
-        ))
+        Ok((Request { payloads, bytes, expect_last_seq, reply }, rx))
     }
 
     fn shutdown(&mut self) {
@@ -248,22 +253,12 @@ impl Drop for Log {
 fn prepare_dir(dir: &Path, create: bool) -> Result<()> {
     if !dir.exists() {
         if !create {
-            return Err(Error::NotALogDirectory {
-                path: dir.into(),
-                detail: "it does not exist".into(),
-            });
+            return Err(Error::NotALogDirectory { path: dir.into(), detail: "it does not exist".into() });
         }
         create_dir_private(dir)?;
-        super::dir::sync_dir(
-            dir.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new(".")),
-        )?;
+        super::dir::sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
     } else if !dir.is_dir() {
-        return Err(Error::NotALogDirectory {
-            path: dir.into(),
-            detail: "it is not a directory".into(),
-        });
+        return Err(Error::NotALogDirectory { path: dir.into(), detail: "it is not a directory".into() });
     } else if super::dir::list_segments(dir)?.is_empty() {
         // Refuse to turn an unrelated, non-empty directory into a log.
         let foreign = fs::read_dir(dir)
@@ -271,16 +266,12 @@ fn prepare_dir(dir: &Path, create: bool) -> Result<()> {
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .find(|n| {
-                n != super::dir::LOCK_FILE
-                    && n != super::dir::SNAPSHOT_DIR
-                    && !n.contains(super::dir::EVIDENCE_INFIX)
+                n != super::dir::LOCK_FILE && n != super::dir::SNAPSHOT_DIR && !n.contains(super::dir::EVIDENCE_INFIX)
             });
         if let Some(name) = foreign {
             return Err(Error::NotALogDirectory {
                 path: dir.into(),
-                detail: format!(
-                    "it holds no segment but holds {name:?}; refusing to create a log among other files"
-                ),
+                detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
             });
         }
     }
@@ -299,19 +290,27 @@ struct Writer {
     buf: Vec<u8>,
 }
 
-impl Writer {
-    fn run(mut self, mut rx: mpsc::Receiver<Request>) {
-        let mut carried: Option<Request> = None;
+/// Most CPU yields the writer thread makes while a group is still gathering.
+const YIELDS_MAX: u32 = 8;
+
+/// The writer thread: take what is queued (up to the batch limits), commit it as one
+/// group, repeat until every sender is gone.
+fn run(state: Arc<Mutex<Writer>>, shared: Arc<Shared>, mut rx: mpsc::Receiver<Request>) {
+    let (records_max, bytes_max) = {
+        let w = state.lock().expect("writer state");
+        (w.opts.batch_records_max, w.opts.batch_bytes_max)
+    };
+    let mut carried: Option<Request> = None;
+    let mut last_group_len = 0usize;
+    loop {
+        let Some(first) = carried.take().or_else(|| rx.blocking_recv()) else { return };
+        shared.thread_busy.store(true, Ordering::Release);
+        let (mut records, mut bytes) = (first.payloads.len(), first.bytes);
+        let mut group = vec![first];
+        let mut yields_left = YIELDS_MAX;
         loop {
-            let Some(first) = carried.take().or_else(|| rx.blocking_recv()) else {
-                return;
-            };
-            let (mut records, mut bytes) = (first.payloads.len(), first.bytes);
-            let mut group = vec![first];
             while let Ok(r) = rx.try_recv() {
-                if records + r.payloads.len() > self.opts.batch_records_max
-                    || bytes + r.bytes > self.opts.batch_bytes_max
-                {
+                if records + r.payloads.len() > records_max || bytes + r.bytes > bytes_max {
                     carried = Some(r);
                     break;
                 }
@@ -319,22 +318,34 @@ impl Writer {
                 bytes += r.bytes;
                 group.push(r);
             }
-            self.commit(group);
+            // The appenders just acknowledged are re-submitting. If fewer than half
+            // of them are back, give up the CPU so they can be (no sleep: a yield
+            // returns at once when nobody else is runnable), while more keep coming.
+            if carried.is_some() || yields_left == 0 || group.len() * 2 >= last_group_len {
+                break;
+            }
+            let before = group.len();
+            std::thread::yield_now();
+            yields_left -= 1;
+            if rx.is_empty() && group.len() == before && yields_left < YIELDS_MAX - 1 {
+                break;
+            }
         }
+        last_group_len = group.len();
+        state.lock().expect("writer state").commit(group);
+        shared.thread_busy.store(false, Ordering::Release);
     }
+}
 
+impl Writer {
     fn commit(&mut self, group: Vec<Request>) {
         if let Err(e) = self.shared.poison_check() {
-            return group
-                .into_iter()
-                .for_each(|r| drop(r.reply.send(Err(e.clone()))));
+            return group.into_iter().for_each(|r| drop(r.reply.send(Err(e.clone()))));
         }
         let outcome = self.lock_and_write(&group);
         match outcome {
             Ok(results) => {
-                self.shared
-                    .head
-                    .store(self.tail.cursor.next_seq - 1, Ordering::Release);
+                self.shared.head.store(self.tail.cursor.next_seq - 1, Ordering::Release);
                 for (r, res) in group.into_iter().zip(results) {
                     let _ = r.reply.send(res);
                 }
@@ -345,9 +356,7 @@ impl Writer {
                     tracing::error!(error = %e, "writer poisoned");
                     *self.shared.poisoned.lock().expect("poison mutex") = Some(e.to_string());
                 }
-                group
-                    .into_iter()
-                    .for_each(|r| drop(r.reply.send(Err(e.clone()))));
+                group.into_iter().for_each(|r| drop(r.reply.send(Err(e.clone()))));
             }
         }
     }
@@ -366,32 +375,21 @@ impl Writer {
         let body_max = self.opts.body_max();
         loop {
             let path = self.tail.segment.clone();
-            let len = self
-                .file
-                .metadata()
-                .map_err(Error::io("stat", &path))?
-                .len();
+            let len = self.file.metadata().map_err(Error::io("stat", &path))?.len();
             if len < self.tail.segment_len {
                 return Err(Error::Corruption {
                     segment: path,
                     offset: len,
                     seq: self.tail.cursor.next_seq,
-                    detail: format!(
-                        "segment shrank from {} to {len} bytes under the writer",
-                        self.tail.segment_len
-                    ),
+                    detail: format!("segment shrank from {} to {len} bytes under the writer", self.tail.segment_len),
                 });
             }
             if len > self.tail.segment_len {
                 let base = self.tail.segment_len;
                 let mut bytes = vec![0u8; (len - base) as usize];
-                self.file
-                    .read_exact_at(&mut bytes, base)
-                    .map_err(Error::io("read", &path))?;
+                self.file.read_exact_at(&mut bytes, base).map_err(Error::io("read", &path))?;
                 let mut adopted = 0u64;
-                match scan_frames(&bytes, 0, &mut self.tail.cursor, body_max, |_, _| {
-                    adopted += 1
-                }) {
+                match scan_frames(&bytes, 0, &mut self.tail.cursor, body_max, |_, _| adopted += 1) {
                     ScanOutcome::Clean => self.tail.segment_len = len,
                     ScanOutcome::Damaged(d) if d.is_torn_tail() => {
                         cut_torn_tail(&path, &bytes[d.offset as usize..], base + d.offset, &d)?;
@@ -421,23 +419,13 @@ impl Writer {
                 }
                 Err(e) => return Err(header_error(&next, e, self.tail.cursor.next_seq)),
             };
-            check_header_continuity(
-                &next,
-                self.tail.cursor.next_seq,
-                &header,
-                Some(&self.tail.cursor),
-                false,
-            )?;
+            check_header_continuity(&next, self.tail.cursor.next_seq, &header, Some(&self.tail.cursor), false)?;
             self.switch_to(next, SEGMENT_HEADER_BYTES as u64)?;
         }
     }
 
     fn switch_to(&mut self, path: PathBuf, len: u64) -> Result<()> {
-        self.file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(Error::io("open", &path))?;
+        self.file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io("open", &path))?;
         self.tail.segment_first_seq = self.tail.cursor.next_seq;
         self.tail.segment = path;
         self.tail.segment_len = len;
@@ -451,10 +439,7 @@ impl Writer {
         for req in group {
             let last = self.tail.cursor.next_seq - 1;
             if let Some(expected) = req.expect_last_seq.filter(|&e| e != last) {
-                results.push(Err(Error::HeadMoved {
-                    expected,
-                    actual: last,
-                }));
+                results.push(Err(Error::HeadMoved { expected, actual: last }));
                 continue;
             }
             let first_seq = self.tail.cursor.next_seq;
@@ -468,22 +453,12 @@ impl Writer {
                     self.switch_to(path, SEGMENT_HEADER_BYTES as u64)?;
                 }
                 let c = &mut self.tail.cursor;
-                c.prev_link = encode_frame(
-                    &mut self.buf,
-                    &c.prev_link,
-                    c.next_seq,
-                    &self.writer_id,
-                    now_ms,
-                    p,
-                );
+                c.prev_link = encode_frame(&mut self.buf, &c.prev_link, c.next_seq, &self.writer_id, now_ms, p);
                 c.next_seq += 1;
+                self.shared.appended.fetch_add(1, Ordering::Relaxed);
             }
             let c = &self.tail.cursor;
-            results.push(Ok(Appended {
-                first_seq,
-                last_seq: c.next_seq - 1,
-                chain_head: c.prev_link,
-            }));
+            results.push(Ok(Appended { first_seq, last_seq: c.next_seq - 1, chain_head: c.prev_link }));
         }
         self.flush()?;
         Ok(results)
@@ -496,30 +471,16 @@ impl Writer {
             return Ok(());
         }
         let path = &self.tail.segment;
-        if let Some(prefix) = self
-            .opts
-            .faults
-            .as_ref()
-            .and_then(|f| f.write_fails(self.buf.len()))
-        {
-            let _ = self
-                .file
-                .write_all_at(&self.buf[..prefix], self.tail.segment_len);
-            return Err(Error::io("write", path)(std::io::Error::other(
-                "injected write failure",
-            )));
+        if let Some(prefix) = self.opts.faults.as_ref().and_then(|f| f.write_fails(self.buf.len())) {
+            let _ = self.file.write_all_at(&self.buf[..prefix], self.tail.segment_len);
+            return Err(Error::io("write", path)(std::io::Error::other("injected write failure")));
         }
-        self.file
-            .write_all_at(&self.buf, self.tail.segment_len)
-            .map_err(Error::io("write", path))?;
+        self.file.write_all_at(&self.buf, self.tail.segment_len).map_err(Error::io("write", path))?;
         if self.opts.faults.as_ref().is_some_and(|f| f.sync_fails()) {
-            return Err(Error::io("fdatasync", path)(std::io::Error::other(
-                "injected sync failure",
-            )));
+            return Err(Error::io("fdatasync", path)(std::io::Error::other("injected sync failure")));
         }
-        self.file
-            .sync_data()
-            .map_err(Error::io("fdatasync", path))?;
+        self.file.sync_data().map_err(Error::io("fdatasync", path))?;
+        self.shared.syncs.fetch_add(1, Ordering::Relaxed);
         self.tail.segment_len += self.buf.len() as u64;
         self.buf.clear();
         Ok(())

@@ -28,9 +28,7 @@ pub fn hash_tree(dir: &Path) -> BTreeMap<PathBuf, String> {
             if p.is_dir() {
                 stack.push(p);
             } else {
-                let h = blake3::hash(&std::fs::read(&p).unwrap())
-                    .to_hex()
-                    .to_string();
+                let h = blake3::hash(&std::fs::read(&p).unwrap()).to_hex().to_string();
                 out.insert(p.strip_prefix(dir).unwrap().to_path_buf(), h);
             }
         }
@@ -50,11 +48,7 @@ pub fn records(dir: &Path) -> Vec<(u64, Vec<u8>)> {
 }
 
 pub fn segment_files(dir: &Path) -> Vec<PathBuf> {
-    fencelog::storage::list_segments(dir)
-        .unwrap()
-        .into_iter()
-        .map(|(_, p)| p)
-        .collect()
+    fencelog::storage::list_segments(dir).unwrap().into_iter().map(|(_, p)| p).collect()
 }
 
 /// A tiny deterministic PRNG (xorshift64*), so failures are reproducible from a seed.
@@ -72,14 +66,7 @@ impl Rng {
 }
 
 pub fn seed() -> u64 {
-    std::env::var("FENCELOG_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
+    std::env::var("FENCELOG_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    })
 }

@@ -25,6 +25,7 @@ const CONCURRENCY: [usize; 3] = [1, 8, 64];
 struct Cfg {
     quick: bool,
     latency_samples: usize,
+    rounds: usize,
     run: Duration,
     scan_bytes: u64,
     root: PathBuf,
@@ -39,7 +40,8 @@ fn main() {
     let cfg = Cfg {
         quick,
         latency_samples: if quick { 300 } else { 3000 },
-        run: Duration::from_millis(if quick { 1000 } else { 5000 }),
+        rounds: if quick { 1 } else { 5 },
+        run: Duration::from_millis(if quick { 1000 } else { 2000 }),
         scan_bytes: if quick { 64 << 20 } else { 1 << 30 },
         root,
     };
@@ -48,9 +50,9 @@ fn main() {
     out.insert("quick".into(), json!(cfg.quick));
     out.insert("record_bytes".into(), json!(RECORD_BYTES));
 
-    let raw = latency(cfg.latency_samples, raw_fdatasync_4k(&cfg));
+    // Interleaved sample by sample, so both see the same disk weather.
+    let (raw, single) = latency_pair(cfg.latency_samples, raw_fdatasync_4k(&cfg), fencelog_single(&cfg));
     eprintln!("raw fdatasync 4 KiB append: p50 {:.1} µs", raw.p50_us);
-    let single = latency(cfg.latency_samples, fencelog_single(&cfg));
     eprintln!("fencelog single appender: p50 {:.1} µs", single.p50_us);
     out.insert("raw_fdatasync_4k".into(), raw.json());
     out.insert("fencelog_single_appender".into(), single.json());
@@ -58,10 +60,17 @@ fn main() {
 
     let mut through = serde_json::Map::new();
     for &k in &CONCURRENCY {
-        let (fl, per_sync) = fencelog_async(&cfg, k);
-        let fl_threads = fencelog_threads(&cfg, k);
-        let sq = sqlite(&cfg, k);
-        let rn = rename_pattern(&cfg, k);
+        // Contenders alternate over several short rounds; each figure is the median.
+        let mut runs: [Vec<f64>; 5] = Default::default();
+        for _ in 0..cfg.rounds {
+            let (fl, per_sync) = fencelog_async(&cfg, k);
+            runs[0].push(fl);
+            runs[1].push(per_sync);
+            runs[2].push(fencelog_threads(&cfg, k));
+            runs[3].push(sqlite(&cfg, k));
+            runs[4].push(rename_pattern(&cfg, k));
+        }
+        let [fl, per_sync, fl_threads, sq, rn] = runs.map(median);
         eprintln!(
             "{k:>2} appenders: fencelog {fl:.0}/s ({per_sync:.1}/sync) (threads {fl_threads:.0}/s), sqlite {sq:.0}/s, rename {rn:.0}/s"
         );
@@ -75,6 +84,8 @@ fn main() {
                 "rename_json_per_s": rn.round(),
                 "fencelog_over_sqlite": round2(fl / sq),
                 "fencelog_over_rename": round2(fl / rn),
+                "rounds": cfg.rounds,
+                "seconds_per_round": cfg.run.as_secs_f64(),
             }),
         );
     }
@@ -133,19 +144,35 @@ impl Lat {
     }
 }
 
-fn latency(n: usize, mut op: impl FnMut(u64)) -> Lat {
-    for i in 0..n.min(50) as u64 {
-        op(i); // warm up
-    }
-    let mut v: Vec<f64> = (0..n as u64)
-        .map(|i| {
-            let t = Instant::now();
-            op(i);
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Lat { p50_us: v[v.len() / 2], p99_us: v[v.len() * 99 / 100], mean_us: v.iter().sum::<f64>() / v.len() as f64 }
+    v[v.len() / 2]
+}
+
+fn lat_of(v: Vec<f64>) -> Lat {
+    let mean_us = v.iter().sum::<f64>() / v.len() as f64;
+    let mut v = v;
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Lat { p50_us: v[v.len() / 2], p99_us: v[v.len() * 99 / 100], mean_us }
+}
+
+/// Time `a` and `b` alternately, `n` samples each, after a short warm-up.
+fn latency_pair(n: usize, mut a: impl FnMut(u64), mut b: impl FnMut(u64)) -> (Lat, Lat) {
+    for i in 0..50 {
+        a(i);
+        b(i);
+    }
+    let (mut va, mut vb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let time = |op: &mut dyn FnMut(u64), i: u64| {
+        let t = Instant::now();
+        op(i);
+        t.elapsed().as_secs_f64() * 1e6
+    };
+    for i in 0..n as u64 {
+        va.push(time(&mut a, i));
+        vb.push(time(&mut b, i));
+    }
+    (lat_of(va), lat_of(vb))
 }
 
 fn raw_fdatasync_4k(cfg: &Cfg) -> impl FnMut(u64) {

@@ -31,8 +31,11 @@ fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
-/// The vectors this format version defines: (name, prev link, seq, time, payload).
-fn frame_cases() -> Vec<(&'static str, [u8; 32], u64, u64, Vec<u8>)> {
+/// A frame vector: (name, prev link, seq, time, payload).
+type FrameCase = (&'static str, [u8; 32], u64, u64, Vec<u8>);
+
+/// The frame vectors this format version defines.
+fn frame_cases() -> Vec<FrameCase> {
     vec![
         ("frame-empty-payload", GENESIS_LINK, 1, 0, vec![]),
         ("frame-first-record", GENESIS_LINK, 1, 1_767_225_600_000, b"{\"claim\":\"home/a\"}".to_vec()),

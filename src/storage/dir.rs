@@ -29,10 +29,11 @@ pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
             continue;
         };
-        if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) {
-            if let Ok(seq) = stem.parse::<u64>() {
-                out.push((seq, entry.path()));
-            }
+        if stem.len() == 20
+            && stem.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(seq) = stem.parse::<u64>()
+        {
+            out.push((seq, entry.path()));
         }
     }
     out.sort();

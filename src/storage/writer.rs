@@ -183,11 +183,12 @@ impl Log {
     /// under concurrency requests queue up and share the writer thread's syncs.
     fn submit_blocking(&self, req: Request, mut rx: oneshot::Receiver<Result<Appended>>) -> Result<Appended> {
         let tx = self.sender()?;
-        if !self.shared.thread_busy.load(Ordering::Acquire) && tx.capacity() == tx.max_capacity() {
-            if let Ok(mut w) = self.state.try_lock() {
-                w.commit(vec![req]);
-                return rx.try_recv().map_err(|_| Error::Closed)?;
-            }
+        if !self.shared.thread_busy.load(Ordering::Acquire)
+            && tx.capacity() == tx.max_capacity()
+            && let Ok(mut w) = self.state.try_lock()
+        {
+            w.commit(vec![req]);
+            return rx.try_recv().map_err(|_| Error::Closed)?;
         }
         tx.blocking_send(req).map_err(|_| Error::Closed)?;
         rx.blocking_recv().map_err(|_| Error::Closed)?
@@ -290,9 +291,6 @@ struct Writer {
     buf: Vec<u8>,
 }
 
-/// Most CPU yields the writer thread makes while a group is still gathering.
-const YIELDS_MAX: u32 = 8;
-
 /// The writer thread: take what is queued (up to the batch limits), commit it as one
 /// group, repeat until every sender is gone.
 fn run(state: Arc<Mutex<Writer>>, shared: Arc<Shared>, mut rx: mpsc::Receiver<Request>) {
@@ -301,37 +299,20 @@ fn run(state: Arc<Mutex<Writer>>, shared: Arc<Shared>, mut rx: mpsc::Receiver<Re
         (w.opts.batch_records_max, w.opts.batch_bytes_max)
     };
     let mut carried: Option<Request> = None;
-    let mut last_group_len = 0usize;
     loop {
         let Some(first) = carried.take().or_else(|| rx.blocking_recv()) else { return };
         shared.thread_busy.store(true, Ordering::Release);
         let (mut records, mut bytes) = (first.payloads.len(), first.bytes);
         let mut group = vec![first];
-        let mut yields_left = YIELDS_MAX;
-        loop {
-            while let Ok(r) = rx.try_recv() {
-                if records + r.payloads.len() > records_max || bytes + r.bytes > bytes_max {
-                    carried = Some(r);
-                    break;
-                }
-                records += r.payloads.len();
-                bytes += r.bytes;
-                group.push(r);
-            }
-            // The appenders just acknowledged are re-submitting. If fewer than half
-            // of them are back, give up the CPU so they can be (no sleep: a yield
-            // returns at once when nobody else is runnable), while more keep coming.
-            if carried.is_some() || yields_left == 0 || group.len() * 2 >= last_group_len {
+        while let Ok(r) = rx.try_recv() {
+            if records + r.payloads.len() > records_max || bytes + r.bytes > bytes_max {
+                carried = Some(r);
                 break;
             }
-            let before = group.len();
-            std::thread::yield_now();
-            yields_left -= 1;
-            if rx.is_empty() && group.len() == before && yields_left < YIELDS_MAX - 1 {
-                break;
-            }
+            records += r.payloads.len();
+            bytes += r.bytes;
+            group.push(r);
         }
-        last_group_len = group.len();
         state.lock().expect("writer state").commit(group);
         shared.thread_busy.store(false, Ordering::Release);
     }

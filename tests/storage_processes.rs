@@ -127,6 +127,9 @@ fn sixty_four_threads_share_group_commits_with_dense_sequences() {
             .collect();
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
+    let (appended, syncs) = log.commit_stats();
+    assert_eq!(appended, 64 * 40);
+    assert!(syncs < appended / 2, "appends must share syncs: {appended} appends took {syncs} syncs");
     log.close().unwrap();
     let mut sorted = acked.clone();
     sorted.sort();

@@ -361,3 +361,21 @@ fn a_directory_of_other_files_is_not_turned_into_a_log() {
     let err = Log::open(d.path().join("missing"), LogOptions { create: false, ..LogOptions::default() }).err().unwrap();
     assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
 }
+
+/// Proves: the wait for the cross-process append lock is bounded: a holder that
+/// never lets go yields LOCK_TIMEOUT, writes nothing, and does not poison the writer.
+#[test]
+fn a_stuck_lock_holder_yields_lock_timeout_without_poisoning() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions { lock_wait_ms_max: 50, ..LogOptions::default() }).unwrap();
+    log.append(b"before").unwrap();
+    let other = fs::File::open(d.path().join("LOCK")).unwrap();
+    fs4::FileExt::lock(&other).unwrap();
+    let err = log.append(b"blocked").unwrap_err();
+    assert!(matches!(err, Error::LockTimeout { waited_ms, .. } if waited_ms >= 50), "{err}");
+    assert_eq!(err.code(), "LOCK_TIMEOUT");
+    fs4::FileExt::unlock(&other).unwrap();
+    assert_eq!(log.append(b"after").unwrap().first_seq, 2);
+    log.close().unwrap();
+    assert_eq!(records(d.path()).len(), 2);
+}

@@ -17,4 +17,6 @@
 //! ```
 
 pub mod format;
+pub mod ledger;
+pub mod model;
 pub mod storage;

@@ -1,14 +1,18 @@
 //! The `fencelog` command: argument parsing and wiring only.
 //!
-//! Exit codes: 0 success, 1 I/O error or damaged log, 2 usage error.
+//! Every command prints one JSON object on stdout. Exit codes: 0 success, 3 the state
+//! machine refused (`{"error": {"code": ..., evidence}}`), 2 usage error, 1 I/O error
+//! or a damaged log.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity, intent_digest};
+use fencelog::model::{Event, LeaseMode, LockIntent, Outcome, Projection, Refusal, Txn, validate_subject};
 use fencelog::storage::{Log, LogOptions, verify_dir};
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[derive(Parser)]
 #[command(name = "fencelog", version, about = "A durable, hash-chained ownership ledger")]
@@ -17,26 +21,201 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(Args, Clone)]
+struct Dir {
+    /// Log directory.
+    #[arg(long, env = "FENCELOG_DIR")]
+    dir: PathBuf,
+}
+
+#[derive(Args, Clone)]
+struct Req {
+    /// Makes the mutation idempotent: the same id and content returns the original result.
+    #[arg(long)]
+    request_id: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Open (recovering if needed) the log in DIR, append records from concurrent
-    /// appenders, then verify the whole log. Prints one JSON object.
+    /// Claim a subject for a process (default: the caller's parent).
+    Claim {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        pid: Option<u32>,
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
+        #[arg(long, default_value_t = 20_000)]
+        stale_after_ms: u64,
+        /// Claim as a mutation lock doing ACTION (requires --request-id).
+        #[arg(long, requires = "request_id")]
+        action: Option<String>,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Record a heartbeat of the owner at GENERATION.
+    Heartbeat {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Release the subject held at GENERATION.
+    Release {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Take over a stale owner, naming the generation and heartbeat you saw.
+    Takeover {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        expect_generation: u64,
+        #[arg(long)]
+        expect_heartbeat_ms: u64,
+        #[arg(long)]
+        pid: Option<u32>,
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
+        #[arg(long, default_value_t = 20_000)]
+        stale_after_ms: u64,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Bump the generation without changing owner (fences old tokens).
+    RotateFence {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Append a note under GENERATION (kept always; authoritative only while current).
+    Note {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[arg(long)]
+        text: String,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Resource leases.
+    Lease {
+        #[command(subcommand)]
+        cmd: LeaseCmd,
+    },
+    /// What became of a request id.
+    Request {
+        #[command(subcommand)]
+        cmd: RequestCmd,
+    },
+    /// Current state of subjects, with status judged now.
+    State {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: Option<String>,
+    },
+    /// Append records from concurrent appenders, then verify the log (raw storage demo).
     Demo {
-        #[arg(long, env = "FENCELOG_DIR")]
-        dir: PathBuf,
-        /// Records to append.
+        #[command(flatten)]
+        dir: Dir,
         #[arg(long, default_value_t = 10_000)]
         records: u64,
-        /// Concurrent appending threads (their appends share syncs).
         #[arg(long, default_value_t = 8)]
         appenders: u64,
-        /// Payload size in bytes.
         #[arg(long, default_value_t = 200)]
         payload_bytes: usize,
     },
     /// Verify every checksum, sequence and chain link of the log in DIR (read-only).
     Verify { dir: PathBuf },
 }
+
+#[derive(Subcommand)]
+enum LeaseCmd {
+    Acquire {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        resource: String,
+        #[arg(long, value_enum)]
+        mode: Mode,
+        #[arg(long)]
+        holder: String,
+        #[arg(long, default_value_t = 30_000)]
+        ttl_ms: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    Release {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        lease: u64,
+        #[arg(long)]
+        token: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+}
+
+#[derive(Subcommand)]
+enum RequestCmd {
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+        id: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Mode {
+    Read,
+    Write,
+}
+
+enum Fail {
+    Usage(String, String),
+    Ledger(LedgerError),
+    Storage(fencelog::storage::Error),
+}
+
+impl From<LedgerError> for Fail {
+    fn from(e: LedgerError) -> Self {
+        Fail::Ledger(e)
+    }
+}
+
+impl From<fencelog::storage::Error> for Fail {
+    fn from(e: fencelog::storage::Error) -> Self {
+        Fail::Storage(e)
+    }
+}
+
+type CmdResult = Result<(Value, u8), Fail>;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -46,27 +225,190 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    let result = match cli.cmd {
-        Cmd::Demo { dir, records, appenders, payload_bytes } => demo(dir, records, appenders, payload_bytes),
-        Cmd::Verify { dir } => verify(dir),
-    };
-    match result {
-        Ok((value, code)) => {
-            println!("{value}");
-            ExitCode::from(code)
+    let (value, code) = match run(cli.cmd) {
+        Ok(ok) => ok,
+        Err(Fail::Usage(code, message)) => (json!({"error": {"code": code, "message": message}}), 2),
+        Err(Fail::Ledger(LedgerError::Refused(r))) => (json!({"error": r, "message": r.to_string()}), 3),
+        Err(Fail::Ledger(LedgerError::Storage(e))) | Err(Fail::Storage(e)) => {
+            let code = if matches!(e, fencelog::storage::Error::NotALogDirectory { .. }) { 2 } else { 1 };
+            (json!({"error": {"code": e.code(), "message": e.to_string()}}), code)
         }
-        Err(e) => {
-            println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
-            eprintln!("fencelog: {e}");
-            ExitCode::from(match e {
-                fencelog::storage::Error::NotALogDirectory { .. } => 2,
-                _ => 1,
-            })
+        Err(Fail::Ledger(e)) => (json!({"error": {"code": e.code(), "message": e.to_string()}}), 1),
+    };
+    if let Some(m) = value.get("message").and_then(Value::as_str).or(value["error"]["message"].as_str()) {
+        eprintln!("fencelog: {m}");
+    }
+    println!("{value}");
+    ExitCode::from(code)
+}
+
+fn open(dir: &Dir) -> Result<Ledger, Fail> {
+    Ok(Ledger::open(&dir.dir, LedgerOptions::default())?)
+}
+
+fn subject_ok(s: &str) -> Result<(), Fail> {
+    validate_subject(s).map_err(|r| Fail::Ledger(LedgerError::Refused(r)))
+}
+
+/// The identity evidence of `pid` (default: the caller's parent).
+fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>) -> Result<fencelog::model::Identity, Fail> {
+    let pid = pid.unwrap_or_else(identity::parent_pid);
+    identity::probe(pid, instance.unwrap_or_else(uuid::Uuid::new_v4))
+        .ok_or_else(|| Fail::Usage("NO_SUCH_PROCESS".into(), format!("no live process with pid {pid}")))
+}
+
+fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
+    move |_p, now_ms, writer| {
+        Ok(Txn { request: None, time_ms: now_ms, writer, conditions: vec![], events: events.clone() })
+    }
+}
+
+fn tag<T: serde::Serialize>(req: &Req, intent: &T) -> Option<(String, [u8; 32])> {
+    req.request_id.clone().map(|id| (id, intent_digest(intent)))
+}
+
+/// One JSON object for a committed single-event transaction.
+fn report(c: fencelog::ledger::Committed) -> CmdResult {
+    let outcome = c.outcomes.into_iter().next().expect("one event, one outcome");
+    let mut v = serde_json::to_value(&outcome).expect("outcome serializes");
+    v["seq"] = json!(c.seq);
+    v["deduplicated"] = json!(c.deduplicated);
+    if let Outcome::LeaseReleaseFailed { .. } = outcome {
+        v["code"] = json!("LEASE_TOKEN_MISMATCH");
+        v["message"] = json!("the release presented the wrong token; the lease stays held, release pending");
+        return Ok((json!({ "error": v }), 3));
+    }
+    Ok((v, 0))
+}
+
+fn run(cmd: Cmd) -> CmdResult {
+    match cmd {
+        Cmd::Claim { dir, subject, pid, instance, stale_after_ms, action, req } => {
+            subject_ok(&subject)?;
+            let t = tag(&req, &("claim", &subject, pid, instance, stale_after_ms, &action));
+            let me = owner(pid, instance)?;
+            let lock = action.map(|action| LockIntent { action, request: req.request_id.clone().unwrap_or_default() });
+            let ledger = open(&dir)?;
+            let c = ledger.submit(t.clone(), |p, now_ms, writer| {
+                // Liveness is judged here, on identity, and enters the log as evidence.
+                let previous = p
+                    .subject(&subject)
+                    .and_then(|s| s.owner.as_ref())
+                    .and_then(|o| identity::death_of(&o.identity))
+                    .and_then(|reason| p.dead_owner(&subject, reason));
+                let event = Event::Claim {
+                    subject: subject.clone(),
+                    owner: me.clone(),
+                    stale_after_ms,
+                    lock: lock.clone(),
+                    previous,
+                };
+                Ok(Txn { request: None, time_ms: now_ms, writer, conditions: vec![], events: vec![event] })
+            })?;
+            report(c)
+        }
+        Cmd::Heartbeat { dir, subject, generation, req } => {
+            subject_ok(&subject)?;
+            let t = tag(&req, &("heartbeat", &subject, generation));
+            report(open(&dir)?.submit(t.clone(), single(vec![Event::Heartbeat { subject, generation }]))?)
+        }
+        Cmd::Release { dir, subject, generation, req } => {
+            subject_ok(&subject)?;
+            let t = tag(&req, &("release", &subject, generation));
+            report(open(&dir)?.submit(t.clone(), single(vec![Event::Release { subject, generation }]))?)
+        }
+        Cmd::RotateFence { dir, subject, generation, req } => {
+            subject_ok(&subject)?;
+            let t = tag(&req, &("rotate-fence", &subject, generation));
+            report(open(&dir)?.submit(t.clone(), single(vec![Event::RotateFence { subject, generation }]))?)
+        }
+        Cmd::Note { dir, subject, generation, text, req } => {
+            subject_ok(&subject)?;
+            let t = tag(&req, &("note", &subject, generation, &text));
+            report(open(&dir)?.submit(t.clone(), single(vec![Event::Note { subject, generation, text }]))?)
+        }
+        Cmd::Takeover {
+            dir,
+            subject,
+            expect_generation,
+            expect_heartbeat_ms,
+            pid,
+            instance,
+            stale_after_ms,
+            reason,
+            req,
+        } => {
+            subject_ok(&subject)?;
+            let t = tag(&req, &("takeover", &subject, expect_generation, expect_heartbeat_ms, pid, instance, &reason));
+            let owner = owner(pid, instance)?;
+            let event =
+                Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, stale_after_ms, reason };
+            report(open(&dir)?.submit(t.clone(), single(vec![event]))?)
+        }
+        Cmd::Lease { cmd: LeaseCmd::Acquire { dir, resource, mode, holder, ttl_ms, req } } => {
+            let mode = match mode {
+                Mode::Read => LeaseMode::Read,
+                Mode::Write => LeaseMode::Write,
+            };
+            let t = tag(&req, &("lease-acquire", &resource, mode, &holder, ttl_ms));
+            let event = Event::LeaseAcquire { resource, mode, holder, ttl_ms };
+            report(open(&dir)?.submit(t.clone(), single(vec![event]))?)
+        }
+        Cmd::Lease { cmd: LeaseCmd::Release { dir, lease, token, req } } => {
+            let t = tag(&req, &("lease-release", lease, token));
+            report(open(&dir)?.submit(t.clone(), single(vec![Event::LeaseRelease { lease, token }]))?)
+        }
+        Cmd::Request { cmd: RequestCmd::Show { dir, id } } => {
+            let status = open(&dir)?.request_status(&id)?;
+            Ok((serde_json::to_value(status).expect("status serializes"), 0))
+        }
+        Cmd::State { dir, subject } => state(&dir, subject),
+        Cmd::Demo { dir, records, appenders, payload_bytes } => demo(dir.dir, records, appenders, payload_bytes),
+        Cmd::Verify { dir } => {
+            let summary = verify_dir(&dir, LogOptions::default().body_max())?;
+            let code = if summary.is_intact() { 0 } else { 1 };
+            Ok((serde_json::to_value(&summary).expect("summary serializes"), code))
         }
     }
 }
 
-type CmdResult = Result<(serde_json::Value, u8), fencelog::storage::Error>;
+fn state(dir: &Dir, only: Option<String>) -> CmdResult {
+    let ledger = open(dir)?;
+    let p = ledger.projection();
+    let now_ms = LogOptions::default().now_ms();
+    let subjects: Vec<Value> = p
+        .subjects
+        .iter()
+        .filter(|(name, _)| only.as_ref().is_none_or(|o| o == *name))
+        .map(|(name, s)| {
+            let status = match &s.owner {
+                None => "free",
+                Some(o) if identity::death_of(&o.identity).is_some() => "dead",
+                Some(o) if !o.is_fresh(now_ms) => "stale",
+                Some(_) => "active",
+            };
+            json!({
+                "subject": name,
+                "generation": s.generation,
+                "owner": s.owner.as_ref().map(|o| &o.identity),
+                "lock": s.owner.as_ref().and_then(|o| o.lock.as_ref()),
+                "heartbeat_ms": s.owner.as_ref().map(|o| o.heartbeat_ms),
+                "stale_after_ms": s.owner.as_ref().map(|o| o.stale_after_ms),
+                "status": status,
+                "ended": s.ended,
+                "fenced_attempts": s.fenced_attempts,
+                "late_notes": s.late_notes,
+            })
+        })
+        .collect();
+    if let Some(o) = &only
+        && subjects.is_empty()
+    {
+        subject_ok(o)?;
+    }
+    let leases: Vec<_> = if only.is_none() { p.leases.values().collect() } else { vec![] };
+    Ok((json!({"last_seq": p.last_seq, "chain_head": ledger.chain_head(), "subjects": subjects, "leases": leases}), 0))
+}
 
 fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> CmdResult {
     let opts = LogOptions::default();
@@ -74,15 +416,13 @@ fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> Cmd
     let report = log.open_report().clone();
     let started = Instant::now();
     let appenders = appenders.clamp(1, 1024);
-    let per = records / appenders;
-    let extra = records % appenders;
+    let (per, extra) = (records / appenders, records % appenders);
     std::thread::scope(|s| -> Result<(), fencelog::storage::Error> {
         let handles: Vec<_> = (0..appenders)
             .map(|t| {
                 let log = &log;
                 s.spawn(move || {
-                    let n = per + u64::from(t < extra);
-                    for i in 0..n {
+                    for i in 0..per + u64::from(t < extra) {
                         let mut payload = format!("demo appender {t} record {i} ").into_bytes();
                         payload.resize(payload_bytes.max(payload.len()), b'.');
                         log.append(&payload)?;
@@ -100,20 +440,10 @@ fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> Cmd
     let code = if summary.is_intact() { 0 } else { 1 };
     Ok((
         json!({
-            "dir": dir,
-            "open": report,
-            "appended": records,
-            "appenders": appenders,
+            "dir": dir, "open": report, "appended": records, "appenders": appenders,
             "durable_appends_per_s": (records as f64 / elapsed.as_secs_f64()).round(),
-            "head": head,
-            "verify": summary,
+            "head": head, "verify": summary,
         }),
         code,
     ))
-}
-
-fn verify(dir: PathBuf) -> CmdResult {
-    let summary = verify_dir(&dir, LogOptions::default().body_max())?;
-    let code = if summary.is_intact() { 0 } else { 1 };
-    Ok((serde_json::to_value(&summary).expect("summary serializes"), code))
 }

@@ -99,7 +99,8 @@ impl LogOptions {
         Ok(())
     }
 
-    pub(crate) fn now_ms(&self) -> u64 {
+    /// The clock written into records (the injected one, else the system clock).
+    pub fn now_ms(&self) -> u64 {
         match &self.clock {
             Some(c) => c(),
             None => std::time::SystemTime::now()

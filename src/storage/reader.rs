@@ -196,3 +196,105 @@ fn merge(into: &mut ReadSummary, from: ReadSummary) {
     into.last_time_ms = from.last_time_ms;
     into.head_link = from.head_link;
 }
+
+/// An incremental verifying reader: remembers where it stopped (segment, byte
+/// offset, sequence and chain link) and on each `poll` reads only what was appended
+/// since. An incomplete frame at the end is an append in progress (or a torn write a
+/// writer will cut): the tailer stops before it and looks again next time.
+pub struct Tailer {
+    dir: PathBuf,
+    body_max: u32,
+    file: Option<(u64, PathBuf, fs::File)>,
+    offset: u64,
+    cursor: Cursor,
+    /// Records below this sequence are verified but not visited.
+    visit_from: u64,
+}
+
+impl Tailer {
+    /// A tailer that will visit records from `from_seq` on (verifying the chain from
+    /// the start of the segment holding it).
+    pub fn new(dir: &Path, body_max: u32, from_seq: u64) -> Tailer {
+        Tailer {
+            dir: dir.to_path_buf(),
+            body_max,
+            file: None,
+            offset: 0,
+            cursor: Cursor { next_seq: 0, prev_link: GENESIS_LINK },
+            visit_from: from_seq.max(1),
+        }
+    }
+
+    /// Next sequence this tailer expects.
+    pub fn next_seq(&self) -> u64 {
+        self.cursor.next_seq
+    }
+
+    fn open_segment(&mut self, first_seq: u64, path: PathBuf, continuing: bool) -> Result<()> {
+        let f = fs::File::open(&path).map_err(Error::io("open", &path))?;
+        let mut hb = [0u8; SEGMENT_HEADER_BYTES];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut hb, 0).map_err(Error::io("read segment header", &path))?;
+        let header = SegmentHeader::decode(&hb).map_err(|e| super::recovery::header_error(&path, e, first_seq))?;
+        let prev = continuing.then_some(self.cursor);
+        check_header_continuity(&path, first_seq, &header, prev.as_ref(), first_seq == 1)?;
+        self.cursor = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
+        self.file = Some((first_seq, path, f));
+        self.offset = SEGMENT_HEADER_BYTES as u64;
+        Ok(())
+    }
+
+    /// Read and verify everything appended since the last poll; returns how many
+    /// records were visited.
+    pub fn poll(&mut self, mut visit: impl FnMut(&RecordRef<'_>)) -> Result<u64> {
+        let mut visited = 0;
+        if self.file.is_none() {
+            let segments = list_segments(&self.dir)?;
+            let Some((seq, path)) =
+                segments.iter().rev().find(|(s, _)| *s <= self.visit_from).or(segments.first()).cloned()
+            else {
+                return Ok(0);
+            };
+            if fs::metadata(&path).map_err(Error::io("stat", &path))?.len() < SEGMENT_HEADER_BYTES as u64 {
+                return Ok(0); // being created
+            }
+            self.open_segment(seq, path, false)?;
+        }
+        loop {
+            let (first_seq, path, f) = self.file.as_ref().expect("open");
+            let (first_seq, path) = (*first_seq, path.clone());
+            let len = f.metadata().map_err(Error::io("stat", &path))?.len();
+            if len > self.offset {
+                let mut bytes = vec![0u8; (len - self.offset) as usize];
+                std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, self.offset)
+                    .map_err(Error::io("read", &path))?;
+                let visit_from = self.visit_from;
+                let outcome = scan_frames(&bytes, 0, &mut self.cursor, self.body_max, |_, r| {
+                    if r.seq >= visit_from {
+                        visited += 1;
+                        visit(r);
+                    }
+                });
+                match outcome {
+                    ScanOutcome::Clean => self.offset = len,
+                    ScanOutcome::Damaged(d) if d.is_torn_tail() => {
+                        self.offset += d.offset;
+                        return Ok(visited);
+                    }
+                    ScanOutcome::Damaged(d) => {
+                        return Err(super::recovery::damage_error(&path, self.offset, &d, "(found while tailing)"));
+                    }
+                }
+            }
+            if self.cursor.next_seq == first_seq {
+                return Ok(visited);
+            }
+            let next = super::dir::segment_path(&self.dir, self.cursor.next_seq);
+            match fs::metadata(&next) {
+                Ok(m) if m.len() >= SEGMENT_HEADER_BYTES as u64 => {
+                    self.open_segment(self.cursor.next_seq, next, true)?;
+                }
+                _ => return Ok(visited),
+            }
+        }
+    }
+}

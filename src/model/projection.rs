@@ -1,0 +1,686 @@
+//! The projection (current state) and the transition rules.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{validate_subject, validate_text};
+use super::{
+    Blocker, Condition, DeadOwner, DeathReason, Event, Identity, LeaseMode, LockIntent, Refusal, TXN_CONDITIONS_MAX,
+    TXN_EVENTS_MAX, Txn,
+};
+
+/// Request ids remembered in the projection (the most recent, by sequence). Older
+/// ones are answered from the log itself (`request show` scans it).
+pub const REQUESTS_RETAINED: usize = 100_000;
+/// Released or displaced leases remembered, so a second release reports the first.
+pub const TERMINAL_LEASES_RETAINED: usize = 10_000;
+/// Ended tenures remembered per subject (the audit reads the full story from the log).
+pub const TENURES_RETAINED: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub identity: Identity,
+    pub since_seq: u64,
+    pub claimed_ms: u64,
+    pub heartbeat_ms: u64,
+    pub stale_after_ms: u64,
+    pub lock: Option<LockIntent>,
+}
+
+impl Owner {
+    pub fn is_fresh(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.heartbeat_ms) <= self.stale_after_ms
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TenureEndHow {
+    Released,
+    /// Replaced by a takeover of a stale owner.
+    TakenOver,
+    /// Replaced by a claim with proof of death.
+    DeadOwner(DeathReason),
+}
+
+/// How a tenure ended; `cut_off_seq` is the last sequence that counts as that
+/// owner's authoritative history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenureEnd {
+    pub generation: u64,
+    pub instance: uuid::Uuid,
+    pub pid: u32,
+    pub cut_off_seq: u64,
+    pub ended_ms: u64,
+    pub how: TenureEndHow,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subject {
+    /// The fencing token: increases on every change of owner and fence rotation.
+    pub generation: u64,
+    pub owner: Option<Owner>,
+    pub ended: Vec<TenureEnd>,
+    pub notes: u64,
+    /// Notes presented under a retired generation: kept in the log, not authoritative.
+    pub late_notes: u64,
+    pub fenced_attempts: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseState {
+    Held,
+    /// A release failed (wrong token); still held, can be retried.
+    ReleasePending {
+        code: String,
+        attempts: u64,
+    },
+    Released {
+        seq: u64,
+    },
+    /// Expired and displaced by a later acquire at `seq`.
+    Displaced {
+        seq: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub id: u64,
+    pub resource: String,
+    pub mode: LeaseMode,
+    pub holder: String,
+    pub token: u64,
+    pub acquired_seq: u64,
+    pub expires_ms: u64,
+    pub state: LeaseState,
+}
+
+impl Lease {
+    fn is_live(&self) -> bool {
+        matches!(self.state, LeaseState::Held | LeaseState::ReleasePending { .. })
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resource {
+    /// Last token issued: tokens for a resource only increase.
+    pub token: u64,
+    pub live: BTreeSet<u64>,
+}
+
+/// What one event did (or, for a no-op, what it found).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    Claimed {
+        subject: String,
+        generation: u64,
+        owner: Identity,
+        retired: Option<TenureEnd>,
+    },
+    /// The same lock request again: the existing holding, nothing written.
+    LockReused {
+        subject: String,
+        generation: u64,
+        owner: Identity,
+    },
+    Heartbeat {
+        subject: String,
+        generation: u64,
+        heartbeat_ms: u64,
+    },
+    Released {
+        subject: String,
+        generation: u64,
+    },
+    TookOver {
+        subject: String,
+        generation: u64,
+        owner: Identity,
+        retired: TenureEnd,
+    },
+    Rotated {
+        subject: String,
+        generation: u64,
+    },
+    Noted {
+        subject: String,
+        generation: u64,
+        authoritative: bool,
+    },
+    FencedAudit {
+        subject: String,
+        count: u64,
+    },
+    LeaseAcquired {
+        lease: u64,
+        resource: String,
+        mode: LeaseMode,
+        token: u64,
+        expires_ms: u64,
+        displaced: Vec<u64>,
+    },
+    LeaseReleased {
+        lease: u64,
+        token: u64,
+    },
+    /// Already released (or displaced): nothing written, the first end reported.
+    LeaseAlreadyEnded {
+        lease: u64,
+        state: LeaseState,
+    },
+    /// Committed failure: the lease stays held, release pending, can be retried.
+    LeaseReleaseFailed {
+        lease: u64,
+        code: String,
+        attempts: u64,
+        presented: u64,
+    },
+}
+
+impl Outcome {
+    /// Outcomes that change nothing: a transaction made only of them is not written.
+    fn is_noop(&self) -> bool {
+        matches!(self, Outcome::LockReused { .. } | Outcome::LeaseAlreadyEnded { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestEntry {
+    pub seq: u64,
+    pub digest: [u8; 32],
+    pub outcomes: Vec<Outcome>,
+}
+
+/// The result of checking a transaction against the projection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// Valid: these outcomes; `writes` is false when every outcome is a no-op.
+    Valid { outcomes: Vec<Outcome>, writes: bool },
+    /// The same request id with the same content was committed already.
+    Deduplicated(RequestEntry),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Projection {
+    pub last_seq: u64,
+    pub subjects: BTreeMap<String, Subject>,
+    pub resources: BTreeMap<String, Resource>,
+    pub leases: BTreeMap<u64, Lease>,
+    pub last_lease_id: u64,
+    pub requests: BTreeMap<String, RequestEntry>,
+    /// Request ids by commit sequence, for bounded retention.
+    request_order: BTreeMap<u64, String>,
+    /// Terminal leases by the sequence that ended them, for bounded retention.
+    terminal_leases: BTreeMap<u64, Vec<u64>>,
+    /// Committed records that no longer validate on replay (should stay 0).
+    pub anomalies: u64,
+    /// Committed records whose payload did not decode.
+    pub undecodable: u64,
+}
+
+fn refuse<T>(r: Refusal) -> Result<T, Refusal> {
+    Err(r)
+}
+
+impl Projection {
+    pub fn subject(&self, name: &str) -> Option<&Subject> {
+        self.subjects.get(name)
+    }
+
+    /// Validate `txn` as the record at `seq`, computing what it would do.
+    pub fn check(&self, seq: u64, txn: &Txn) -> Result<Checked, Refusal> {
+        if let Some(tag) = &txn.request {
+            validate_text("request id", &tag.id)?;
+            if let Some(entry) = self.requests.get(&tag.id) {
+                if entry.digest == tag.digest {
+                    return Ok(Checked::Deduplicated(entry.clone()));
+                }
+                return refuse(Refusal::RequestIdConflict { request: tag.id.clone(), committed_seq: entry.seq });
+            }
+        }
+        if txn.events.is_empty() || txn.events.len() > TXN_EVENTS_MAX || txn.conditions.len() > TXN_CONDITIONS_MAX {
+            return refuse(Refusal::InvalidInput {
+                detail: format!(
+                    "a transaction has 1..={TXN_EVENTS_MAX} events and at most {TXN_CONDITIONS_MAX} conditions"
+                ),
+            });
+        }
+        for c in &txn.conditions {
+            self.check_condition(c)?;
+        }
+        // Events of one transaction are checked against the same state, so each must
+        // touch a different subject, lease or resource.
+        let mut targets = BTreeSet::new();
+        for e in &txn.events {
+            let target = match e {
+                Event::LeaseAcquire { resource, .. } => format!("resource:{resource}"),
+                Event::LeaseRelease { lease, .. } => format!("lease:{lease}"),
+                other => format!("subject:{}", other.subject().unwrap_or_default()),
+            };
+            if !targets.insert(target.clone()) {
+                return refuse(Refusal::InvalidInput { detail: format!("{target} appears twice in one transaction") });
+            }
+        }
+        let mut lease_id = self.last_lease_id;
+        let outcomes = txn
+            .events
+            .iter()
+            .map(|e| self.check_event(seq, txn.time_ms, e, &mut lease_id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let writes = outcomes.iter().any(|o| !o.is_noop());
+        Ok(Checked::Valid { outcomes, writes })
+    }
+
+    /// Fold the committed record at `seq` into the state. Total: a record that does
+    /// not validate (which a correct writer never appends) is counted, not applied.
+    pub fn apply(&mut self, seq: u64, txn: &Txn) -> Result<Vec<Outcome>, Refusal> {
+        debug_assert!(seq > self.last_seq, "records apply in sequence order");
+        self.last_seq = seq;
+        let outcomes = match self.check(seq, txn) {
+            Ok(Checked::Valid { outcomes, .. }) => outcomes,
+            Ok(Checked::Deduplicated(entry)) => return Ok(entry.outcomes),
+            Err(r) => {
+                self.anomalies += 1;
+                return Err(r);
+            }
+        };
+        for (e, o) in txn.events.iter().zip(&outcomes) {
+            self.mutate(seq, txn.time_ms, e, o);
+        }
+        if let Some(tag) = &txn.request {
+            self.remember_request(seq, &tag.id, tag.digest, outcomes.clone());
+        }
+        Ok(outcomes)
+    }
+
+    /// A record whose payload could not be decoded still advances the sequence.
+    pub fn skip_undecodable(&mut self, seq: u64) {
+        self.last_seq = seq;
+        self.undecodable += 1;
+    }
+
+    fn check_condition(&self, c: &Condition) -> Result<(), Refusal> {
+        let failed = |condition: String, expected: String, actual: String| {
+            refuse(Refusal::ConditionFailed { condition, expected, actual })
+        };
+        match c {
+            Condition::SubjectAt { subject, generation } => {
+                let actual = self.subjects.get(subject).map_or(0, |s| s.generation);
+                if actual != *generation {
+                    return failed(
+                        format!("subject {subject} at generation"),
+                        generation.to_string(),
+                        actual.to_string(),
+                    );
+                }
+            }
+            Condition::SubjectAbsent { subject } => {
+                if let Some(s) = self.subjects.get(subject).filter(|s| s.owner.is_some()) {
+                    return failed(
+                        format!("subject {subject} absent"),
+                        "no owner".into(),
+                        format!("owned at generation {}", s.generation),
+                    );
+                }
+            }
+            Condition::LogAt { seq } => {
+                if self.last_seq != *seq {
+                    return failed("log at sequence".into(), seq.to_string(), self.last_seq.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn current(&self, subject: &str) -> (u64, Option<&Owner>) {
+        self.subjects.get(subject).map_or((0, None), |s| (s.generation, s.owner.as_ref()))
+    }
+
+    /// The owner at exactly `presented`, or the refusal for a stale or idle token.
+    fn owner_at(&self, subject: &str, presented: u64) -> Result<&Owner, Refusal> {
+        let (current, owner) = self.current(subject);
+        if presented != current {
+            return refuse(Refusal::Fenced { subject: subject.into(), presented, current });
+        }
+        owner.ok_or_else(|| Refusal::NotActive { subject: subject.into(), generation: current })
+    }
+
+    fn check_event(&self, seq: u64, now_ms: u64, e: &Event, lease_id: &mut u64) -> Result<Outcome, Refusal> {
+        if let Some(s) = e.subject() {
+            validate_subject(s)?;
+        }
+        match e {
+            Event::Claim { subject, owner, lock, previous, .. } => {
+                if let Some(l) = lock {
+                    validate_text("action", &l.action)?;
+                    if l.action.trim().is_empty() || l.request.trim().is_empty() {
+                        return refuse(Refusal::InvalidInput {
+                            detail: "a lock claim carries an action and a request id".into(),
+                        });
+                    }
+                }
+                let (generation, current) = self.current(subject);
+                let Some(cur) = current else {
+                    return Ok(Outcome::Claimed {
+                        subject: subject.clone(),
+                        generation: generation + 1,
+                        owner: owner.clone(),
+                        retired: None,
+                    });
+                };
+                if let Some(dead) =
+                    previous.as_ref().filter(|d| d.generation == generation && d.instance == cur.identity.instance)
+                {
+                    let retired = Self::tenure_end(seq, now_ms, generation, cur, TenureEndHow::DeadOwner(dead.reason));
+                    return Ok(Outcome::Claimed {
+                        subject: subject.clone(),
+                        generation: generation + 1,
+                        owner: owner.clone(),
+                        retired: Some(retired),
+                    });
+                }
+                if let Some(l) = lock {
+                    return match &cur.lock {
+                        None => refuse(Refusal::IdentityUncertain {
+                            subject: subject.clone(),
+                            instance: cur.identity.instance,
+                            pid: cur.identity.pid,
+                            generation,
+                        }),
+                        Some(held) if held.request == l.request => Ok(Outcome::LockReused {
+                            subject: subject.clone(),
+                            generation,
+                            owner: cur.identity.clone(),
+                        }),
+                        Some(held) => refuse(Refusal::Busy {
+                            subject: subject.clone(),
+                            action: held.action.clone(),
+                            request: held.request.clone(),
+                            pid: cur.identity.pid,
+                            instance: cur.identity.instance,
+                            generation,
+                        }),
+                    };
+                }
+                if cur.is_fresh(now_ms) {
+                    return refuse(Refusal::AlreadyActive {
+                        subject: subject.clone(),
+                        instance: cur.identity.instance,
+                        pid: cur.identity.pid,
+                        generation,
+                        heartbeat_ms: cur.heartbeat_ms,
+                    });
+                }
+                refuse(Refusal::StaleRequiresTakeover {
+                    subject: subject.clone(),
+                    instance: cur.identity.instance,
+                    pid: cur.identity.pid,
+                    generation,
+                    heartbeat_ms: cur.heartbeat_ms,
+                    age_ms: now_ms.saturating_sub(cur.heartbeat_ms),
+                    stale_after_ms: cur.stale_after_ms,
+                })
+            }
+            Event::Heartbeat { subject, generation } => {
+                self.owner_at(subject, *generation)?;
+                Ok(Outcome::Heartbeat { subject: subject.clone(), generation: *generation, heartbeat_ms: now_ms })
+            }
+            Event::Release { subject, generation } => {
+                self.owner_at(subject, *generation)?;
+                Ok(Outcome::Released { subject: subject.clone(), generation: *generation })
+            }
+            Event::RotateFence { subject, generation } => {
+                self.owner_at(subject, *generation)?;
+                Ok(Outcome::Rotated { subject: subject.clone(), generation: generation + 1 })
+            }
+            Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, reason, .. } => {
+                validate_text("reason", reason)?;
+                let (generation, current) = self.current(subject);
+                let cur = match current {
+                    Some(c) if generation == *expect_generation && c.heartbeat_ms == *expect_heartbeat_ms => c,
+                    _ => {
+                        return refuse(Refusal::TakeoverRace {
+                            subject: subject.clone(),
+                            expected_generation: *expect_generation,
+                            current_generation: generation,
+                            expected_heartbeat_ms: *expect_heartbeat_ms,
+                            current_heartbeat_ms: current.map(|c| c.heartbeat_ms),
+                        });
+                    }
+                };
+                if cur.is_fresh(now_ms) {
+                    return refuse(Refusal::TakeoverActiveRefused {
+                        subject: subject.clone(),
+                        generation,
+                        heartbeat_ms: cur.heartbeat_ms,
+                        age_ms: now_ms.saturating_sub(cur.heartbeat_ms),
+                        stale_after_ms: cur.stale_after_ms,
+                    });
+                }
+                let retired = Self::tenure_end(seq, now_ms, generation, cur, TenureEndHow::TakenOver);
+                Ok(Outcome::TookOver {
+                    subject: subject.clone(),
+                    generation: generation + 1,
+                    owner: owner.clone(),
+                    retired,
+                })
+            }
+            Event::Note { subject, generation, text } => {
+                validate_text("note", text)?;
+                let (current, owner) = self.current(subject);
+                if *generation > current || *generation == 0 {
+                    return refuse(Refusal::Fenced { subject: subject.clone(), presented: *generation, current });
+                }
+                let authoritative = *generation == current && owner.is_some();
+                Ok(Outcome::Noted { subject: subject.clone(), generation: *generation, authoritative })
+            }
+            Event::FencedAttempts { subject, op, count, .. } => {
+                validate_text("op", op)?;
+                Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
+            }
+            Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
+                validate_subject(resource)?;
+                validate_text("holder", holder)?;
+                let res = self.resources.get(resource);
+                let mut displaced = Vec::new();
+                let mut blockers = Vec::new();
+                for id in res.map(|r| r.live.iter()).into_iter().flatten() {
+                    let l = &self.leases[id];
+                    if l.expires_ms <= now_ms {
+                        displaced.push(l.id);
+                    } else if *mode == LeaseMode::Write || l.mode == LeaseMode::Write {
+                        blockers.push(Blocker {
+                            lease: l.id,
+                            holder: l.holder.clone(),
+                            mode: l.mode,
+                            token: l.token,
+                            expires_ms: l.expires_ms,
+                        });
+                    }
+                }
+                if !blockers.is_empty() {
+                    return refuse(Refusal::LeaseConflict { resource: resource.clone(), blockers });
+                }
+                *lease_id += 1;
+                Ok(Outcome::LeaseAcquired {
+                    lease: *lease_id,
+                    resource: resource.clone(),
+                    mode: *mode,
+                    token: res.map_or(0, |r| r.token) + 1,
+                    expires_ms: now_ms.saturating_add(*ttl_ms),
+                    displaced,
+                })
+            }
+            Event::LeaseRelease { lease, token } => {
+                let Some(l) = self.leases.get(lease) else { return refuse(Refusal::UnknownLease { lease: *lease }) };
+                match &l.state {
+                    LeaseState::Released { .. } | LeaseState::Displaced { .. } => {
+                        Ok(Outcome::LeaseAlreadyEnded { lease: *lease, state: l.state.clone() })
+                    }
+                    _ if l.token != *token => {
+                        let attempts = match &l.state {
+                            LeaseState::ReleasePending { attempts, .. } => attempts + 1,
+                            _ => 1,
+                        };
+                        Ok(Outcome::LeaseReleaseFailed {
+                            lease: *lease,
+                            code: "TOKEN_MISMATCH".into(),
+                            attempts,
+                            presented: *token,
+                        })
+                    }
+                    _ => Ok(Outcome::LeaseReleased { lease: *lease, token: *token }),
+                }
+            }
+        }
+    }
+
+    fn tenure_end(seq: u64, now_ms: u64, generation: u64, cur: &Owner, how: TenureEndHow) -> TenureEnd {
+        TenureEnd {
+            generation,
+            instance: cur.identity.instance,
+            pid: cur.identity.pid,
+            // Everything before this record is the old owner's authoritative history.
+            cut_off_seq: seq - 1,
+            ended_ms: now_ms,
+            how,
+        }
+    }
+
+    fn mutate(&mut self, seq: u64, now_ms: u64, e: &Event, o: &Outcome) {
+        match (e, o) {
+            (
+                Event::Claim { subject, owner, stale_after_ms, lock, .. },
+                Outcome::Claimed { generation, retired, .. },
+            ) => {
+                let s = self.subjects.entry(subject.clone()).or_default();
+                if let Some(r) = retired {
+                    push_bounded(&mut s.ended, r.clone());
+                }
+                s.generation = *generation;
+                s.owner = Some(Owner {
+                    identity: owner.clone(),
+                    since_seq: seq,
+                    claimed_ms: now_ms,
+                    heartbeat_ms: now_ms,
+                    stale_after_ms: *stale_after_ms,
+                    lock: lock.clone(),
+                });
+            }
+            (Event::Takeover { subject, owner, stale_after_ms, .. }, Outcome::TookOver { generation, retired, .. }) => {
+                let s = self.subjects.entry(subject.clone()).or_default();
+                push_bounded(&mut s.ended, retired.clone());
+                s.generation = *generation;
+                s.owner = Some(Owner {
+                    identity: owner.clone(),
+                    since_seq: seq,
+                    claimed_ms: now_ms,
+                    heartbeat_ms: now_ms,
+                    stale_after_ms: *stale_after_ms,
+                    lock: None,
+                });
+            }
+            (Event::Heartbeat { subject, .. }, Outcome::Heartbeat { heartbeat_ms, .. }) => {
+                if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
+                    o.heartbeat_ms = *heartbeat_ms;
+                }
+            }
+            (Event::Release { subject, .. }, Outcome::Released { .. }) => {
+                let s = self.subjects.get_mut(subject).expect("checked");
+                let o = s.owner.take().expect("checked");
+                let end = TenureEnd {
+                    generation: s.generation,
+                    instance: o.identity.instance,
+                    pid: o.identity.pid,
+                    cut_off_seq: seq,
+                    ended_ms: now_ms,
+                    how: TenureEndHow::Released,
+                };
+                push_bounded(&mut s.ended, end);
+            }
+            (Event::RotateFence { subject, .. }, Outcome::Rotated { generation, .. }) => {
+                self.subjects.get_mut(subject).expect("checked").generation = *generation;
+            }
+            (Event::Note { subject, .. }, Outcome::Noted { authoritative, .. }) => {
+                let s = self.subjects.get_mut(subject).expect("checked");
+                if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
+            }
+            (Event::FencedAttempts { subject, count, .. }, _) => {
+                self.subjects.entry(subject.clone()).or_default().fenced_attempts += count;
+            }
+            (
+                Event::LeaseAcquire { holder, .. },
+                Outcome::LeaseAcquired { lease, resource, mode, token, expires_ms, displaced },
+            ) => {
+                for id in displaced {
+                    self.end_lease(*id, LeaseState::Displaced { seq }, seq);
+                }
+                let r = self.resources.entry(resource.clone()).or_default();
+                r.token = *token;
+                r.live.insert(*lease);
+                self.last_lease_id = *lease;
+                self.leases.insert(
+                    *lease,
+                    Lease {
+                        id: *lease,
+                        resource: resource.clone(),
+                        mode: *mode,
+                        holder: holder.clone(),
+                        token: *token,
+                        acquired_seq: seq,
+                        expires_ms: *expires_ms,
+                        state: LeaseState::Held,
+                    },
+                );
+            }
+            (Event::LeaseRelease { .. }, Outcome::LeaseReleased { lease, .. }) => {
+                self.end_lease(*lease, LeaseState::Released { seq }, seq);
+            }
+            (Event::LeaseRelease { .. }, Outcome::LeaseReleaseFailed { lease, code, attempts, .. }) => {
+                self.leases.get_mut(lease).expect("checked").state =
+                    LeaseState::ReleasePending { code: code.clone(), attempts: *attempts };
+            }
+            _ => {} // no-op outcomes
+        }
+    }
+
+    fn end_lease(&mut self, id: u64, state: LeaseState, seq: u64) {
+        let l = self.leases.get_mut(&id).expect("live lease");
+        debug_assert!(l.is_live());
+        l.state = state;
+        if let Some(r) = self.resources.get_mut(&l.resource) {
+            r.live.remove(&id);
+        }
+        self.terminal_leases.entry(seq).or_default().push(id);
+        while self.terminal_leases.values().map(Vec::len).sum::<usize>() > TERMINAL_LEASES_RETAINED {
+            let (_, ids) = self.terminal_leases.pop_first().expect("non-empty");
+            for id in ids {
+                self.leases.remove(&id);
+            }
+        }
+    }
+
+    fn remember_request(&mut self, seq: u64, id: &str, digest: [u8; 32], outcomes: Vec<Outcome>) {
+        self.requests.insert(id.to_owned(), RequestEntry { seq, digest, outcomes });
+        self.request_order.insert(seq, id.to_owned());
+        while self.request_order.len() > REQUESTS_RETAINED {
+            let (_, old) = self.request_order.pop_first().expect("non-empty");
+            self.requests.remove(&old);
+        }
+    }
+
+    /// Evidence that the owner at `generation` is dead, for a claim.
+    pub fn dead_owner(&self, subject: &str, reason: DeathReason) -> Option<DeadOwner> {
+        let (generation, owner) = self.current(subject);
+        owner.map(|o| DeadOwner { generation, instance: o.identity.instance, reason })
+    }
+}
+
+fn push_bounded(v: &mut Vec<TenureEnd>, e: TenureEnd) {
+    if v.len() == TENURES_RETAINED {
+        v.remove(0);
+    }
+    v.push(e);
+}

@@ -1,0 +1,71 @@
+//! Why the state machine refuses a transaction: a stable code and the evidence.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blocker {
+    pub lease: u64,
+    pub holder: String,
+    pub mode: super::LeaseMode,
+    pub token: u64,
+    pub expires_ms: u64,
+}
+
+/// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "code", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Refusal {
+    #[error("invalid subject {subject:?}: {detail}")]
+    InvalidSubject { subject: String, detail: String },
+    #[error("invalid input: {detail}")]
+    InvalidInput { detail: String },
+    #[error("{subject} is held by live owner {instance} (pid {pid}) at generation {generation}")]
+    AlreadyActive { subject: String, instance: uuid::Uuid, pid: u32, generation: u64, heartbeat_ms: u64 },
+    #[error(
+        "{subject}: heartbeat is {age_ms} ms old (stale after {stale_after_ms} ms) but the owner is not provably dead; take over explicitly"
+    )]
+    StaleRequiresTakeover {
+        subject: String,
+        instance: uuid::Uuid,
+        pid: u32,
+        generation: u64,
+        heartbeat_ms: u64,
+        age_ms: u64,
+        stale_after_ms: u64,
+    },
+    #[error(
+        "{subject} changed before the takeover: expected generation {expected_generation} / heartbeat {expected_heartbeat_ms}, found {current_generation} / {current_heartbeat_ms:?}"
+    )]
+    TakeoverRace {
+        subject: String,
+        expected_generation: u64,
+        current_generation: u64,
+        expected_heartbeat_ms: u64,
+        current_heartbeat_ms: Option<u64>,
+    },
+    #[error("{subject} still has a fresh heartbeat ({age_ms} ms old, stale after {stale_after_ms} ms)")]
+    TakeoverActiveRefused { subject: String, generation: u64, heartbeat_ms: u64, age_ms: u64, stale_after_ms: u64 },
+    #[error("{subject}: generation {presented} is fenced; the current generation is {current}")]
+    Fenced { subject: String, presented: u64, current: u64 },
+    #[error("{subject} has no active owner (generation {generation})")]
+    NotActive { subject: String, generation: u64 },
+    #[error("{subject}: live lock holder {instance} (pid {pid}) carries no action/request identity")]
+    IdentityUncertain { subject: String, instance: uuid::Uuid, pid: u32, generation: u64 },
+    #[error("{subject}: mutation already in progress: action={action} request={request} pid={pid}")]
+    Busy { subject: String, action: String, request: String, pid: u32, instance: uuid::Uuid, generation: u64 },
+    #[error("lease on {resource} conflicts with {} holder(s)", blockers.len())]
+    LeaseConflict { resource: String, blockers: Vec<Blocker> },
+    #[error("no lease {lease}")]
+    UnknownLease { lease: u64 },
+    #[error("request id {request:?} was committed at sequence {committed_seq} with different content")]
+    RequestIdConflict { request: String, committed_seq: u64 },
+    #[error("condition failed: {condition}: expected {expected}, actual {actual}")]
+    ConditionFailed { condition: String, expected: String, actual: String },
+}
+
+impl Refusal {
+    /// The stable code, as in the JSON.
+    pub fn code(&self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v["code"].as_str().map(str::to_owned)).unwrap_or_default()
+    }
+}

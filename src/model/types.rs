@@ -1,0 +1,205 @@
+//! Record kinds and the values they carry. Every enum here is encoded by variant
+//! index: variants are **append-only** — never reorder or remove one, or logs
+//! written before stop meaning what they meant.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest subject name, in bytes.
+pub const SUBJECT_BYTES_MAX: usize = 256;
+/// Longest free-text field (action, reason, note, holder), in bytes.
+pub const TEXT_BYTES_MAX: usize = 1024;
+/// Most events in one transaction.
+pub const TXN_EVENTS_MAX: usize = 64;
+/// Most conditions in one transaction.
+pub const TXN_CONDITIONS_MAX: usize = 64;
+
+/// Identity evidence of an owner process. Liveness is judged on all of it: a pid
+/// alone says nothing once it has been reused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub instance: uuid::Uuid,
+    pub pid: u32,
+    /// Start time of the process in clock ticks since boot (`/proc/<pid>/stat`, field 22).
+    pub start_ticks: u64,
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+    /// Fingerprint of the executable (path, size and mtime of `/proc/<pid>/exe`).
+    pub exe: String,
+}
+
+/// Why an owner is provably dead; the first failing check is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeathReason {
+    ProcessDead,
+    StartTimeChanged,
+    BootChanged,
+    ExeChanged,
+}
+
+impl DeathReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            DeathReason::ProcessDead => "process_dead",
+            DeathReason::StartTimeChanged => "start_time_changed",
+            DeathReason::BootChanged => "boot_changed",
+            DeathReason::ExeChanged => "exe_changed",
+        }
+    }
+}
+
+/// Proof, gathered by the writer before it appends, that the current owner is dead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadOwner {
+    pub generation: u64,
+    pub instance: uuid::Uuid,
+    pub reason: DeathReason,
+}
+
+/// A mutation lock's attribution: what the holder is doing, for which request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockIntent {
+    pub action: String,
+    pub request: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseMode {
+    Read,
+    Write,
+}
+
+/// A condition of a transaction: all must hold or nothing is appended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Condition {
+    SubjectAt { subject: String, generation: u64 },
+    SubjectAbsent { subject: String },
+    LogAt { seq: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// Take a free subject, or one whose owner is provably dead (`previous`).
+    Claim {
+        subject: String,
+        owner: Identity,
+        stale_after_ms: u64,
+        lock: Option<LockIntent>,
+        previous: Option<DeadOwner>,
+    },
+    Heartbeat {
+        subject: String,
+        generation: u64,
+    },
+    Release {
+        subject: String,
+        generation: u64,
+    },
+    /// Replace a stale (not provably dead) owner, naming exactly what was seen.
+    Takeover {
+        subject: String,
+        expect_generation: u64,
+        expect_heartbeat_ms: u64,
+        owner: Identity,
+        stale_after_ms: u64,
+        reason: String,
+    },
+    /// New generation, same owner: fences every holder of the old token.
+    RotateFence {
+        subject: String,
+        generation: u64,
+    },
+    /// Data written by an owner under its generation. Kept always; authoritative
+    /// only while that generation is current (a retired owner's late notes are not).
+    Note {
+        subject: String,
+        generation: u64,
+        text: String,
+    },
+    /// Audit of refused writes by a stale writer (coalesced: `count` attempts).
+    FencedAttempts {
+        subject: String,
+        writer: uuid::Uuid,
+        op: String,
+        presented: u64,
+        current: u64,
+        count: u64,
+        first_ms: u64,
+        last_ms: u64,
+    },
+    LeaseAcquire {
+        resource: String,
+        mode: LeaseMode,
+        holder: String,
+        ttl_ms: u64,
+    },
+    LeaseRelease {
+        lease: u64,
+        token: u64,
+    },
+}
+
+impl Event {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Claim { .. } => "claim",
+            Event::Heartbeat { .. } => "heartbeat",
+            Event::Release { .. } => "release",
+            Event::Takeover { .. } => "takeover",
+            Event::RotateFence { .. } => "rotate_fence",
+            Event::Note { .. } => "note",
+            Event::FencedAttempts { .. } => "fenced_attempts",
+            Event::LeaseAcquire { .. } => "lease_acquire",
+            Event::LeaseRelease { .. } => "lease_release",
+        }
+    }
+
+    /// The subject this event changes, if it is a subject event.
+    pub fn subject(&self) -> Option<&str> {
+        match self {
+            Event::Claim { subject, .. }
+            | Event::Heartbeat { subject, .. }
+            | Event::Release { subject, .. }
+            | Event::Takeover { subject, .. }
+            | Event::RotateFence { subject, .. }
+            | Event::Note { subject, .. }
+            | Event::FencedAttempts { subject, .. } => Some(subject),
+            Event::LeaseAcquire { .. } | Event::LeaseRelease { .. } => None,
+        }
+    }
+}
+
+/// A request id and the digest of the caller's intent, for idempotency.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestTag {
+    pub id: String,
+    pub digest: [u8; 32],
+}
+
+/// One transaction = one log record. `time_ms` is the writer's clock when it
+/// validated the transaction: time enters the model only through records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Txn {
+    pub request: Option<RequestTag>,
+    pub time_ms: u64,
+    pub writer: uuid::Uuid,
+    pub conditions: Vec<Condition>,
+    pub events: Vec<Event>,
+}
+
+/// Validate a subject name: 1..=256 bytes, no control characters.
+pub fn validate_subject(name: &str) -> Result<(), super::Refusal> {
+    if name.is_empty() || name.len() > SUBJECT_BYTES_MAX || name.chars().any(char::is_control) {
+        return Err(super::Refusal::InvalidSubject {
+            subject: name.chars().take(64).collect(),
+            detail: format!("a subject is 1 to {SUBJECT_BYTES_MAX} bytes with no control characters"),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_text(field: &'static str, text: &str) -> Result<(), super::Refusal> {
+    if text.len() > TEXT_BYTES_MAX {
+        return Err(super::Refusal::InvalidInput { detail: format!("{field} exceeds {TEXT_BYTES_MAX} bytes") });
+    }
+    Ok(())
+}

@@ -270,7 +270,7 @@ fn tag<T: serde::Serialize>(req: &Req, intent: &T) -> Option<(String, [u8; 32])>
 /// One JSON object for a committed single-event transaction.
 fn report(c: fencelog::ledger::Committed) -> CmdResult {
     let outcome = c.outcomes.into_iter().next().expect("one event, one outcome");
-    let mut v = serde_json::to_value(&outcome).expect("outcome serializes");
+    let mut v = outcome.to_json();
     v["seq"] = json!(c.seq);
     v["deduplicated"] = json!(c.deduplicated);
     if let Outcome::LeaseReleaseFailed { .. } = outcome {

@@ -109,9 +109,10 @@ pub struct Resource {
     pub live: BTreeSet<u64>,
 }
 
-/// What one event did (or, for a no-op, what it found).
+/// What one event did (or, for a no-op, what it found). Externally tagged (serde's
+/// default) because it is stored in snapshots, and bincode cannot decode internally
+/// tagged enums; [`Outcome::to_json`] gives the flat form for JSON output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Outcome {
     Claimed {
         subject: String,
@@ -180,6 +181,25 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// `{"kind": "claimed", <fields>}`: the variant name in snake_case beside its fields.
+    pub fn to_json(&self) -> serde_json::Value {
+        let v = serde_json::to_value(self).expect("outcome serializes");
+        let Some((name, fields)) = v.as_object().and_then(|o| o.iter().next()) else { return v };
+        let mut kind = String::new();
+        for (i, c) in name.chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                kind.push('_');
+            }
+            kind.push(c.to_ascii_lowercase());
+        }
+        let mut out = serde_json::Map::new();
+        out.insert("kind".into(), kind.into());
+        if let Some(f) = fields.as_object() {
+            out.extend(f.clone());
+        }
+        out.into()
+    }
+
     /// Outcomes that change nothing: a transaction made only of them is not written.
     fn is_noop(&self) -> bool {
         matches!(self, Outcome::LockReused { .. } | Outcome::LeaseAlreadyEnded { .. })

@@ -1,0 +1,329 @@
+//! The state machine's rules, through the pure model: each refusal code with its
+//! evidence, the lease rules, and insta snapshots of scripted scenarios.
+
+use fencelog::model::*;
+use uuid::Uuid;
+
+fn who(n: u8) -> Identity {
+    Identity {
+        instance: Uuid::from_bytes([n; 16]),
+        pid: 1000 + n as u32,
+        start_ticks: 555,
+        boot_id: "boot-a".into(),
+        exe: "/usr/bin/daemon:1:2".into(),
+    }
+}
+
+/// A tiny driver: check then apply at the next sequence, as the ledger does.
+struct M {
+    p: Projection,
+}
+
+impl M {
+    fn new() -> M {
+        M { p: Projection::default() }
+    }
+    fn txn(&mut self, time_ms: u64, events: Vec<Event>) -> Result<Vec<Outcome>, Refusal> {
+        self.tagged(time_ms, None, events)
+    }
+    fn tagged(
+        &mut self,
+        time_ms: u64,
+        request: Option<(&str, u8)>,
+        events: Vec<Event>,
+    ) -> Result<Vec<Outcome>, Refusal> {
+        let txn = Txn {
+            request: request.map(|(id, d)| RequestTag { id: id.into(), digest: [d; 32] }),
+            time_ms,
+            writer: Uuid::nil(),
+            conditions: vec![],
+            events,
+        };
+        let seq = self.p.last_seq + 1;
+        match self.p.check(seq, &txn)? {
+            Checked::Deduplicated(e) => Ok(e.outcomes),
+            Checked::Valid { writes: false, outcomes } => Ok(outcomes),
+            Checked::Valid { .. } => self.p.apply(seq, &txn),
+        }
+    }
+    fn claim(&mut self, t: u64, s: &str, n: u8) -> Result<Vec<Outcome>, Refusal> {
+        self.txn(t, vec![claim(s, n, None, None)])
+    }
+}
+
+fn claim(s: &str, n: u8, lock: Option<(&str, &str)>, previous: Option<DeadOwner>) -> Event {
+    Event::Claim {
+        subject: s.into(),
+        owner: who(n),
+        stale_after_ms: 1_000,
+        lock: lock.map(|(a, r)| LockIntent { action: a.into(), request: r.into() }),
+        previous,
+    }
+}
+
+fn code(r: &Refusal) -> serde_json::Value {
+    serde_json::to_value(r).unwrap()
+}
+
+/// Proves: a live, fresh owner refuses a claim with ALREADY_ACTIVE naming the owner
+/// instance, pid and generation; a stale one with STALE_REQUIRES_TAKEOVER.
+#[test]
+fn claim_of_a_held_subject_is_refused_already_active_or_stale() {
+    let mut m = M::new();
+    m.claim(0, "home/a", 1).unwrap();
+    let r = code(&m.claim(500, "home/a", 2).unwrap_err());
+    assert_eq!(r["code"], "ALREADY_ACTIVE");
+    assert_eq!((r["pid"].as_u64(), r["generation"].as_u64()), (Some(1001), Some(1)));
+    assert_eq!(r["instance"], Uuid::from_bytes([1; 16]).to_string());
+    let r = code(&m.claim(5_000, "home/a", 2).unwrap_err());
+    assert_eq!(r["code"], "STALE_REQUIRES_TAKEOVER");
+    assert_eq!(
+        (r["age_ms"].as_u64(), r["stale_after_ms"].as_u64(), r["heartbeat_ms"].as_u64()),
+        (Some(5_000), Some(1_000), Some(0))
+    );
+}
+
+/// Proves: a claim carrying proof of the owner's death succeeds without waiting for
+/// staleness and records the retirement with its evidence; the generation goes up.
+#[test]
+fn claim_over_a_provably_dead_owner_retires_it_with_evidence() {
+    let mut m = M::new();
+    m.claim(0, "home/a", 1).unwrap();
+    let dead = m.p.dead_owner("home/a", DeathReason::StartTimeChanged);
+    let out = m.txn(10, vec![claim("home/a", 2, None, dead)]).unwrap();
+    let Outcome::Claimed { generation: 2, retired: Some(r), .. } = &out[0] else { panic!("{out:?}") };
+    assert_eq!((r.generation, r.pid, r.cut_off_seq), (1, 1001, 1));
+    assert_eq!(r.how, TenureEndHow::DeadOwner(DeathReason::StartTimeChanged));
+    // Evidence about a different generation proves nothing.
+    let stale_evidence =
+        DeadOwner { generation: 1, instance: Uuid::from_bytes([2; 16]), reason: DeathReason::ProcessDead };
+    assert_eq!(
+        code(&m.txn(20, vec![claim("home/a", 3, None, Some(stale_evidence))]).unwrap_err())["code"],
+        "ALREADY_ACTIVE"
+    );
+}
+
+/// Proves: takeover names exact expectations: TAKEOVER_RACE when the generation or
+/// heartbeat moved, TAKEOVER_ACTIVE_REFUSED while fresh; success retires the old owner
+/// with a cut-off and there is no ownerless instant.
+#[test]
+fn takeover_refuses_races_and_fresh_owners_and_cuts_off_the_old_owner() {
+    let mut m = M::new();
+    m.claim(0, "run/1", 1).unwrap();
+    m.txn(100, vec![Event::Heartbeat { subject: "run/1".into(), generation: 1 }]).unwrap();
+    let tk = |g: u64, hb: u64, n: u8| Event::Takeover {
+        subject: "run/1".into(),
+        expect_generation: g,
+        expect_heartbeat_ms: hb,
+        owner: who(n),
+        stale_after_ms: 1_000,
+        reason: "stale".into(),
+    };
+    let r = code(&m.txn(5_000, vec![tk(1, 0, 2)]).unwrap_err());
+    assert_eq!(r["code"], "TAKEOVER_RACE");
+    assert_eq!((r["expected_heartbeat_ms"].as_u64(), r["current_heartbeat_ms"].as_u64()), (Some(0), Some(100)));
+    let r = code(&m.txn(5_000, vec![tk(7, 100, 2)]).unwrap_err());
+    assert_eq!(
+        (r["code"].as_str(), r["expected_generation"].as_u64(), r["current_generation"].as_u64()),
+        (Some("TAKEOVER_RACE"), Some(7), Some(1))
+    );
+    let r = code(&m.txn(600, vec![tk(1, 100, 2)]).unwrap_err());
+    assert_eq!((r["code"].as_str(), r["age_ms"].as_u64()), (Some("TAKEOVER_ACTIVE_REFUSED"), Some(500)));
+    let out = m.txn(5_000, vec![tk(1, 100, 2)]).unwrap();
+    let Outcome::TookOver { generation: 2, retired, .. } = &out[0] else { panic!() };
+    assert_eq!((retired.cut_off_seq, retired.how), (2, TenureEndHow::TakenOver));
+    assert_eq!(m.p.subject("run/1").unwrap().owner.as_ref().unwrap().identity, who(2), "never ownerless");
+}
+
+/// Proves: heartbeat, release, rotation and notes under a stale generation are
+/// FENCED with presented and current; on a released subject NOT_ACTIVE.
+#[test]
+fn stale_generations_are_fenced_and_idle_subjects_not_active() {
+    let mut m = M::new();
+    m.claim(0, "s", 1).unwrap();
+    m.txn(1, vec![Event::RotateFence { subject: "s".into(), generation: 1 }]).unwrap();
+    for e in [
+        Event::Heartbeat { subject: "s".into(), generation: 1 },
+        Event::Release { subject: "s".into(), generation: 1 },
+        Event::RotateFence { subject: "s".into(), generation: 1 },
+    ] {
+        let r = code(&m.txn(2, vec![e]).unwrap_err());
+        assert_eq!(
+            (r["code"].as_str(), r["presented"].as_u64(), r["current"].as_u64()),
+            (Some("FENCED"), Some(1), Some(2))
+        );
+        assert_eq!(r["subject"], "s");
+    }
+    m.txn(3, vec![Event::Release { subject: "s".into(), generation: 2 }]).unwrap();
+    let r = code(&m.txn(4, vec![Event::Heartbeat { subject: "s".into(), generation: 2 }]).unwrap_err());
+    assert_eq!((r["code"].as_str(), r["generation"].as_u64()), (Some("NOT_ACTIVE"), Some(2)));
+    // Re-claim after release: the generation never repeats.
+    let out = m.claim(5, "s", 3).unwrap();
+    assert!(matches!(out[0], Outcome::Claimed { generation: 3, .. }));
+}
+
+/// Proves: a retired owner's late notes are kept (applied, counted) but are not
+/// authoritative; a note from a future generation is refused.
+#[test]
+fn retired_owner_notes_after_the_cut_off_are_kept_but_not_authoritative() {
+    let mut m = M::new();
+    m.claim(0, "run/9", 1).unwrap();
+    let note = |g: u64| vec![Event::Note { subject: "run/9".into(), generation: g, text: "event".into() }];
+    assert!(matches!(m.txn(1, note(1)).unwrap()[0], Outcome::Noted { authoritative: true, .. }));
+    let dead = m.p.dead_owner("run/9", DeathReason::ProcessDead);
+    m.txn(2, vec![claim("run/9", 2, None, dead)]).unwrap();
+    assert!(matches!(m.txn(3, note(1)).unwrap()[0], Outcome::Noted { authoritative: false, .. }));
+    let s = m.p.subject("run/9").unwrap();
+    assert_eq!((s.notes, s.late_notes), (1, 1));
+    assert_eq!(code(&m.txn(4, note(9)).unwrap_err())["code"], "FENCED");
+}
+
+/// Proves: mutation locks need action and request; a second requester is BUSY
+/// (naming holder action, request and pid); the same request again is a reuse; a
+/// live holder without attribution is IDENTITY_UNCERTAIN, never free.
+#[test]
+fn mutation_locks_are_busy_reused_or_identity_uncertain() {
+    let mut m = M::new();
+    m.txn(0, vec![claim("lock/recovery", 1, Some(("recover", "req-1")), None)]).unwrap();
+    let r = code(&m.txn(1, vec![claim("lock/recovery", 2, Some(("stop", "req-2")), None)]).unwrap_err());
+    assert_eq!(r["code"], "BUSY");
+    assert_eq!(
+        (r["action"].as_str(), r["request"].as_str(), r["pid"].as_u64()),
+        (Some("recover"), Some("req-1"), Some(1001))
+    );
+    let seq = m.p.last_seq;
+    let out = m.txn(2, vec![claim("lock/recovery", 1, Some(("recover", "req-1")), None)]).unwrap();
+    assert!(matches!(out[0], Outcome::LockReused { generation: 1, .. }));
+    assert_eq!(m.p.last_seq, seq, "a reuse writes nothing");
+    m.claim(0, "lock/legacy", 3).unwrap();
+    let r = code(&m.txn(1, vec![claim("lock/legacy", 2, Some(("stop", "req-9")), None)]).unwrap_err());
+    assert_eq!((r["code"].as_str(), r["pid"].as_u64()), (Some("IDENTITY_UNCERTAIN"), Some(1003)));
+    let r = code(&m.txn(1, vec![claim("lock/x", 2, Some(("", "req")), None)]).unwrap_err());
+    assert_eq!(r["code"], "INVALID_INPUT");
+}
+
+fn acquire(res: &str, mode: LeaseMode, holder: &str, ttl_ms: u64) -> Vec<Event> {
+    vec![Event::LeaseAcquire { resource: res.into(), mode, holder: holder.into(), ttl_ms }]
+}
+
+/// Proves: readers coexist, a writer conflicts (LEASE_CONFLICT naming blockers),
+/// tokens only increase, release is exactly once, a wrong token stays pending with
+/// the failure recorded and can be retried, expired leases are displaced.
+#[test]
+fn leases_conflict_release_once_record_failures_and_displace_expired() {
+    let mut m = M::new();
+    let lease_of = |o: &[Outcome]| match &o[0] {
+        Outcome::LeaseAcquired { lease, token, .. } => (*lease, *token),
+        other => panic!("{other:?}"),
+    };
+    let (r1, t1) = lease_of(&m.txn(0, acquire("db", LeaseMode::Read, "a", 1_000)).unwrap());
+    let (r2, t2) = lease_of(&m.txn(0, acquire("db", LeaseMode::Read, "b", 1_000)).unwrap());
+    assert!(t2 > t1);
+    let r = code(&m.txn(10, acquire("db", LeaseMode::Write, "c", 1_000)).unwrap_err());
+    assert_eq!(r["code"], "LEASE_CONFLICT");
+    let holders: Vec<_> =
+        r["blockers"].as_array().unwrap().iter().map(|b| b["holder"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(holders, vec!["a", "b"]);
+    // Wrong token: committed as a failure, lease still held, attempts counted.
+    let out = m.txn(20, vec![Event::LeaseRelease { lease: r1, token: t1 + 100 }]).unwrap();
+    assert!(matches!(&out[0], Outcome::LeaseReleaseFailed { attempts: 1, .. }));
+    let out = m.txn(21, vec![Event::LeaseRelease { lease: r1, token: t1 + 100 }]).unwrap();
+    assert!(matches!(&out[0], Outcome::LeaseReleaseFailed { attempts: 2, .. }));
+    assert!(
+        matches!(&m.p.leases[&r1].state, LeaseState::ReleasePending { code, attempts: 2 } if code == "TOKEN_MISMATCH")
+    );
+    assert!(matches!(
+        m.txn(22, vec![Event::LeaseRelease { lease: r1, token: t1 }]).unwrap()[0],
+        Outcome::LeaseReleased { .. }
+    ));
+    let seq = m.p.last_seq;
+    let again = m.txn(23, vec![Event::LeaseRelease { lease: r1, token: t1 }]).unwrap();
+    assert!(
+        matches!(&again[0], Outcome::LeaseAlreadyEnded { state: LeaseState::Released { seq: s }, .. } if *s == seq)
+    );
+    assert_eq!(m.p.last_seq, seq, "a second release writes nothing");
+    // r2 expires at 1000: a writer at 2000 displaces it, and that is recorded.
+    let out = m.txn(2_000, acquire("db", LeaseMode::Write, "c", 1_000)).unwrap();
+    let Outcome::LeaseAcquired { displaced, token, .. } = &out[0] else { panic!() };
+    assert_eq!((displaced.as_slice(), *token > t2), (&[r2][..], true));
+    assert!(matches!(m.p.leases[&r2].state, LeaseState::Displaced { .. }));
+    assert_eq!(
+        code(&m.txn(3_000, vec![Event::LeaseRelease { lease: 999, token: 1 }]).unwrap_err())["code"],
+        "UNKNOWN_LEASE"
+    );
+}
+
+/// Proves: a request id with the same content returns the original result; with
+/// different content REQUEST_ID_CONFLICT naming the committed sequence.
+#[test]
+fn request_ids_deduplicate_same_content_and_refuse_different_content() {
+    let mut m = M::new();
+    let first = m.tagged(0, Some(("r-1", 7)), vec![claim("home/z", 1, None, None)]).unwrap();
+    let seq = m.p.last_seq;
+    let again = m.tagged(5, Some(("r-1", 7)), vec![claim("home/z", 1, None, None)]).unwrap();
+    assert_eq!((again, m.p.last_seq), (first, seq));
+    let r = code(&m.tagged(5, Some(("r-1", 8)), vec![claim("home/z", 1, None, None)]).unwrap_err());
+    assert_eq!((r["code"].as_str(), r["committed_seq"].as_u64()), (Some("REQUEST_ID_CONFLICT"), Some(seq)));
+}
+
+/// Proves: subject names are validated (length, control characters), and
+/// conditions report expected vs actual.
+#[test]
+fn bad_subject_names_and_failed_conditions_are_refused_with_evidence() {
+    let mut m = M::new();
+    for bad in ["", "a\nb", &"x".repeat(257)] {
+        assert_eq!(code(&m.claim(0, bad, 1).unwrap_err())["code"], "INVALID_SUBJECT");
+    }
+    assert!(m.claim(0, &"x".repeat(256), 1).is_ok());
+    let txn = Txn {
+        request: None,
+        time_ms: 0,
+        writer: Uuid::nil(),
+        conditions: vec![Condition::SubjectAt { subject: "x".into(), generation: 5 }],
+        events: vec![claim("y", 1, None, None)],
+    };
+    let r = code(&m.p.check(2, &txn).unwrap_err());
+    assert_eq!(
+        (r["code"].as_str(), r["expected"].as_str(), r["actual"].as_str()),
+        (Some("CONDITION_FAILED"), Some("5"), Some("0"))
+    );
+}
+
+/// Pins the projection JSON of a scripted hand-over: claim, heartbeat, notes,
+/// takeover with a zombie note, a lease left pending across the cutover.
+#[test]
+fn projection_json_of_a_scripted_cutover() {
+    let mut m = M::new();
+    m.claim(1_000, "home/ctl", 1).unwrap();
+    m.txn(1_500, vec![Event::Heartbeat { subject: "home/ctl".into(), generation: 1 }]).unwrap();
+    m.txn(1_600, acquire("repo", LeaseMode::Write, "ctl-1", 60_000)).unwrap();
+    m.txn(1_700, vec![Event::LeaseRelease { lease: 1, token: 99 }]).unwrap();
+    m.txn(
+        9_000,
+        vec![Event::Takeover {
+            subject: "home/ctl".into(),
+            expect_generation: 1,
+            expect_heartbeat_ms: 1_500,
+            owner: who(2),
+            stale_after_ms: 1_000,
+            reason: "heartbeat stale".into(),
+        }],
+    )
+    .unwrap();
+    m.txn(9_100, vec![Event::Note { subject: "home/ctl".into(), generation: 1, text: "zombie".into() }]).unwrap();
+    m.txn(
+        9_200,
+        vec![Event::FencedAttempts {
+            subject: "home/ctl".into(),
+            writer: Uuid::from_bytes([1; 16]),
+            op: "heartbeat".into(),
+            presented: 1,
+            current: 2,
+            count: 3,
+            first_ms: 9_150,
+            last_ms: 9_190,
+        }],
+    )
+    .unwrap();
+    insta::assert_snapshot!("scripted_cutover_projection", serde_json::to_string_pretty(&m.p).unwrap());
+}

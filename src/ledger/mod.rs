@@ -167,7 +167,6 @@ impl Ledger {
                 }
             }
         }
-        let before = inner.projection.last_seq;
         if snapshot_seq.is_none() {
             Self::catch_up(&mut inner)?;
         }
@@ -175,7 +174,7 @@ impl Ledger {
             storage: log.open_report().clone(),
             snapshot_seq,
             snapshot_warnings: warnings,
-            replayed_records: inner.projection.last_seq - before.min(inner.projection.last_seq),
+            replayed_records: inner.projection.last_seq - snapshot_seq.unwrap_or(0),
         };
         Ok(Ledger { dir, opts, log, inner: Mutex::new(inner), report })
     }

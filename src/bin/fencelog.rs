@@ -233,7 +233,6 @@ fn main() -> ExitCode {
             let code = if matches!(e, fencelog::storage::Error::NotALogDirectory { .. }) { 2 } else { 1 };
             (json!({"error": {"code": e.code(), "message": e.to_string()}}), code)
         }
-        Err(Fail::Ledger(e)) => (json!({"error": {"code": e.code(), "message": e.to_string()}}), 1),
     };
     if let Some(m) = value.get("message").and_then(Value::as_str).or(value["error"]["message"].as_str()) {
         eprintln!("fencelog: {m}");

@@ -1,9 +1,11 @@
 //! `ledger`: the embedded API. `open` = recover the log, load the newest valid
-//! snapshot, replay the tail. `submit` = catch up with every record other processes
-//! appended, build and check the transaction against the up-to-date projection,
-//! then compare-and-append it (`append_if_head`): it lands only if nobody appended
-//! in between, else the whole step repeats. So a transaction is always validated
-//! against exactly the state it is appended after, across processes.
+//! snapshot, replay the tail. `submit` = take the append lock, catch up with every
+//! record other processes appended, build and check the transaction against the
+//! up-to-date projection, append it if the head is where the check saw it
+//! (`append_if_head`), sync, apply, release. So a transaction is always validated
+//! against exactly the state it is appended after, across processes. The ledger
+//! uses only lock / read-from-sequence / append-if-head / sync, the narrow interface
+//! a replicated backend can implement.
 //!
 //! ```
 //! use fencelog::ledger::{Ledger, LedgerOptions, identity};
@@ -42,8 +44,6 @@ pub struct LedgerOptions {
     pub log: LogOptions,
     /// Write a snapshot after this many records applied since the last one.
     pub snapshot_every_records: u64,
-    /// Most compare-and-append attempts before giving up with `CONTENDED`.
-    pub cas_attempts_max: u32,
     /// A stale writer's refused attempts on one subject are written at most once per
     /// this window, with a count.
     pub fenced_audit_window_ms: u64,
@@ -51,12 +51,7 @@ pub struct LedgerOptions {
 
 impl Default for LedgerOptions {
     fn default() -> Self {
-        LedgerOptions {
-            log: LogOptions::default(),
-            snapshot_every_records: 10_000,
-            cas_attempts_max: 1_000,
-            fenced_audit_window_ms: 1_000,
-        }
+        LedgerOptions { log: LogOptions::default(), snapshot_every_records: 10_000, fenced_audit_window_ms: 1_000 }
     }
 }
 
@@ -66,8 +61,6 @@ pub enum LedgerError {
     Refused(Refusal),
     #[error(transparent)]
     Storage(#[from] storage::Error),
-    #[error("gave up after {attempts} compare-and-append attempts: other writers kept appending")]
-    Contended { attempts: u32 },
 }
 
 impl LedgerError {
@@ -75,7 +68,6 @@ impl LedgerError {
         match self {
             LedgerError::Refused(r) => r.code(),
             LedgerError::Storage(e) => e.code().into(),
-            LedgerError::Contended { .. } => "CONTENDED".into(),
         }
     }
 }
@@ -245,19 +237,21 @@ impl Ledger {
     }
 
     /// Build a transaction against the up-to-date projection (`build(projection,
-    /// now_ms, writer)`), check it, and compare-and-append it. `request` makes it
+    /// now_ms, writer)`), check it, append it and sync, all while holding the append
+    /// lock, so no other writer can move the state in between. `request` makes it
     /// idempotent: (id, intent digest).
     pub fn submit(
         &self,
         request: Option<(String, [u8; 32])>,
-        build: impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+        build: impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
-        let mut inner = self.inner.lock().expect("ledger");
-        for _ in 0..self.opts.cas_attempts_max {
-            Self::catch_up(&mut inner)?;
+        let mut guard = self.inner.lock().expect("ledger");
+        let inner = &mut *guard;
+        self.log.with_lock(|l| {
+            Self::catch_up(inner)?;
             let now_ms = self.opts.log.now_ms();
             let mut txn = build(&inner.projection, now_ms, self.writer_id()).map_err(LedgerError::Refused)?;
-            txn.request = request.clone().map(|(id, digest)| RequestTag { id, digest });
+            txn.request = request.map(|(id, digest)| RequestTag { id, digest });
             let head = inner.projection.last_seq;
             match inner.projection.check(head + 1, &txn) {
                 Ok(Checked::Deduplicated(e)) => {
@@ -271,30 +265,26 @@ impl Ledger {
                     if let Refusal::Fenced { subject, presented, current } = &r
                         && let Some(op) = txn.events.iter().find(|e| e.subject() == Some(subject)).map(Event::kind)
                     {
-                        self.audit_fenced(&mut inner, subject, op, *presented, *current, now_ms)?;
+                        self.audit_fenced(l, inner, subject, op, *presented, *current, now_ms)?;
                     }
                     return Err(LedgerError::Refused(r));
                 }
             }
-            match self.log.append_if_head(head, vec![encode_txn(&txn)]) {
-                Ok(a) => {
-                    let outcomes = inner.projection.apply(a.first_seq, &txn).map_err(LedgerError::Refused)?;
-                    inner.head = a.chain_head;
-                    inner.since_snapshot += 1;
-                    self.maybe_snapshot(&mut inner);
-                    return Ok(Committed { seq: Some(a.first_seq), outcomes, deduplicated: false });
-                }
-                Err(storage::Error::HeadMoved { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(LedgerError::Contended { attempts: self.opts.cas_attempts_max })
+            let a = l.append_if_head(head, vec![encode_txn(&txn)])?;
+            let outcomes = inner.projection.apply(a.first_seq, &txn).map_err(LedgerError::Refused)?;
+            inner.head = a.chain_head;
+            inner.since_snapshot += 1;
+            self.maybe_snapshot(inner);
+            Ok(Committed { seq: Some(a.first_seq), outcomes, deduplicated: false })
+        })?
     }
 
     /// Keep a compact audit record of a stale writer's refused attempt: at most one
     /// per subject per window from this writer, carrying the count of attempts.
+    #[allow(clippy::too_many_arguments)]
     fn audit_fenced(
         &self,
+        l: &mut storage::Locked<'_>,
         inner: &mut Inner,
         subject: &str,
         op: &str,
@@ -330,20 +320,10 @@ impl Ledger {
                 last_ms: now_ms,
             }],
         };
-        // No condition: the audit record lands wherever the head is.
-        for _ in 0..self.opts.cas_attempts_max {
-            Self::catch_up(inner)?;
-            match self.log.append_if_head(inner.projection.last_seq, vec![encode_txn(&txn)]) {
-                Ok(a) => {
-                    let _ = inner.projection.apply(a.first_seq, &txn);
-                    inner.head = a.chain_head;
-                    return Ok(());
-                }
-                Err(storage::Error::HeadMoved { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(LedgerError::Contended { attempts: self.opts.cas_attempts_max })
+        let a = l.append_if_head(inner.projection.last_seq, vec![encode_txn(&txn)])?;
+        let _ = inner.projection.apply(a.first_seq, &txn);
+        inner.head = a.chain_head;
+        Ok(())
     }
 
     /// "Committed at N" or "never committed": always answerable after the fact.

@@ -273,7 +273,7 @@ impl Projection {
         // Events of one transaction are checked against the same state, so each must
         // touch a different subject, lease or resource.
         let mut targets = BTreeSet::new();
-        for e in &txn.events {
+        for e in txn.events.iter().filter(|_| txn.events.len() > 1) {
             let target = match e {
                 Event::LeaseAcquire { resource, .. } => format!("resource:{resource}"),
                 Event::LeaseRelease { lease, .. } => format!("lease:{lease}"),

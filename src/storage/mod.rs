@@ -17,4 +17,4 @@ pub use faults::Faults;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use reader::{Problem, ReadSummary, Tailer, read_records, verify_dir};
 pub use recovery::{OpenReport, Repair};
-pub use writer::{Appended, Log};
+pub use writer::{Appended, Locked, Log};

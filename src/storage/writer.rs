@@ -201,6 +201,23 @@ impl Log {
         rx.await.map_err(|_| Error::Closed)?
     }
 
+    /// Run `f` holding the cross-process append lock, after catching up with every
+    /// other writer: nobody can append until `f` returns, so a caller that reads the
+    /// log, validates and then appends through [`Locked::append_if_head`] is never
+    /// overtaken. The ledger's transactions run this way.
+    pub fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
+        self.shared.poison_check()?;
+        let mut w = self.state.lock().expect("writer state");
+        let lock = Arc::clone(&w.lock);
+        let _held = lock.acquire(w.opts.lock_wait_ms_max)?;
+        if let Err(e) = w.catch_up() {
+            w.settle(vec![], Err(e.clone()));
+            return Err(e);
+        }
+        w.shared.head.store(w.tail.cursor.next_seq - 1, Ordering::Release);
+        Ok(f(&mut Locked { log: self, w: &mut w }))
+    }
+
     /// Stop the writer thread after it finishes what is queued.
     pub fn close(mut self) -> Result<()> {
         self.shutdown();
@@ -248,6 +265,29 @@ impl Log {
 impl Drop for Log {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// The log while [`Log::with_lock`] holds the append lock.
+pub struct Locked<'a> {
+    log: &'a Log,
+    w: &'a mut Writer,
+}
+
+impl Locked<'_> {
+    /// The last sequence in the log (everything up to it is caught up).
+    pub fn head(&self) -> u64 {
+        self.w.tail.cursor.next_seq - 1
+    }
+
+    /// Append and sync, if the head is still `expect_last_seq` (it is, unless this
+    /// process appended through another path meanwhile).
+    pub fn append_if_head(&mut self, expect_last_seq: u64, payloads: Vec<Vec<u8>>) -> Result<Appended> {
+        let (req, mut rx) = self.log.request(payloads, Some(expect_last_seq))?;
+        let group = vec![req];
+        let outcome = self.w.write_group(&group);
+        self.w.settle(group, outcome);
+        rx.try_recv().map_err(|_| Error::Closed)?
     }
 }
 
@@ -324,6 +364,12 @@ impl Writer {
             return group.into_iter().for_each(|r| drop(r.reply.send(Err(e.clone()))));
         }
         let outcome = self.lock_and_write(&group);
+        self.settle(group, outcome);
+    }
+
+    /// Reply to every request of a group; a failure (other than a lock timeout,
+    /// which wrote nothing) poisons the writer.
+    fn settle(&mut self, group: Vec<Request>, outcome: Result<Vec<Result<Appended>>>) {
         match outcome {
             Ok(results) => {
                 self.shared.head.store(self.tail.cursor.next_seq - 1, Ordering::Release);

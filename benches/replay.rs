@@ -1,0 +1,238 @@
+//! Ledger benchmarks: replay rate, boot with a snapshot, peak memory of a replay,
+//! and compare-and-append from 1 and 4 processes.
+//!
+//!   cargo bench --bench replay                   # 10 million records
+//!   cargo bench --bench replay -- --quick --json   # 500 thousand, one JSON object
+//!
+//! Replays and compare-and-append clients run in child processes (this binary
+//! re-executed), so peak memory (ru_maxrss) is that of the replay alone.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use fencelog::ledger::{Ledger, LedgerOptions, identity};
+use fencelog::model::{Event, Identity, Txn, encode_txn};
+use fencelog::storage::{Log, LogOptions};
+use serde_json::{Value, json};
+
+const SUBJECTS: u64 = 1_000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--replay-child") {
+        return replay_child(Path::new(&args[i + 1]));
+    }
+    if let Some(i) = args.iter().position(|a| a == "--cas-child") {
+        return cas_child(Path::new(&args[i + 1]), &args[i + 2], args[i + 3].parse().unwrap());
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let as_json = args.iter().any(|a| a == "--json");
+    let records: u64 = if quick { 500_000 } else { 10_000_000 };
+    let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+    std::fs::create_dir_all(&root).unwrap();
+    let tmp = tempfile::Builder::new().prefix("replay").tempdir_in(&root).unwrap();
+    let dir = tmp.path().join("log");
+
+    let t = Instant::now();
+    let bytes = build_log(&dir, records);
+    eprintln!("built {records} records ({:.0} MB) in {:.1} s", bytes as f64 / 1e6, t.elapsed().as_secs_f64());
+
+    let full = child(&["--replay-child", dir.to_str().unwrap()]);
+    eprintln!("full replay: {full}");
+    // Snapshot the state, add a tail, boot again.
+    let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    l.snapshot_now().unwrap();
+    drop(l);
+    append_tail(&dir, 1_000);
+    let boot = child(&["--replay-child", dir.to_str().unwrap()]);
+    eprintln!("boot with snapshot: {boot}");
+
+    let cas_dir = tmp.path().join("cas");
+    let ops = if quick { 300 } else { 2_000 };
+    let cas1 = cas(&cas_dir, 1, ops);
+    eprintln!("compare-and-append, 1 process: {cas1}");
+    let cas4 = cas(&cas_dir, 4, ops);
+    eprintln!("compare-and-append, 4 processes: {cas4}");
+
+    let out = json!({
+        "quick": quick,
+        "records": records,
+        "subjects": SUBJECTS,
+        "log_bytes": bytes,
+        "full_replay": full,
+        "boot_with_snapshot": boot,
+        "cas_1_process": cas1,
+        "cas_4_processes": cas4,
+    });
+    if as_json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}
+
+fn me() -> Identity {
+    identity::probe(std::process::id(), uuid::Uuid::from_u128(7)).unwrap()
+}
+
+fn subject(i: u64) -> String {
+    format!("home/controller-{i:04}")
+}
+
+/// A realistic history: every subject claimed, then heartbeats, with a fence
+/// rotation every 97th record and a note every 13th. Written straight to storage in
+/// big batches (valid transactions: replay must apply every one).
+fn build_log(dir: &Path, records: u64) -> u64 {
+    let log = Log::open(dir, LogOptions::default()).unwrap();
+    let writer = log.writer_id();
+    let owner = me();
+    let mut generation = vec![1u64; SUBJECTS as usize];
+    let mut batch = Vec::with_capacity(4096);
+    let mut bytes = 0u64;
+    for seq in 1..=records {
+        let time_ms = 1_767_225_600_000 + seq;
+        let i = (seq - 1) % SUBJECTS;
+        let s = subject(i);
+        let g = &mut generation[i as usize];
+        let event = if seq <= SUBJECTS {
+            Event::Claim { subject: s, owner: owner.clone(), stale_after_ms: 3_600_000_000, lock: None, previous: None }
+        } else if seq % 97 == 0 {
+            *g += 1;
+            Event::RotateFence { subject: s, generation: *g - 1 }
+        } else if seq % 13 == 0 {
+            Event::Note { subject: s, generation: *g, text: "checkpoint".into() }
+        } else {
+            Event::Heartbeat { subject: s, generation: *g }
+        };
+        let p = encode_txn(&Txn { request: None, time_ms, writer, conditions: vec![], events: vec![event] });
+        bytes += fencelog::format::frame_bytes(p.len()) as u64;
+        batch.push(p);
+        if batch.len() == 4096 {
+            log.append_batch(std::mem::take(&mut batch)).unwrap();
+        }
+    }
+    if !batch.is_empty() {
+        log.append_batch(batch).unwrap();
+    }
+    log.close().unwrap();
+    bytes
+}
+
+fn append_tail(dir: &Path, n: u64) {
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    for k in 0..n {
+        let s = subject(k % SUBJECTS);
+        l.submit(None, |p, now_ms, writer| {
+            let g = p.subject(&s).unwrap().generation;
+            Ok(Txn {
+                request: None,
+                time_ms: now_ms,
+                writer,
+                conditions: vec![],
+                events: vec![Event::Heartbeat { subject: s.clone(), generation: g }],
+            })
+        })
+        .unwrap();
+    }
+}
+
+fn child(args: &[&str]) -> Value {
+    let out = Command::new(std::env::current_exe().unwrap()).args(args).output().unwrap();
+    assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn max_rss_mb() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    ru.ru_maxrss as f64 / 1024.0
+}
+
+fn replay_child(dir: &Path) {
+    let t = Instant::now();
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let r = l.open_report();
+    let p = l.projection();
+    assert_eq!((p.anomalies, p.undecodable), (0, 0), "every record must apply");
+    println!(
+        "{}",
+        json!({
+            "open_seconds": (secs * 1000.0).round() / 1000.0,
+            "last_seq": p.last_seq,
+            "snapshot_seq": r.snapshot_seq,
+            "replayed_records": r.replayed_records,
+            "replay_records_per_s": (r.replayed_records as f64 / secs).round(),
+            "subjects": p.subjects.len(),
+            "peak_rss_mb": (max_rss_mb() * 10.0).round() / 10.0,
+        })
+    );
+}
+
+/// `n` processes, each claiming its own subject then heartbeating `ops` times
+/// through the ledger (compare-and-append against every other process).
+fn cas(dir: &Path, n: usize, ops: u64) -> Value {
+    let t = Instant::now();
+    let kids: Vec<_> = (0..n)
+        .map(|k| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--cas-child", dir.to_str().unwrap(), &format!("cas/{n}/{k}"), &ops.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<Value> =
+        kids.into_iter().map(|c| serde_json::from_slice(&c.wait_with_output().unwrap().stdout).unwrap()).collect();
+    let secs = t.elapsed().as_secs_f64();
+    let p50: Vec<f64> = results.iter().map(|r| r["p50_us"].as_f64().unwrap()).collect();
+    let p99: Vec<f64> = results.iter().map(|r| r["p99_us"].as_f64().unwrap()).collect();
+    json!({
+        "processes": n,
+        "ops_per_process": ops,
+        "txn_per_s": ((n as u64 * ops) as f64 / secs).round(),
+        "p50_us_per_process": p50,
+        "p99_us_per_process": p99,
+    })
+}
+
+fn cas_child(dir: &Path, s: &str, ops: u64) {
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let owner = me();
+    l.submit(None, |_p, now_ms, writer| {
+        Ok(Txn {
+            request: None,
+            time_ms: now_ms,
+            writer,
+            conditions: vec![],
+            events: vec![Event::Claim {
+                subject: s.into(),
+                owner: owner.clone(),
+                stale_after_ms: 60_000,
+                lock: None,
+                previous: None,
+            }],
+        })
+    })
+    .unwrap();
+    let mut lat = Vec::with_capacity(ops as usize);
+    for _ in 0..ops {
+        let t = Instant::now();
+        l.submit(None, |p, now_ms, writer| {
+            let g = p.subject(s).unwrap().generation;
+            Ok(Txn {
+                request: None,
+                time_ms: now_ms,
+                writer,
+                conditions: vec![],
+                events: vec![Event::Heartbeat { subject: s.into(), generation: g }],
+            })
+        })
+        .unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("{}", json!({"p50_us": lat[lat.len() / 2].round(), "p99_us": lat[lat.len() * 99 / 100].round()}));
+}

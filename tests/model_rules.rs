@@ -327,3 +327,20 @@ fn projection_json_of_a_scripted_cutover() {
     .unwrap();
     insta::assert_snapshot!("scripted_cutover_projection", serde_json::to_string_pretty(&m.p).unwrap());
 }
+
+/// Pins the projection JSON of a second script: a dead-owner claim, a mutation lock,
+/// readers then an expired-lease displacement, and idempotent requests.
+#[test]
+fn projection_json_of_a_dead_owner_lock_and_lease_script() {
+    let mut m = M::new();
+    m.tagged(100, Some(("boot-1", 1)), vec![claim("home/daemon", 1, None, None)]).unwrap();
+    let dead = m.p.dead_owner("home/daemon", DeathReason::ProcessDead);
+    m.tagged(200, Some(("boot-2", 2)), vec![claim("home/daemon", 2, None, dead)]).unwrap();
+    m.txn(210, vec![claim("lock/recovery", 2, Some(("recover-run", "req-7")), None)]).unwrap();
+    m.txn(220, acquire("artifacts", LeaseMode::Read, "reader-a", 50)).unwrap();
+    m.txn(230, acquire("artifacts", LeaseMode::Read, "reader-b", 5_000)).unwrap();
+    m.txn(240, vec![Event::LeaseRelease { lease: 2, token: 2 }]).unwrap();
+    m.txn(400, acquire("artifacts", LeaseMode::Write, "writer-c", 1_000)).unwrap();
+    m.txn(410, vec![Event::Release { subject: "lock/recovery".into(), generation: 1 }]).unwrap();
+    insta::assert_snapshot!("dead_owner_lock_and_lease_projection", serde_json::to_string_pretty(&m.p).unwrap());
+}

@@ -16,7 +16,9 @@
 //! assert!(summary.is_intact() && summary.records == 3);
 //! ```
 
+pub mod audit;
 pub mod format;
+pub mod inspect;
 pub mod ledger;
 pub mod model;
 pub mod storage;

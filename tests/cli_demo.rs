@@ -25,13 +25,13 @@ fn demo_appends_verifies_and_a_second_run_continues_the_log() {
     let (code, v) = run(&["demo", "--dir", dir_s, "--records", "100", "--appenders", "2"]);
     assert_eq!(code, 0);
     assert_eq!((v["open"]["last_seq"].as_u64(), v["verify"]["records"].as_u64()), (Some(500), Some(600)));
-    let (code, v) = run(&["verify", dir_s]);
+    let (code, v) = run(&["inspect", "verify", dir_s, "--json"]);
     assert_eq!(code, 0);
     assert_eq!(v["last_seq"].as_u64(), Some(600));
     assert_eq!(v["chain_head"].as_str().unwrap().len(), 64);
 }
 
-/// Proves: `verify` exits 1 on a damaged log and names the damage; 2 when the
+/// Proves: `inspect verify` exits 1 on a damaged log and names the damage; 2 when the
 /// directory is not a log; a usage error exits 2.
 #[test]
 fn verify_exit_codes_distinguish_damaged_missing_and_usage() {
@@ -43,12 +43,12 @@ fn verify_exit_codes_distinguish_damaged_missing_and_usage() {
     let mut b = std::fs::read(&seg).unwrap();
     b[200] ^= 0xff;
     std::fs::write(&seg, &b).unwrap();
-    let (code, v) = run(&["verify", dir_s]);
-    assert_eq!(code, 1);
+    let (code, v) = run(&["inspect", "verify", dir_s, "--json"]);
+    assert_eq!((code, v["status"].as_str()), (1, Some("corrupt")));
     let p = &v["problems"][0];
     assert_eq!(p["torn_tail"], false);
     assert!(p["offset"].as_u64().unwrap() <= 200 && p["seq"].as_u64().unwrap() >= 1, "{p}");
-    let (code, v) = run(&["verify", d.path().join("nowhere").to_str().unwrap()]);
+    let (code, v) = run(&["inspect", "verify", d.path().join("nowhere").to_str().unwrap()]);
     assert_eq!((code, v["error"]["code"].as_str()), (2, Some("NOT_A_LOG_DIRECTORY")));
     assert_eq!(run(&["demo", "--bogus"]).0, 2);
 }

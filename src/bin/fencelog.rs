@@ -4,6 +4,7 @@
 //! machine refused (`{"error": {"code": ..., evidence}}`), 2 usage error, 1 I/O error
 //! or a damaged log.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -150,8 +151,92 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         payload_bytes: usize,
     },
-    /// Verify every checksum, sequence and chain link of the log in DIR (read-only).
-    Verify { dir: PathBuf },
+    /// The offline inspector: reads a live log or a copy, never writes.
+    Inspect {
+        #[command(subcommand)]
+        cmd: InspectCmd,
+    },
+    /// The forensic story of every change of owner, from the log alone (read-only).
+    Audit {
+        dir: PathBuf,
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// Write the report to FILE instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+    Html,
+}
+
+#[derive(Subcommand)]
+enum InspectCmd {
+    /// Check every checksum, the hash chain, sequence continuity and segment headers.
+    /// Exit 0 intact, 1 damaged (torn tail or corruption, told apart), 2 not a log.
+    Verify {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One line per record (`--json`: NDJSON). `--raw` reads past damage.
+    Dump {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        from: Option<u64>,
+        #[arg(long)]
+        to: Option<u64>,
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        /// Unix ms, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS[.fff]Z (UTC).
+        #[arg(long, value_parser = fencelog::inspect::parse_time)]
+        since: Option<u64>,
+        #[arg(long, value_parser = fencelog::inspect::parse_time)]
+        until: Option<u64>,
+        #[arg(long)]
+        raw: bool,
+    },
+    /// The state as of sequence SEQ (default: the end).
+    State {
+        dir: PathBuf,
+        #[arg(long)]
+        at: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Counts and bytes by record kind, subject (top N), segment and writer (JSON).
+    Stat {
+        dir: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+    /// Print records as other processes append them, until interrupted.
+    Follow {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Start at this sequence (default: records appended from now on).
+        #[arg(long)]
+        from: Option<u64>,
+        #[arg(long, default_value_t = 100)]
+        poll_ms: u64,
+        /// Stop after this many records.
+        #[arg(long)]
+        max_records: Option<u64>,
+        /// Stop after this long.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -237,7 +322,9 @@ fn main() -> ExitCode {
     if let Some(m) = value.get("message").and_then(Value::as_str).or(value["error"]["message"].as_str()) {
         eprintln!("fencelog: {m}");
     }
-    println!("{value}");
+    if !value.is_null() {
+        println!("{value}");
+    }
     ExitCode::from(code)
 }
 
@@ -363,12 +450,71 @@ fn run(cmd: Cmd) -> CmdResult {
         }
         Cmd::State { dir, subject } => state(&dir, subject),
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo(dir.dir, records, appenders, payload_bytes),
-        Cmd::Verify { dir } => {
-            let summary = verify_dir(&dir, LogOptions::default().body_max())?;
-            let code = if summary.is_intact() { 0 } else { 1 };
-            Ok((serde_json::to_value(&summary).expect("summary serializes"), code))
+        Cmd::Inspect { cmd } => inspect(cmd).map_err(|e| match e {
+            // For the inspector, anything it cannot read is "not a log / unreadable".
+            Fail::Storage(e) if !matches!(e, fencelog::storage::Error::Corruption { .. }) => {
+                Fail::Usage(e.code().into(), e.to_string())
+            }
+            other => other,
+        }),
+        Cmd::Audit { dir, subject, format, out } => {
+            let report = fencelog::audit::audit(&dir, subject.as_deref())?;
+            let body = match format {
+                Format::Text => fencelog::audit::text(&report),
+                Format::Json => serde_json::to_string_pretty(&report).expect("report serializes") + "\n",
+                Format::Html => fencelog::audit::html(&report),
+            };
+            match out {
+                Some(path) => std::fs::write(&path, body)
+                    .map_err(|e| Fail::Usage("IO_ERROR".into(), format!("{}: {e}", path.display())))?,
+                None => print!("{body}"),
+            }
+            Ok((Value::Null, if report.log_problems.is_empty() { 0 } else { 1 }))
         }
     }
+}
+
+fn inspect(cmd: InspectCmd) -> CmdResult {
+    use fencelog::inspect as ins;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let io = |e: std::io::Error| Fail::Usage("IO_ERROR".into(), e.to_string());
+    let code = match cmd {
+        InspectCmd::Verify { dir, json } => {
+            let (s, code) = ins::verify(&dir)?;
+            if json {
+                writeln!(out, "{}", ins::verify_json(&s)).map_err(io)?;
+            } else {
+                ins::verify_text(&s, &mut out).map_err(io)?;
+            }
+            code
+        }
+        InspectCmd::Dump { dir, json, from, to, subject, kind, since, until, raw } => {
+            let f = ins::Filter { from, to, subject, kind, since_ms: since, until_ms: until };
+            let s = ins::dump(&dir, &f, json, raw, &mut out)?;
+            if s.is_intact() { 0 } else { 1 }
+        }
+        InspectCmd::State { dir, at, json } => {
+            let (p, s) = ins::state_at(&dir, at)?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&p).expect("projection serializes")).map_err(io)?;
+            } else {
+                ins::state_text(&p, &mut out).map_err(io)?;
+            }
+            if s.is_intact() { 0 } else { 1 }
+        }
+        InspectCmd::Stat { dir, top } => {
+            let v = ins::stat(&dir, top)?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("stat serializes")).map_err(io)?;
+            if v["problems"].as_array().is_some_and(|p| p.is_empty()) { 0 } else { 1 }
+        }
+        InspectCmd::Follow { dir, json, from, poll_ms, max_records, timeout_ms } => {
+            ins::follow(&dir, from, json, poll_ms.max(1), max_records, timeout_ms, &mut out)?;
+            0
+        }
+    };
+    out.flush().map_err(io)?;
+    Ok((Value::Null, code))
 }
 
 fn state(dir: &Dir, only: Option<String>) -> CmdResult {

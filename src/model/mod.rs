@@ -15,3 +15,29 @@ pub use projection::{
 };
 pub use refusal::{Blocker, Refusal};
 pub use types::*;
+
+/// Serialize an externally tagged enum value as `{"kind": "snake_case_variant",
+/// <its fields>}` (a unit variant gives just the kind).
+pub fn flatten_tagged<T: serde::Serialize>(value: &T) -> serde_json::Value {
+    let v = serde_json::to_value(value).expect("model values serialize");
+    let (name, fields) = match &v {
+        serde_json::Value::Object(o) if o.len() == 1 => {
+            o.iter().next().map(|(k, f)| (k.clone(), f.clone())).expect("one")
+        }
+        serde_json::Value::String(name) => (name.clone(), serde_json::Value::Null),
+        _ => return v,
+    };
+    let mut kind = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            kind.push('_');
+        }
+        kind.push(c.to_ascii_lowercase());
+    }
+    let mut out = serde_json::Map::new();
+    out.insert("kind".into(), kind.into());
+    if let serde_json::Value::Object(f) = fields {
+        out.extend(f);
+    }
+    out.into()
+}

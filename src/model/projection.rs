@@ -183,21 +183,7 @@ pub enum Outcome {
 impl Outcome {
     /// `{"kind": "claimed", <fields>}`: the variant name in snake_case beside its fields.
     pub fn to_json(&self) -> serde_json::Value {
-        let v = serde_json::to_value(self).expect("outcome serializes");
-        let Some((name, fields)) = v.as_object().and_then(|o| o.iter().next()) else { return v };
-        let mut kind = String::new();
-        for (i, c) in name.chars().enumerate() {
-            if c.is_ascii_uppercase() && i > 0 {
-                kind.push('_');
-            }
-            kind.push(c.to_ascii_lowercase());
-        }
-        let mut out = serde_json::Map::new();
-        out.insert("kind".into(), kind.into());
-        if let Some(f) = fields.as_object() {
-            out.extend(f.clone());
-        }
-        out.into()
+        super::flatten_tagged(self)
     }
 
     /// Outcomes that change nothing: a transaction made only of them is not written.

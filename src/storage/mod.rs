@@ -15,6 +15,6 @@ pub use dir::{EVIDENCE_INFIX, LOCK_FILE, SNAPSHOT_DIR, list_segments, segment_pa
 pub use error::{Error, Result};
 pub use faults::Faults;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
-pub use reader::{Problem, ReadSummary, Tailer, read_records, verify_dir};
+pub use reader::{Problem, ReadSummary, ScanItem, Tailer, read_records, scan_dir, verify_dir};
 pub use recovery::{OpenReport, Repair};
 pub use writer::{Appended, Locked, Log};

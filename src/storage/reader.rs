@@ -66,6 +66,14 @@ pub fn verify_dir(dir: &Path, body_max: u32) -> Result<ReadSummary> {
     read_records(dir, 1, body_max, |_| true)
 }
 
+/// What a scan meets, in log order.
+pub enum ScanItem<'a> {
+    /// An intact, verified record, with where it sits.
+    Record { rec: &'a RecordRef<'a>, segment: &'a Path, offset: u64 },
+    /// Damage, already added to the summary's problems.
+    Damage(&'a Problem),
+}
+
 /// Read and verify records with sequence ≥ `from_seq`, in order, calling `visit` for
 /// each intact one (return `false` to stop). Starts at the segment holding
 /// `from_seq`, trusting its header for the preceding link.
@@ -74,6 +82,21 @@ pub fn read_records(
     from_seq: u64,
     body_max: u32,
     mut visit: impl FnMut(&RecordRef<'_>) -> bool,
+) -> Result<ReadSummary> {
+    scan_dir(dir, from_seq, body_max, |item| match item {
+        ScanItem::Record { rec, .. } => visit(rec),
+        ScanItem::Damage(_) => true,
+    })
+}
+
+/// The reader's core: every intact record and every damaged region, in log order.
+/// Past damage it resynchronises on the next intact frame (or the next segment), so
+/// it decodes as much as it can; it never writes.
+pub fn scan_dir(
+    dir: &Path,
+    from_seq: u64,
+    body_max: u32,
+    mut on: impl FnMut(ScanItem<'_>) -> bool,
 ) -> Result<ReadSummary> {
     if !dir.is_dir() {
         return Err(Error::NotALogDirectory { path: dir.into(), detail: "it is not a readable directory".into() });
@@ -102,17 +125,6 @@ pub fn read_records(
         };
         sum.bytes += bytes.len() as u64;
         let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
-        let mut problem = |kind: &str, offset: u64, seq: u64, torn: bool, damaged: u64, detail: String| {
-            sum.problems.push(Problem {
-                kind: kind.into(),
-                segment: path.clone(),
-                offset,
-                seq,
-                torn_tail: torn,
-                damaged_bytes: damaged,
-                detail,
-            })
-        };
         let header = match SegmentHeader::decode(bytes) {
             Ok(h) => h,
             Err(e @ SegmentHeaderError::UnsupportedVersion { .. }) => {
@@ -121,7 +133,8 @@ pub fn read_records(
             Err(e) => {
                 let torn = is_last && is_torn_creation(bytes, &e, body_max);
                 let kind = if torn { "torn_segment_creation" } else { "segment_header" };
-                problem(kind, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
+                let p = problem(kind, path, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
+                report(&mut on, &mut sum, p, &mut stopped);
                 cursor = None;
                 continue;
             }
@@ -129,51 +142,44 @@ pub fn read_records(
         if let Err(Error::Corruption { detail, .. }) =
             check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)
         {
-            problem("segment_discontinuity", 0, header.first_seq, false, 0, detail);
+            let p = problem("segment_discontinuity", path, 0, header.first_seq, false, 0, detail);
+            report(&mut on, &mut sum, p, &mut stopped);
         }
         let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         let mut at = SEGMENT_HEADER_BYTES;
-        let mut on_record = |rec: &RecordRef<'_>, sum: &mut ReadSummary| {
-            if rec.seq < from_seq || stopped {
-                return;
-            }
-            sum.records += 1;
-            sum.first_seq.get_or_insert(rec.seq);
-            sum.first_time_ms.get_or_insert(rec.time_ms);
-            sum.last_seq = Some(rec.seq);
-            sum.last_time_ms = Some(rec.time_ms);
-            sum.head_link = Some(rec.link);
-            stopped = !visit(rec);
-        };
         loop {
             let mut local = ReadSummary::default();
-            let outcome = scan_frames(bytes, at, &mut c, body_max, |_, rec| on_record(rec, &mut local));
-            merge(&mut sum, local);
-            let ScanOutcome::Damaged(d) = outcome else {
-                break;
-            };
-            let end = d.resync_at.unwrap_or(bytes.len() as u64);
-            sum.problems.push(Problem {
-                kind: d.kind.code().into(),
-                segment: path.clone(),
-                offset: d.offset,
-                seq: d.expected_seq,
-                torn_tail: is_last && d.is_torn_tail(),
-                damaged_bytes: end - d.offset,
-                detail: match d.kind {
-                    crate::format::DamageKind::SequenceMismatch { found } => {
-                        format!("expected sequence {} but found {found}", d.expected_seq)
-                    }
-                    _ => format!("damaged frame where sequence {} was expected", d.expected_seq),
-                },
+            let outcome = scan_frames(bytes, at, &mut c, body_max, |offset, rec| {
+                if rec.seq >= from_seq && !stopped {
+                    count(&mut local, rec);
+                    stopped = !on(ScanItem::Record { rec, segment: path, offset });
+                }
             });
-            let Some(resync) = d.resync_at else { break };
+            merge(&mut sum, local);
+            let ScanOutcome::Damaged(d) = outcome else { break };
+            if stopped {
+                break;
+            }
+            let end = d.resync_at.unwrap_or(bytes.len() as u64);
+            let detail = match d.kind {
+                crate::format::DamageKind::SequenceMismatch { found } => {
+                    format!("expected sequence {} but found {found}", d.expected_seq)
+                }
+                _ => format!("damaged frame where sequence {} was expected", d.expected_seq),
+            };
+            let torn = is_last && d.is_torn_tail();
+            let p = problem(d.kind.code(), path, d.offset, d.expected_seq, torn, end - d.offset, detail);
+            report(&mut on, &mut sum, p, &mut stopped);
+            let Some(resync) = d.resync_at.filter(|_| !stopped) else { break };
             // Anchor on the intact frame after the damage; its own link cannot be
             // checked against a lost predecessor, so start the chain from it.
             let (rec, used) = decode_frame(&bytes[resync as usize..], body_max).expect("resync found an intact frame");
-            let mut local = ReadSummary::default();
-            on_record(&rec, &mut local);
-            merge(&mut sum, local);
+            if rec.seq >= from_seq {
+                let mut local = ReadSummary::default();
+                count(&mut local, &rec);
+                merge(&mut sum, local);
+                stopped = !on(ScanItem::Record { rec: &rec, segment: path, offset: resync });
+            }
             c = Cursor { next_seq: rec.seq + 1, prev_link: rec.link };
             at = resync as usize + used;
         }
@@ -183,6 +189,34 @@ pub fn read_records(
         sum.chain_head = hex(&link);
     }
     Ok(sum)
+}
+
+fn report(on: &mut impl FnMut(ScanItem<'_>) -> bool, sum: &mut ReadSummary, p: Problem, stopped: &mut bool) {
+    sum.problems.push(p);
+    if !on(ScanItem::Damage(sum.problems.last().expect("pushed"))) {
+        *stopped = true;
+    }
+}
+
+fn problem(
+    kind: &str,
+    segment: &Path,
+    offset: u64,
+    seq: u64,
+    torn_tail: bool,
+    damaged_bytes: u64,
+    detail: String,
+) -> Problem {
+    Problem { kind: kind.into(), segment: segment.to_path_buf(), offset, seq, torn_tail, damaged_bytes, detail }
+}
+
+fn count(sum: &mut ReadSummary, rec: &RecordRef<'_>) {
+    sum.records += 1;
+    sum.first_seq.get_or_insert(rec.seq);
+    sum.first_time_ms.get_or_insert(rec.time_ms);
+    sum.last_seq = Some(rec.seq);
+    sum.last_time_ms = Some(rec.time_ms);
+    sum.head_link = Some(rec.link);
 }
 
 fn merge(into: &mut ReadSummary, from: ReadSummary) {

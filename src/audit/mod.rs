@@ -1,0 +1,460 @@
+//! `audit`: the forensic story of every change of owner, reconstructed only from
+//! the log (read-only, like the inspector). The log is replayed through the model;
+//! each record's outcomes say how a tenure began or ended, so the story is exactly
+//! what the writers validated.
+//!
+//! Definitions used in the report (also in docs/AUDIT.md):
+//! - a *tenure* is one (owner, generation) period; it begins with a claim of a free
+//!   subject, a claim over a provably dead owner, a takeover of a stale owner, or a
+//!   fence rotation, and ends with a release, a retirement (with its cut-off
+//!   sequence), a rotation, or not at all (still active);
+//! - a *cutover* is a change of owner by retirement (takeover or dead-owner claim);
+//! - *requests in flight* at a cutover are request-tagged transactions on that
+//!   subject committed after the old owner's last heartbeat: what a caller that lost
+//!   its response around the cutover needs to know, with whether each counted.
+
+mod render;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::inspect::body_max;
+use crate::model::{
+    DeathReason, Event, Identity, LeaseState, Outcome, Projection, TenureEndHow, decode_txn, flatten_tagged,
+};
+use crate::storage::{Error, ScanItem, scan_dir};
+pub use render::{html, text};
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Began {
+    ClaimOfFreeSubject,
+    ClaimOverDeadOwner { previous_generation: u64, evidence: DeathReason },
+    TakeoverOfStaleOwner { previous_generation: u64, expected_heartbeat_ms: u64, reason: String },
+    FenceRotation { previous_generation: u64 },
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ended {
+    StillActive,
+    Released,
+    Retired { cut_off_seq: u64, by: String },
+    Rotated { new_generation: u64 },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Tenure {
+    pub generation: u64,
+    pub owner: Identity,
+    pub began_seq: u64,
+    pub began_ms: u64,
+    pub began: Began,
+    pub ended_seq: Option<u64>,
+    pub ended_ms: Option<u64>,
+    pub ended: Ended,
+    pub heartbeats: u64,
+    pub last_heartbeat_seq: u64,
+    pub last_heartbeat_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Gap {
+    pub after_generation: u64,
+    pub before_generation: u64,
+    pub gap_ms: u64,
+    /// `none` (the subject was free), `handed_over_in_one_record`, or a violation.
+    pub authoritative_during: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Fenced {
+    pub seq: u64,
+    pub writer: String,
+    pub op: String,
+    pub presented: u64,
+    pub current: u64,
+    pub count: u64,
+    pub first_ms: u64,
+    pub last_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Late {
+    pub seq: u64,
+    pub time_ms: u64,
+    pub writer: String,
+    pub kind: String,
+    pub presented_generation: u64,
+    pub current_generation: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseFate {
+    pub lease: u64,
+    pub resource: String,
+    pub holder: String,
+    pub token: u64,
+    /// What the end of the log says became of it.
+    pub fate: Value,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestFate {
+    pub request: String,
+    pub seq: u64,
+    pub kinds: Vec<String>,
+    pub authoritative: bool,
+    pub said: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Cutover {
+    pub seq: u64,
+    pub time_ms: u64,
+    pub from_generation: u64,
+    pub to_generation: u64,
+    pub how: String,
+    pub leases_live: Vec<LeaseFate>,
+    pub requests_in_flight: Vec<RequestFate>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SubjectStory {
+    pub subject: String,
+    pub tenures: Vec<Tenure>,
+    pub gaps: Vec<Gap>,
+    pub cutovers: Vec<Cutover>,
+    pub fenced_attempts: Vec<Fenced>,
+    pub late_records: Vec<Late>,
+    pub verdict: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub records: u64,
+    pub last_seq: Option<u64>,
+    pub chain_head: String,
+    pub log_problems: Vec<Value>,
+    pub subjects: Vec<SubjectStory>,
+}
+
+/// A request-tagged record touching a subject.
+struct Tagged {
+    seq: u64,
+    id: String,
+    kinds: Vec<String>,
+    authoritative: bool,
+}
+
+#[derive(Default)]
+struct Work {
+    story: Option<SubjectStory>,
+    tagged: Vec<Tagged>,
+    violations: Vec<String>,
+    /// Lease ids live at each cutover (indexed like `cutovers`).
+    cutover_leases: Vec<Vec<u64>>,
+}
+
+impl Work {
+    fn story(&mut self, subject: &str) -> &mut SubjectStory {
+        self.story.get_or_insert_with(|| SubjectStory {
+            subject: subject.to_owned(),
+            tenures: vec![],
+            gaps: vec![],
+            cutovers: vec![],
+            fenced_attempts: vec![],
+            late_records: vec![],
+            verdict: String::new(),
+        })
+    }
+
+    fn open_tenure(&mut self, subject: &str) -> Option<&mut Tenure> {
+        self.story(subject).tenures.last_mut().filter(|t| matches!(t.ended, Ended::StillActive))
+    }
+
+    fn end(&mut self, subject: &str, seq: u64, ms: u64, ended: Ended) {
+        match self.open_tenure(subject) {
+            Some(t) => {
+                t.ended = ended;
+                t.ended_seq = Some(seq);
+                t.ended_ms = Some(ms);
+            }
+            None => self.violations.push(format!("a tenure ended at sequence {seq} but none was open")),
+        }
+    }
+
+    fn begin(&mut self, subject: &str, t: Tenure, handover: bool) {
+        if self.open_tenure(subject).is_some() {
+            self.violations.push(format!("two owners authoritative at sequence {}", t.began_seq));
+        }
+        let story = self.story(subject);
+        if let Some(prev) = story.tenures.last() {
+            if t.generation <= prev.generation {
+                let msg = format!("generation {} after {} at sequence {}", t.generation, prev.generation, t.began_seq);
+                self.violations.push(msg);
+            }
+            let story = self.story(subject);
+            let prev = story.tenures.last().expect("checked");
+            let gap = Gap {
+                after_generation: prev.generation,
+                before_generation: t.generation,
+                gap_ms: t.began_ms.saturating_sub(prev.ended_ms.unwrap_or(t.began_ms)),
+                authoritative_during: if handover { "handed_over_in_one_record".into() } else { "none".into() },
+            };
+            story.gaps.push(gap);
+        }
+        self.story(subject).tenures.push(t);
+    }
+}
+
+/// Replay the log in `dir` and tell every subject's story (`only`: one subject).
+pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
+    let mut p = Projection::default();
+    let mut work: BTreeMap<String, Work> = BTreeMap::new();
+    let summary = scan_dir(dir, 1, body_max(), |item| {
+        let ScanItem::Record { rec, .. } = item else { return true };
+        if rec.seq <= p.last_seq {
+            return true;
+        }
+        let Ok(txn) = decode_txn(rec.payload) else {
+            p.skip_undecodable(rec.seq);
+            return true;
+        };
+        let writer = uuid::Uuid::from_bytes(rec.writer).to_string();
+        let live_leases: Vec<u64> = p
+            .leases
+            .values()
+            .filter(|l| matches!(l.state, LeaseState::Held | LeaseState::ReleasePending { .. }))
+            .map(|l| l.id)
+            .collect();
+        let pre_generation: BTreeMap<String, u64> = txn
+            .events
+            .iter()
+            .filter_map(Event::subject)
+            .map(|s| (s.to_owned(), p.subject(s).map_or(0, |x| x.generation)))
+            .collect();
+        let outcomes = match p.apply(rec.seq, &txn) {
+            Ok(o) => o,
+            Err(r) => {
+                for s in txn.events.iter().filter_map(Event::subject) {
+                    work.entry(s.to_owned()).or_default().violations.push(format!(
+                        "record {} does not validate: {}",
+                        rec.seq,
+                        r.code()
+                    ));
+                }
+                return true;
+            }
+        };
+        let (seq, ms) = (rec.seq, txn.time_ms);
+        for (e, o) in txn.events.iter().zip(&outcomes) {
+            let Some(subject) = e.subject() else { continue };
+            if only.is_some_and(|s| s != subject) {
+                continue;
+            }
+            let w = work.entry(subject.to_owned()).or_default();
+            if let Some(r) = &txn.request {
+                let authoritative = !matches!(o, Outcome::Noted { authoritative: false, .. });
+                w.tagged.push(Tagged { seq, id: r.id.clone(), kinds: vec![e.kind().into()], authoritative });
+            }
+            let tenure = |generation: u64, owner: &Identity, began: Began| Tenure {
+                generation,
+                owner: owner.clone(),
+                began_seq: seq,
+                began_ms: ms,
+                began,
+                ended_seq: None,
+                ended_ms: None,
+                ended: Ended::StillActive,
+                heartbeats: 0,
+                last_heartbeat_seq: seq,
+                last_heartbeat_ms: ms,
+            };
+            match (e, o) {
+                (_, Outcome::Claimed { generation, owner, retired: Some(r), .. }) => {
+                    let TenureEndHow::DeadOwner(reason) = r.how else { continue };
+                    w.end(
+                        subject,
+                        seq,
+                        ms,
+                        Ended::Retired {
+                            cut_off_seq: r.cut_off_seq,
+                            by: format!("claim over dead owner ({})", reason.code()),
+                        },
+                    );
+                    w.cutover(
+                        seq,
+                        ms,
+                        r.generation,
+                        *generation,
+                        format!("dead owner claimed ({})", reason.code()),
+                        &live_leases,
+                    );
+                    w.begin(
+                        subject,
+                        tenure(
+                            *generation,
+                            owner,
+                            Began::ClaimOverDeadOwner { previous_generation: r.generation, evidence: reason },
+                        ),
+                        true,
+                    );
+                }
+                (_, Outcome::Claimed { generation, owner, retired: None, .. }) => {
+                    w.begin(subject, tenure(*generation, owner, Began::ClaimOfFreeSubject), false);
+                }
+                (
+                    Event::Takeover { expect_heartbeat_ms, reason, .. },
+                    Outcome::TookOver { generation, owner, retired, .. },
+                ) => {
+                    w.end(
+                        subject,
+                        seq,
+                        ms,
+                        Ended::Retired { cut_off_seq: retired.cut_off_seq, by: "takeover of a stale owner".into() },
+                    );
+                    w.cutover(seq, ms, retired.generation, *generation, "stale owner taken over".into(), &live_leases);
+                    let began = Began::TakeoverOfStaleOwner {
+                        previous_generation: retired.generation,
+                        expected_heartbeat_ms: *expect_heartbeat_ms,
+                        reason: reason.clone(),
+                    };
+                    w.begin(subject, tenure(*generation, owner, began), true);
+                }
+                (_, Outcome::Rotated { generation, .. }) => {
+                    let owner = w.open_tenure(subject).map(|t| t.owner.clone());
+                    w.end(subject, seq, ms, Ended::Rotated { new_generation: *generation });
+                    if let Some(owner) = owner {
+                        w.begin(
+                            subject,
+                            tenure(*generation, &owner, Began::FenceRotation { previous_generation: generation - 1 }),
+                            true,
+                        );
+                    }
+                }
+                (_, Outcome::Released { .. }) => w.end(subject, seq, ms, Ended::Released),
+                (_, Outcome::Heartbeat { .. }) => {
+                    if let Some(t) = w.open_tenure(subject) {
+                        t.heartbeats += 1;
+                        t.last_heartbeat_seq = seq;
+                        t.last_heartbeat_ms = ms;
+                    }
+                }
+                (_, Outcome::Noted { authoritative: false, generation, .. }) => {
+                    let current = pre_generation.get(subject).copied().unwrap_or(0);
+                    let late = Late {
+                        seq,
+                        time_ms: ms,
+                        writer: writer.clone(),
+                        kind: e.kind().into(),
+                        presented_generation: *generation,
+                        current_generation: current,
+                    };
+                    w.story(subject).late_records.push(late);
+                }
+                (Event::FencedAttempts { writer, op, presented, current, count, first_ms, last_ms, .. }, _) => {
+                    let f = Fenced {
+                        seq,
+                        writer: writer.to_string(),
+                        op: op.clone(),
+                        presented: *presented,
+                        current: *current,
+                        count: *count,
+                        first_ms: *first_ms,
+                        last_ms: *last_ms,
+                    };
+                    w.story(subject).fenced_attempts.push(f);
+                }
+                _ => {}
+            }
+        }
+        true
+    })?;
+    let subjects = work.into_iter().filter_map(|(_, w)| w.finish(&p)).collect();
+    Ok(Report {
+        records: summary.records,
+        last_seq: summary.last_seq,
+        chain_head: summary.chain_head.clone(),
+        log_problems: summary
+            .problems
+            .iter()
+            .map(|pr| json!({"kind": pr.kind, "offset": pr.offset, "seq": pr.seq, "torn_tail": pr.torn_tail}))
+            .collect(),
+        subjects,
+    })
+}
+
+impl Work {
+    fn cutover(&mut self, seq: u64, ms: u64, from: u64, to: u64, how: String, live: &[u64]) {
+        let story = self.story.as_mut().expect("a cutover follows a tenure");
+        story.cutovers.push(Cutover {
+            seq,
+            time_ms: ms,
+            from_generation: from,
+            to_generation: to,
+            how,
+            leases_live: vec![],
+            requests_in_flight: vec![],
+        });
+        self.cutover_leases.push(live.to_vec());
+    }
+
+    /// Fill in what the end of the log says (lease fates, requests), and the verdict.
+    fn finish(mut self, end: &Projection) -> Option<SubjectStory> {
+        let mut story = self.story.take()?;
+        for (c, leases) in story.cutovers.iter_mut().zip(&self.cutover_leases) {
+            c.leases_live = leases
+                .iter()
+                .map(|id| match end.leases.get(id) {
+                    Some(l) => LeaseFate {
+                        lease: *id,
+                        resource: l.resource.clone(),
+                        holder: l.holder.clone(),
+                        token: l.token,
+                        fate: flatten_tagged(&l.state),
+                    },
+                    None => LeaseFate {
+                        lease: *id,
+                        resource: String::new(),
+                        holder: String::new(),
+                        token: 0,
+                        fate: json!({"kind": "forgotten (beyond retention)"}),
+                    },
+                })
+                .collect();
+        }
+        for c in story.cutovers.iter_mut() {
+            let retired = story.tenures.iter().find(|t| t.generation == c.from_generation);
+            let since = retired.map_or(0, |t| t.last_heartbeat_seq);
+            c.requests_in_flight = self
+                .tagged
+                .iter()
+                .filter(|r| r.seq > since && r.seq != c.seq)
+                .filter(|r| r.seq < c.seq || !r.authoritative)
+                .map(|r| RequestFate {
+                    request: r.id.clone(),
+                    seq: r.seq,
+                    kinds: r.kinds.clone(),
+                    authoritative: r.authoritative && r.seq < c.seq,
+                    said: if r.seq < c.seq {
+                        format!("committed at {} before the cut-off: it counted", r.seq)
+                    } else {
+                        format!(
+                            "committed at {} after the cut-off under the retired generation: kept, not authoritative",
+                            r.seq
+                        )
+                    },
+                })
+                .collect();
+        }
+        story.verdict = match self.violations.first() {
+            None => "consistent".into(),
+            Some(v) => format!("violated: {v}"),
+        };
+        Some(story)
+    }
+}

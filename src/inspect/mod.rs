@@ -1,0 +1,471 @@
+//! `inspect`: the offline inspector. It reads a live log or a copy and never writes:
+//! no lock, no truncation, no repair. Everything here is built on the storage
+//! readers (`scan_dir`, `Tailer`) and the pure model.
+
+pub mod time;
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::format::{RecordRef, frame_bytes, hex};
+use crate::model::{Event, Projection, Txn, decode_txn, flatten_tagged};
+use crate::storage::{Error, LogOptions, Problem, ReadSummary, ScanItem, Tailer, list_segments, scan_dir};
+pub use time::{format_ms, parse_time};
+
+/// Largest frame body the inspector accepts (the writer's default limit).
+pub fn body_max() -> u32 {
+    LogOptions::default().body_max()
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// A progress bar on stderr over the log's bytes, only when stderr is a terminal.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    base: BTreeMap<String, u64>,
+    ticks: u64,
+}
+
+impl Progress {
+    fn new(dir: &Path, what: &str) -> Progress {
+        if !std::io::stderr().is_terminal() {
+            return Progress { bar: None, base: BTreeMap::new(), ticks: 0 };
+        }
+        let mut base = BTreeMap::new();
+        let mut total = 0;
+        for (_, p) in list_segments(dir).unwrap_or_default() {
+            base.insert(file_name(&p), total);
+            total += std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(what.to_owned());
+        Progress { bar: Some(bar), base, ticks: 0 }
+    }
+
+    fn at(&mut self, segment: &Path, offset: u64) {
+        self.ticks += 1;
+        if let Some(bar) = self.bar.as_ref().filter(|_| self.ticks % 4096 == 0) {
+            bar.set_position(self.base.get(&file_name(segment)).copied().unwrap_or(0) + offset);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Exit code of `verify`: 0 intact, 1 damaged.
+pub fn verify(dir: &Path) -> Result<(ReadSummary, u8), Error> {
+    let mut progress = Progress::new(dir, "verify");
+    let s = scan_dir(dir, 1, body_max(), |item| {
+        if let ScanItem::Record { segment, offset, .. } = item {
+            progress.at(segment, offset);
+        }
+        true
+    })?;
+    let code = if s.is_intact() { 0 } else { 1 };
+    Ok((s, code))
+}
+
+fn problem_json(p: &Problem) -> Value {
+    json!({
+        "kind": p.kind, "segment": file_name(&p.segment), "offset": p.offset, "seq": p.seq,
+        "torn_tail": p.torn_tail, "damaged_bytes": p.damaged_bytes, "detail": p.detail,
+    })
+}
+
+fn verdict(s: &ReadSummary) -> &'static str {
+    if s.is_intact() {
+        "intact"
+    } else if s.has_corruption() {
+        "corrupt"
+    } else {
+        "torn_tail"
+    }
+}
+
+pub fn verify_json(s: &ReadSummary) -> Value {
+    json!({
+        "status": verdict(s),
+        "segments": s.segments, "bytes": s.bytes, "records": s.records,
+        "first_seq": s.first_seq, "last_seq": s.last_seq,
+        "first_time_ms": s.first_time_ms, "last_time_ms": s.last_time_ms,
+        "chain_head": s.chain_head,
+        "problems": s.problems.iter().map(problem_json).collect::<Vec<_>>(),
+    })
+}
+
+pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(out, "segments {}  bytes {}  records {}", s.segments, s.bytes, s.records)?;
+    if let (Some(a), Some(b)) = (s.first_seq, s.last_seq) {
+        writeln!(out, "sequence {a}..{b}")?;
+    }
+    if let (Some(a), Some(b)) = (s.first_time_ms, s.last_time_ms) {
+        writeln!(out, "time {} .. {}", format_ms(a), format_ms(b))?;
+    }
+    writeln!(out, "chain head {}", s.chain_head)?;
+    for p in &s.problems {
+        let what = if p.torn_tail { "torn tail: recovery would truncate it" } else { "corruption: recovery refuses" };
+        writeln!(
+            out,
+            "problem: {} at segment {} byte {} (sequence {}), {} bytes: {} [{what}]",
+            p.kind,
+            file_name(&p.segment),
+            p.offset,
+            p.seq,
+            p.damaged_bytes,
+            p.detail
+        )?;
+    }
+    let status = match verdict(s) {
+        "intact" => "intact",
+        "corrupt" => "DAMAGED: corruption (a writer refuses to open this log)",
+        _ => "DAMAGED: torn tail only (a writer would truncate it on open)",
+    };
+    writeln!(out, "status: {status}")
+}
+
+/// One decoded record as stable JSON (the `dump --json` line).
+pub fn record_json(rec: &RecordRef<'_>, segment: &Path, offset: u64) -> Value {
+    let mut v = json!({
+        "seq": rec.seq,
+        "time_ms": rec.time_ms,
+        "time": format_ms(rec.time_ms),
+        "writer": uuid::Uuid::from_bytes(rec.writer).to_string(),
+        "link": hex(&rec.link),
+        "segment": file_name(segment),
+        "offset": offset,
+        "bytes": frame_bytes(rec.payload.len()),
+    });
+    match decode_txn(rec.payload) {
+        Ok(txn) => {
+            v["request"] = json!(txn.request.as_ref().map(|r| &r.id));
+            v["kinds"] = json!(txn.events.iter().map(Event::kind).collect::<Vec<_>>());
+            v["subjects"] = json!(txn.events.iter().filter_map(Event::subject).collect::<Vec<_>>());
+            v["conditions"] = json!(txn.conditions.iter().map(flatten_tagged).collect::<Vec<_>>());
+            v["events"] = json!(txn.events.iter().map(flatten_tagged).collect::<Vec<_>>());
+        }
+        Err(e) => {
+            v["kinds"] = json!(["undecodable"]);
+            v["error"] = json!(e.to_string());
+            v["payload_bytes"] = json!(rec.payload.len());
+        }
+    }
+    v
+}
+
+fn event_text(e: &Event) -> String {
+    match e {
+        Event::Claim { subject, owner, lock, previous, .. } => {
+            let mut s = format!("claim {subject} by {} pid {}", short(&owner.instance), owner.pid);
+            if let Some(l) = lock {
+                s += &format!(" lock action={} request={}", l.action, l.request);
+            }
+            if let Some(p) = previous {
+                s += &format!(" over dead gen {} ({})", p.generation, p.reason.code());
+            }
+            s
+        }
+        Event::Heartbeat { subject, generation } => format!("heartbeat {subject} gen {generation}"),
+        Event::Release { subject, generation } => format!("release {subject} gen {generation}"),
+        Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, reason, .. } => format!(
+            "takeover {subject} gen {expect_generation} (heartbeat {}) by {} pid {}: {reason:?}",
+            format_ms(*expect_heartbeat_ms),
+            short(&owner.instance),
+            owner.pid
+        ),
+        Event::RotateFence { subject, generation } => format!("rotate-fence {subject} gen {generation}"),
+        Event::Note { subject, generation, text } => format!("note {subject} gen {generation}: {text:?}"),
+        Event::FencedAttempts { subject, writer, op, presented, current, count, .. } => {
+            format!(
+                "fenced {subject}: {count}x {op} by writer {} presented {presented} current {current}",
+                short(writer)
+            )
+        }
+        Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
+            format!("lease-acquire {resource} {mode:?} holder {holder:?} ttl {ttl_ms} ms")
+        }
+        Event::LeaseRelease { lease, token } => format!("lease-release {lease} token {token}"),
+    }
+}
+
+fn short(u: &uuid::Uuid) -> String {
+    u.to_string()[..8].to_owned()
+}
+
+pub fn record_text(rec: &RecordRef<'_>) -> String {
+    let head = format!("{:>8}  {}  w:{}", rec.seq, format_ms(rec.time_ms), &hex(&rec.writer)[..8]);
+    match decode_txn(rec.payload) {
+        Ok(txn) => {
+            let events: Vec<String> = txn.events.iter().map(event_text).collect();
+            let req = txn.request.map(|r| format!("  [request {}]", r.id)).unwrap_or_default();
+            format!("{head}  {}{req}", events.join("; "))
+        }
+        Err(e) => format!("{head}  UNDECODABLE {} bytes: {e}", rec.payload.len()),
+    }
+}
+
+/// `dump` filters; all optional.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    pub subject: Option<String>,
+    pub kind: Option<String>,
+    pub since_ms: Option<u64>,
+    pub until_ms: Option<u64>,
+}
+
+impl Filter {
+    fn keeps(&self, rec: &RecordRef<'_>, txn: Option<&Txn>) -> bool {
+        if self.to.is_some_and(|t| rec.seq > t)
+            || self.since_ms.is_some_and(|t| rec.time_ms < t)
+            || self.until_ms.is_some_and(|t| rec.time_ms > t)
+        {
+            return false;
+        }
+        if let Some(s) = &self.subject
+            && !txn.is_some_and(|t| t.events.iter().any(|e| e.subject() == Some(s.as_str())))
+        {
+            return false;
+        }
+        if let Some(k) = &self.kind {
+            let kinds: Vec<&str> = txn.map_or(vec!["undecodable"], |t| t.events.iter().map(Event::kind).collect());
+            if !kinds.iter().any(|x| x == k) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// `dump`: one line per record. Without `raw` it stops at the first damage (and
+/// reports it); with `raw` it reports each damaged region and reads on.
+pub fn dump(dir: &Path, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Write) -> Result<ReadSummary, Error> {
+    let mut progress = Progress::new(dir, "dump");
+    let mut io_err = None;
+    let summary = scan_dir(dir, f.from.unwrap_or(1), body_max(), |item| {
+        let (line, damage) = match item {
+            ScanItem::Record { rec, segment, offset } => {
+                progress.at(segment, offset);
+                if f.to.is_some_and(|t| rec.seq > t) {
+                    return false;
+                }
+                let txn = decode_txn(rec.payload).ok();
+                if !f.keeps(rec, txn.as_ref()) {
+                    return true;
+                }
+                let line = if as_json { record_json(rec, segment, offset).to_string() } else { record_text(rec) };
+                (line, false)
+            }
+            ScanItem::Damage(p) => {
+                let mut v = problem_json(p);
+                v["damage"] = json!(true);
+                let line = if as_json {
+                    v.to_string()
+                } else {
+                    format!(
+                        "-- damaged region: segment {} byte {} length {} (expected sequence {}): {}{}",
+                        file_name(&p.segment),
+                        p.offset,
+                        p.damaged_bytes,
+                        p.seq,
+                        p.kind,
+                        if p.torn_tail { " [torn tail]" } else { "" }
+                    )
+                };
+                (line, true)
+            }
+        };
+        let keep_going = raw || !damage;
+        if let Err(e) = writeln!(out, "{line}") {
+            io_err = Some(e);
+            return false;
+        }
+        keep_going
+    })?;
+    match io_err {
+        Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("write", "stdout")(e)),
+        _ => Ok(summary),
+    }
+}
+
+/// The projection as of sequence `at` (default: the end), rebuilt from the log.
+pub fn state_at(dir: &Path, at: Option<u64>) -> Result<(Projection, ReadSummary), Error> {
+    let mut p = Projection::default();
+    let s = scan_dir(dir, 1, body_max(), |item| {
+        let ScanItem::Record { rec, .. } = item else { return true };
+        if at.is_some_and(|a| rec.seq > a) {
+            return false;
+        }
+        if rec.seq <= p.last_seq {
+            return true; // after a resync, never apply out of order
+        }
+        match decode_txn(rec.payload) {
+            Ok(txn) => drop(p.apply(rec.seq, &txn)),
+            Err(_) => p.skip_undecodable(rec.seq),
+        }
+        true
+    })?;
+    Ok((p, s))
+}
+
+pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(out, "state as of sequence {}", p.last_seq)?;
+    for (name, s) in &p.subjects {
+        match &s.owner {
+            Some(o) => writeln!(
+                out,
+                "  {name}  gen {}  owner {} pid {} since seq {}  heartbeat {}  stale after {} ms{}",
+                s.generation,
+                o.identity.instance,
+                o.identity.pid,
+                o.since_seq,
+                format_ms(o.heartbeat_ms),
+                o.stale_after_ms,
+                o.lock.as_ref().map(|l| format!("  lock {}/{}", l.action, l.request)).unwrap_or_default()
+            )?,
+            None => writeln!(out, "  {name}  gen {}  free", s.generation)?,
+        }
+        if s.fenced_attempts + s.late_notes > 0 {
+            writeln!(out, "      fenced attempts {}  late notes {}", s.fenced_attempts, s.late_notes)?;
+        }
+    }
+    for l in p.leases.values() {
+        writeln!(
+            out,
+            "  lease {} on {} {:?} holder {:?} token {} expires {}  {:?}",
+            l.id,
+            l.resource,
+            l.mode,
+            l.holder,
+            l.token,
+            format_ms(l.expires_ms),
+            l.state
+        )?;
+    }
+    if p.anomalies + p.undecodable > 0 {
+        writeln!(out, "  WARNING: {} records did not validate, {} did not decode", p.anomalies, p.undecodable)?;
+    }
+    Ok(())
+}
+
+/// `stat`: counts and bytes by record kind, by subject (top `top`), by writer.
+pub fn stat(dir: &Path, top: usize) -> Result<Value, Error> {
+    let mut kinds: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut subjects: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut writers: BTreeMap<String, u64> = BTreeMap::new();
+    let s = scan_dir(dir, 1, body_max(), |item| {
+        let ScanItem::Record { rec, .. } = item else { return true };
+        let bytes = frame_bytes(rec.payload.len()) as u64;
+        *writers.entry(uuid::Uuid::from_bytes(rec.writer).to_string()).or_default() += 1;
+        let (ks, ss) = match decode_txn(rec.payload) {
+            Ok(t) => (
+                t.events.iter().map(|e| e.kind().to_owned()).collect::<Vec<_>>(),
+                t.events.iter().filter_map(|e| e.subject().map(str::to_owned)).collect::<Vec<_>>(),
+            ),
+            Err(_) => (vec!["undecodable".to_owned()], vec![]),
+        };
+        for k in ks {
+            let e = kinds.entry(k).or_default();
+            e.0 += 1;
+            e.1 += bytes;
+        }
+        for sub in ss {
+            let e = subjects.entry(sub).or_default();
+            e.0 += 1;
+            e.1 += bytes;
+        }
+        true
+    })?;
+    let mut by_subject: Vec<_> = subjects.into_iter().collect();
+    by_subject.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
+    let segs: Vec<Value> = list_segments(dir)?
+        .into_iter()
+        .map(|(seq, p)| json!({"segment": file_name(&p), "first_seq": seq, "bytes": std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0)}))
+        .collect();
+    Ok(json!({
+        "records": s.records,
+        "bytes": s.bytes,
+        "first_seq": s.first_seq, "last_seq": s.last_seq,
+        "first_time": s.first_time_ms.map(format_ms), "last_time": s.last_time_ms.map(format_ms),
+        "span_ms": s.first_time_ms.zip(s.last_time_ms).map(|(a, b)| b.saturating_sub(a)),
+        "by_kind": kinds.into_iter().map(|(k, (n, b))| json!({"kind": k, "records": n, "bytes": b})).collect::<Vec<_>>(),
+        "subjects": by_subject.len(),
+        "top_subjects": by_subject.iter().take(top).map(|(k, (n, b))| json!({"subject": k, "records": n, "bytes": b})).collect::<Vec<_>>(),
+        "by_writer": writers.into_iter().map(|(w, n)| json!({"writer": w, "appends": n})).collect::<Vec<_>>(),
+        "segments": segs,
+        "problems": s.problems.iter().map(problem_json).collect::<Vec<_>>(),
+    }))
+}
+
+/// `follow`: print records as other processes append them. Stops after
+/// `max_records` or `timeout_ms` when given, else runs until interrupted.
+pub fn follow(
+    dir: &Path,
+    from_seq: Option<u64>,
+    as_json: bool,
+    poll_ms: u64,
+    max_records: Option<u64>,
+    timeout_ms: Option<u64>,
+    out: &mut dyn Write,
+) -> Result<u64, Error> {
+    let from = match from_seq {
+        Some(s) => s,
+        None => scan_dir(dir, u64::MAX, body_max(), |_| true)?.last_seq.map_or(1, |s| s + 1),
+    };
+    let mut tailer = Tailer::new(dir, body_max(), from);
+    let started = std::time::Instant::now();
+    let mut printed = 0u64;
+    loop {
+        let mut failed = None;
+        tailer.poll(|rec| {
+            if failed.is_some() || max_records.is_some_and(|m| printed >= m) {
+                return;
+            }
+            let line = if as_json {
+                // The tailer does not say where a record sits; omit rather than invent.
+                let mut v = record_json(rec, Path::new(""), 0);
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("segment");
+                    o.remove("offset");
+                }
+                v.to_string()
+            } else {
+                record_text(rec)
+            };
+            if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
+                failed = Some(e);
+            }
+            printed += 1;
+        })?;
+        if let Some(e) = failed {
+            return if e.kind() == std::io::ErrorKind::BrokenPipe {
+                Ok(printed)
+            } else {
+                Err(Error::io("write", "stdout")(e))
+            };
+        }
+        if max_records.is_some_and(|m| printed >= m)
+            || timeout_ms.is_some_and(|t| started.elapsed().as_millis() as u64 >= t)
+        {
+            return Ok(printed);
+        }
+        std::thread::sleep(Duration::from_millis(poll_ms));
+    }
+}

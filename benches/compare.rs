@@ -327,6 +327,15 @@ fn scan(cfg: &Cfg) -> Value {
     let s = verify_dir(d.path(), opts.body_max()).unwrap();
     let secs = t.elapsed().as_secs_f64();
     assert!(s.is_intact() && s.records == i, "scan must verify every record");
+    // The operator's command on the same log: `fencelog inspect verify` (a process).
+    let t = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencelog"))
+        .args(["inspect", "verify", "--json"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let cli_secs = t.elapsed().as_secs_f64();
+    assert!(out.status.success(), "inspect verify must pass: {}", String::from_utf8_lossy(&out.stdout));
     json!({
         "log_bytes": s.bytes,
         "records": s.records,
@@ -335,6 +344,8 @@ fn scan(cfg: &Cfg) -> Value {
         "records_per_s": (s.records as f64 / secs).round(),
         "mb_per_s": round2(s.bytes as f64 / secs / 1e6),
         "build_batched_appends_mb_per_s": round2(s.bytes as f64 / build_s / 1e6),
+        "inspect_verify_cli_seconds": round2(cli_secs),
+        "inspect_verify_cli_records_per_s": (s.records as f64 / cli_secs).round(),
         "page_cache": "warm (just written)",
     })
 }

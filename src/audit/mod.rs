@@ -374,7 +374,7 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
         }
         true
     })?;
-    let subjects = work.into_iter().filter_map(|(_, w)| w.finish(&p)).collect();
+    let subjects = work.into_values().filter_map(|w| w.finish(&p)).collect();
     Ok(Report {
         records: summary.records,
         last_seq: summary.last_seq,

@@ -55,7 +55,7 @@ impl Progress {
 
     fn at(&mut self, segment: &Path, offset: u64) {
         self.ticks += 1;
-        if let Some(bar) = self.bar.as_ref().filter(|_| self.ticks % 4096 == 0) {
+        if let Some(bar) = self.bar.as_ref().filter(|_| self.ticks.is_multiple_of(4096)) {
             bar.set_position(self.base.get(&file_name(segment)).copied().unwrap_or(0) + offset);
         }
     }
@@ -172,7 +172,7 @@ pub fn record_json(rec: &RecordRef<'_>, segment: &Path, offset: u64) -> Value {
 fn event_text(e: &Event) -> String {
     match e {
         Event::Claim { subject, owner, lock, previous, .. } => {
-            let mut s = format!("claim {subject} by {} pid {}", short(&owner.instance), owner.pid);
+            let mut s = format!("claim {subject} by {} pid {}", owner.instance, owner.pid);
             if let Some(l) = lock {
                 s += &format!(" lock action={} request={}", l.action, l.request);
             }
@@ -186,16 +186,13 @@ fn event_text(e: &Event) -> String {
         Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, reason, .. } => format!(
             "takeover {subject} gen {expect_generation} (heartbeat {}) by {} pid {}: {reason:?}",
             format_ms(*expect_heartbeat_ms),
-            short(&owner.instance),
+            owner.instance,
             owner.pid
         ),
         Event::RotateFence { subject, generation } => format!("rotate-fence {subject} gen {generation}"),
         Event::Note { subject, generation, text } => format!("note {subject} gen {generation}: {text:?}"),
         Event::FencedAttempts { subject, writer, op, presented, current, count, .. } => {
-            format!(
-                "fenced {subject}: {count}x {op} by writer {} presented {presented} current {current}",
-                short(writer)
-            )
+            format!("fenced {subject}: {count}x {op} by writer {} presented {presented} current {current}", writer)
         }
         Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
             format!("lease-acquire {resource} {mode:?} holder {holder:?} ttl {ttl_ms} ms")
@@ -204,12 +201,8 @@ fn event_text(e: &Event) -> String {
     }
 }
 
-fn short(u: &uuid::Uuid) -> String {
-    u.to_string()[..8].to_owned()
-}
-
 pub fn record_text(rec: &RecordRef<'_>) -> String {
-    let head = format!("{:>8}  {}  w:{}", rec.seq, format_ms(rec.time_ms), &hex(&rec.writer)[..8]);
+    let head = format!("{:>8}  {}  writer {}", rec.seq, format_ms(rec.time_ms), uuid::Uuid::from_bytes(rec.writer));
     match decode_txn(rec.payload) {
         Ok(txn) => {
             let events: Vec<String> = txn.events.iter().map(event_text).collect();

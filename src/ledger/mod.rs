@@ -103,9 +103,18 @@ struct Inner {
     projection: Projection,
     head: ChainLink,
     since_snapshot: u64,
-    /// (subject) → (last audit written at ms, attempts not yet written).
-    fenced: HashMap<String, (u64, u64)>,
+    /// Coalescing of fenced attempts by subject.
+    fenced: HashMap<String, FencedWindow>,
     snapshot_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Refused stale writes on one subject, since the last audit record written.
+struct FencedWindow {
+    last_written_ms: u64,
+    pending: u64,
+    op: String,
+    presented: u64,
+    current: u64,
 }
 
 pub struct Ledger {
@@ -280,7 +289,8 @@ impl Ledger {
     }
 
     /// Keep a compact audit record of a stale writer's refused attempt: at most one
-    /// per subject per window from this writer, carrying the count of attempts.
+    /// per subject per window from this writer; repeats within the window are counted
+    /// and written with the next record (or on `close`).
     #[allow(clippy::too_many_arguments)]
     fn audit_fenced(
         &self,
@@ -294,16 +304,38 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         const SUBJECTS_TRACKED_MAX: usize = 10_000;
         if inner.fenced.len() >= SUBJECTS_TRACKED_MAX && !inner.fenced.contains_key(subject) {
-            inner.fenced.clear();
+            inner.fenced.retain(|_, f| f.pending > 0);
         }
-        let entry = inner.fenced.entry(subject.to_owned()).or_insert((0, 0));
-        entry.1 += 1;
-        if entry.0 != 0 && now_ms.saturating_sub(entry.0) < self.opts.fenced_audit_window_ms {
+        let w = inner.fenced.entry(subject.to_owned()).or_insert(FencedWindow {
+            last_written_ms: 0,
+            pending: 0,
+            op: op.to_owned(),
+            presented,
+            current,
+        });
+        w.pending += 1;
+        (w.op, w.presented, w.current) = (op.to_owned(), presented, current);
+        if w.last_written_ms != 0 && now_ms.saturating_sub(w.last_written_ms) < self.opts.fenced_audit_window_ms {
             return Ok(());
         }
-        let count = std::mem::take(&mut entry.1);
-        let first_ms = if entry.0 == 0 { now_ms } else { entry.0 };
-        entry.0 = now_ms;
+        let count = std::mem::take(&mut w.pending);
+        let first_ms = if w.last_written_ms == 0 { now_ms } else { w.last_written_ms };
+        self.write_fenced(l, inner, subject, op, presented, current, count, first_ms, now_ms)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_fenced(
+        &self,
+        l: &mut storage::Locked<'_>,
+        inner: &mut Inner,
+        subject: &str,
+        op: &str,
+        presented: u64,
+        current: u64,
+        count: u64,
+        first_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), LedgerError> {
         let txn = Txn {
             request: None,
             time_ms: now_ms,
@@ -323,6 +355,9 @@ impl Ledger {
         let a = l.append_if_head(inner.projection.last_seq, vec![encode_txn(&txn)])?;
         let _ = inner.projection.apply(a.first_seq, &txn);
         inner.head = a.chain_head;
+        if let Some(w) = inner.fenced.get_mut(subject) {
+            w.last_written_ms = now_ms;
+        }
         Ok(())
     }
 
@@ -378,12 +413,38 @@ impl Ledger {
         Ok(snapshot::write(&self.dir, inner.projection.last_seq, &inner.head, &inner.projection)?)
     }
 
-    /// Clean close: snapshot, then close the log.
+    /// Clean close: write the counts of coalesced fenced attempts not yet recorded,
+    /// then a snapshot. (A crash loses only those counts: the first attempt of each
+    /// window is always recorded.)
     pub fn close(self) -> Result<(), LedgerError> {
+        self.flush_fenced()?;
         if self.inner.lock().expect("ledger").projection.last_seq > 0 {
             self.snapshot_now()?;
         }
         Ok(())
+    }
+
+    fn flush_fenced(&self) -> Result<(), LedgerError> {
+        let mut guard = self.inner.lock().expect("ledger");
+        let inner = &mut *guard;
+        let pending: Vec<(String, u64, u64, u64, u64)> = inner
+            .fenced
+            .iter_mut()
+            .filter(|(_, f)| f.pending > 0)
+            .map(|(s, f)| (s.clone(), std::mem::take(&mut f.pending), f.presented, f.current, f.last_written_ms))
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        self.log.with_lock(|l| -> Result<(), LedgerError> {
+            Self::catch_up(inner)?;
+            let now_ms = self.opts.log.now_ms();
+            for (subject, count, presented, current, since_ms) in pending {
+                let op = inner.fenced.get(&subject).map(|f| f.op.clone()).unwrap_or_default();
+                self.write_fenced(l, inner, &subject, &op, presented, current, count, since_ms, now_ms)?;
+            }
+            Ok(())
+        })?
     }
 
     /// The chain head (hex) at the projection's last sequence.

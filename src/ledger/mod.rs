@@ -111,7 +111,9 @@ struct Inner {
 /// Refused stale writes on one subject, since the last audit record written.
 struct FencedWindow {
     last_written_ms: u64,
+    /// Attempts not yet written, the first of them at `first_pending_ms`.
     pending: u64,
+    first_pending_ms: u64,
     op: String,
     presented: u64,
     current: u64,
@@ -309,55 +311,47 @@ impl Ledger {
         let w = inner.fenced.entry(subject.to_owned()).or_insert(FencedWindow {
             last_written_ms: 0,
             pending: 0,
-            op: op.to_owned(),
+            first_pending_ms: now_ms,
+            op: String::new(),
             presented,
             current,
         });
+        if w.pending == 0 {
+            w.first_pending_ms = now_ms;
+        }
         w.pending += 1;
         (w.op, w.presented, w.current) = (op.to_owned(), presented, current);
         if w.last_written_ms != 0 && now_ms.saturating_sub(w.last_written_ms) < self.opts.fenced_audit_window_ms {
             return Ok(());
         }
-        let count = std::mem::take(&mut w.pending);
-        let first_ms = if w.last_written_ms == 0 { now_ms } else { w.last_written_ms };
-        self.write_fenced(l, inner, subject, op, presented, current, count, first_ms, now_ms)
+        self.write_fenced(l, inner, subject, now_ms)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Append the `FencedAttempts` record for the attempts pending on `subject`.
     fn write_fenced(
         &self,
         l: &mut storage::Locked<'_>,
         inner: &mut Inner,
         subject: &str,
-        op: &str,
-        presented: u64,
-        current: u64,
-        count: u64,
-        first_ms: u64,
         now_ms: u64,
     ) -> Result<(), LedgerError> {
-        let txn = Txn {
-            request: None,
-            time_ms: now_ms,
+        let w = inner.fenced.get_mut(subject).expect("a window exists for a pending subject");
+        let event = Event::FencedAttempts {
+            subject: subject.to_owned(),
             writer: self.writer_id(),
-            conditions: vec![],
-            events: vec![Event::FencedAttempts {
-                subject: subject.to_owned(),
-                writer: self.writer_id(),
-                op: op.to_owned(),
-                presented,
-                current,
-                count,
-                first_ms,
-                last_ms: now_ms,
-            }],
+            op: w.op.clone(),
+            presented: w.presented,
+            current: w.current,
+            count: std::mem::take(&mut w.pending),
+            first_ms: w.first_pending_ms,
+            last_ms: now_ms,
         };
+        w.last_written_ms = now_ms;
+        let txn =
+            Txn { request: None, time_ms: now_ms, writer: self.writer_id(), conditions: vec![], events: vec![event] };
         let a = l.append_if_head(inner.projection.last_seq, vec![encode_txn(&txn)])?;
         let _ = inner.projection.apply(a.first_seq, &txn);
         inner.head = a.chain_head;
-        if let Some(w) = inner.fenced.get_mut(subject) {
-            w.last_written_ms = now_ms;
-        }
         Ok(())
     }
 
@@ -427,23 +421,14 @@ impl Ledger {
     fn flush_fenced(&self) -> Result<(), LedgerError> {
         let mut guard = self.inner.lock().expect("ledger");
         let inner = &mut *guard;
-        let pending: Vec<(String, u64, u64, u64, u64)> = inner
-            .fenced
-            .iter_mut()
-            .filter(|(_, f)| f.pending > 0)
-            .map(|(s, f)| (s.clone(), std::mem::take(&mut f.pending), f.presented, f.current, f.last_written_ms))
-            .collect();
+        let pending: Vec<String> = inner.fenced.iter().filter(|(_, f)| f.pending > 0).map(|(s, _)| s.clone()).collect();
         if pending.is_empty() {
             return Ok(());
         }
         self.log.with_lock(|l| -> Result<(), LedgerError> {
             Self::catch_up(inner)?;
             let now_ms = self.opts.log.now_ms();
-            for (subject, count, presented, current, since_ms) in pending {
-                let op = inner.fenced.get(&subject).map(|f| f.op.clone()).unwrap_or_default();
-                self.write_fenced(l, inner, &subject, &op, presented, current, count, since_ms, now_ms)?;
-            }
-            Ok(())
+            pending.iter().try_for_each(|subject| self.write_fenced(l, inner, subject, now_ms))
         })?
     }
 

@@ -29,6 +29,17 @@ pub struct Owner {
 }
 
 impl Owner {
+    fn new(identity: &Identity, seq: u64, now_ms: u64, stale_after_ms: u64, lock: Option<LockIntent>) -> Owner {
+        Owner {
+            identity: identity.clone(),
+            since_seq: seq,
+            claimed_ms: now_ms,
+            heartbeat_ms: now_ms,
+            stale_after_ms,
+            lock,
+        }
+    }
+
     pub fn is_fresh(&self, now_ms: u64) -> bool {
         now_ms.saturating_sub(self.heartbeat_ms) <= self.stale_after_ms
     }
@@ -561,32 +572,12 @@ impl Projection {
                 Event::Claim { subject, owner, stale_after_ms, lock, .. },
                 Outcome::Claimed { generation, retired, .. },
             ) => {
-                let s = self.subjects.entry(subject.clone()).or_default();
-                if let Some(r) = retired {
-                    push_bounded(&mut s.ended, r.clone());
-                }
-                s.generation = *generation;
-                s.owner = Some(Owner {
-                    identity: owner.clone(),
-                    since_seq: seq,
-                    claimed_ms: now_ms,
-                    heartbeat_ms: now_ms,
-                    stale_after_ms: *stale_after_ms,
-                    lock: lock.clone(),
-                });
+                let owner = Owner::new(owner, seq, now_ms, *stale_after_ms, lock.clone());
+                self.install(subject, *generation, owner, retired.clone());
             }
             (Event::Takeover { subject, owner, stale_after_ms, .. }, Outcome::TookOver { generation, retired, .. }) => {
-                let s = self.subjects.entry(subject.clone()).or_default();
-                push_bounded(&mut s.ended, retired.clone());
-                s.generation = *generation;
-                s.owner = Some(Owner {
-                    identity: owner.clone(),
-                    since_seq: seq,
-                    claimed_ms: now_ms,
-                    heartbeat_ms: now_ms,
-                    stale_after_ms: *stale_after_ms,
-                    lock: None,
-                });
+                let owner = Owner::new(owner, seq, now_ms, *stale_after_ms, None);
+                self.install(subject, *generation, owner, Some(retired.clone()));
             }
             (Event::Heartbeat { subject, .. }, Outcome::Heartbeat { heartbeat_ms, .. }) => {
                 if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
@@ -650,6 +641,16 @@ impl Projection {
             }
             _ => {} // no-op outcomes
         }
+    }
+
+    /// A new owner at `generation`, in the same record that ends the previous tenure.
+    fn install(&mut self, subject: &str, generation: u64, owner: Owner, ended: Option<TenureEnd>) {
+        let s = self.subjects.entry(subject.to_owned()).or_default();
+        if let Some(e) = ended {
+            push_bounded(&mut s.ended, e);
+        }
+        s.generation = generation;
+        s.owner = Some(owner);
     }
 
     fn end_lease(&mut self, id: u64, state: LeaseState, seq: u64) {

@@ -307,7 +307,13 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            if !e.use_stderr() {
+                return ExitCode::SUCCESS; // --help, --version
+            }
+            let message = e.render().to_string();
+            let first = message.lines().next().unwrap_or("usage error").trim_start_matches("error: ");
+            println!("{}", json!({"error": {"code": "USAGE", "message": first}}));
+            return ExitCode::from(2);
         }
     };
     let (value, code) = match run(cli.cmd) {

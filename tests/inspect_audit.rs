@@ -579,3 +579,13 @@ fn dump_filters_select_by_sequence_subject_kind_and_time() {
     let (code, _) = run(&["inspect", "dump", dir, "--since", "yesterday"]);
     assert_eq!(code, 2, "a bad time is a usage error");
 }
+
+/// Proves: with stderr not a terminal, verify and dump print no progress output.
+#[test]
+fn verify_and_dump_are_quiet_on_stderr_when_it_is_not_a_terminal() {
+    let f: std::collections::HashMap<_, _> = fixtures().into_iter().collect();
+    for args in [vec!["inspect", "verify"], vec!["inspect", "dump"]] {
+        let out = Command::new(FENCELOG).args(&args).arg(&f["multi-segment"]).output().unwrap();
+        assert_eq!((out.status.code(), out.stderr.len()), (Some(0), 0), "{args:?}");
+    }
+}

@@ -231,6 +231,10 @@ fn merge(into: &mut ReadSummary, from: ReadSummary) {
     into.head_link = from.head_link;
 }
 
+/// Largest read the tailer makes at once (a frame is at most 64 MiB + 80 bytes, and
+/// the default record limit is 1 MiB, so a chunk holds many frames).
+const TAIL_READ_BYTES_MAX: u64 = 4 << 20;
+
 /// An incremental verifying reader: remembers where it stopped (segment, byte
 /// offset, sequence and chain link) and on each `poll` reads only what was appended
 /// since. An incomplete frame at the end is an append in progress (or a torn write a
@@ -297,25 +301,37 @@ impl Tailer {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
             let len = f.metadata().map_err(Error::io("stat", &path))?.len();
-            if len > self.offset {
-                let mut bytes = vec![0u8; (len - self.offset) as usize];
-                std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, self.offset)
-                    .map_err(Error::io("read", &path))?;
-                let visit_from = self.visit_from;
-                let outcome = scan_frames(&bytes, 0, &mut self.cursor, self.body_max, |_, r| {
-                    if r.seq >= visit_from {
-                        visited += 1;
-                        visit(r);
+            while len > self.offset {
+                // Bounded reads. When a chunk that is not the file's end shows damage,
+                // the chunk may simply have cut a frame: read again from that frame.
+                // Damage at the very start of such a chunk is judged against the
+                // whole rest of the file, as an unchunked read would.
+                let at = self.offset;
+                let mut chunk = (len - at).min(TAIL_READ_BYTES_MAX);
+                let (outcome, scanned) = loop {
+                    let mut bytes = vec![0u8; chunk as usize];
+                    std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at).map_err(Error::io("read", &path))?;
+                    let visit_from = self.visit_from;
+                    let outcome = scan_frames(&bytes, 0, &mut self.cursor, self.body_max, |_, r| {
+                        if r.seq >= visit_from {
+                            visited += 1;
+                            visit(r);
+                        }
+                    });
+                    match outcome {
+                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len => chunk = len - at,
+                        _ => break (outcome, chunk),
                     }
-                });
+                };
                 match outcome {
-                    ScanOutcome::Clean => self.offset = len,
+                    ScanOutcome::Clean => self.offset += scanned,
+                    ScanOutcome::Damaged(d) if at + scanned < len => self.offset += d.offset,
                     ScanOutcome::Damaged(d) if d.is_torn_tail() => {
                         self.offset += d.offset;
                         return Ok(visited);
                     }
                     ScanOutcome::Damaged(d) => {
-                        return Err(super::recovery::damage_error(&path, self.offset, &d, "(found while tailing)"));
+                        return Err(super::recovery::damage_error(&path, at, &d, "(found while tailing)"));
                     }
                 }
             }

@@ -353,3 +353,41 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     assert!(!r.snapshot_warnings.is_empty() && r.snapshot_warnings[0].contains("checksum"), "{r:?}");
     assert_eq!(l.projection().last_seq, 57);
 }
+
+/// Proves: `request show` stays truthful for request ids the projection no longer
+/// remembers (more than REQUESTS_RETAINED later): the ledger finds them in the log.
+#[test]
+fn request_status_finds_ids_older_than_the_projection_remembers() {
+    let d = tempfile::tempdir().unwrap();
+    let log = fencelog::storage::Log::open(d.path(), LogOptions::default()).unwrap();
+    let n = fencelog::model::REQUESTS_RETAINED as u64 + 10;
+    let writer = log.writer_id();
+    let mut batch = vec![];
+    for i in 0..n {
+        let txn = Txn {
+            request: Some(fencelog::model::RequestTag { id: format!("old-{i}"), digest: [1; 32] }),
+            time_ms: i,
+            writer,
+            conditions: vec![],
+            events: vec![Event::LeaseAcquire {
+                resource: "r".into(),
+                mode: fencelog::model::LeaseMode::Read,
+                holder: "h".into(),
+                ttl_ms: 1,
+            }],
+        };
+        batch.push(fencelog::model::encode_txn(&txn));
+        if batch.len() == 4096 {
+            log.append_batch(std::mem::take(&mut batch)).unwrap();
+        }
+    }
+    log.append_batch(batch).unwrap();
+    log.close().unwrap();
+    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    assert!(!l.projection().requests.contains_key("old-0"), "forgotten by the projection");
+    match l.request_status("old-0").unwrap() {
+        fencelog::ledger::RequestStatus::Committed { seq, .. } => assert_eq!(seq, 1),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(l.request_status("never").unwrap(), fencelog::ledger::RequestStatus::NeverCommitted { .. }));
+}

@@ -344,3 +344,74 @@ fn projection_json_of_a_dead_owner_lock_and_lease_script() {
     m.txn(410, vec![Event::Release { subject: "lock/recovery".into(), generation: 1 }]).unwrap();
     insta::assert_snapshot!("dead_owner_lock_and_lease_projection", serde_json::to_string_pretty(&m.p).unwrap());
 }
+
+/// Proves the model's limits: text fields, events per transaction, remembered
+/// tenures per subject and remembered request ids are all bounded.
+#[test]
+fn model_limits_on_text_events_tenures_and_request_ids_hold() {
+    let mut m = M::new();
+    m.claim(0, "s", 1).unwrap();
+    let long = "x".repeat(TEXT_BYTES_MAX + 1);
+    let r = m.txn(1, vec![Event::Note { subject: "s".into(), generation: 1, text: long }]).unwrap_err();
+    assert_eq!(code(&r)["code"], "INVALID_INPUT");
+    assert_eq!(code(&m.txn(1, vec![]).unwrap_err())["code"], "INVALID_INPUT");
+    let too_many: Vec<Event> = (0..=TXN_EVENTS_MAX).map(|i| claim(&format!("many/{i}"), 1, None, None)).collect();
+    assert_eq!(code(&m.txn(1, too_many).unwrap_err())["code"], "INVALID_INPUT");
+    // 40 rotations end 40 tenures; only the newest 32 are remembered.
+    for g in 1..=40 {
+        m.txn(2, vec![Event::RotateFence { subject: "s".into(), generation: g }]).unwrap_or_default();
+    }
+    let mut m = M::new();
+    for g in 0..40u64 {
+        m.claim(10 * g, "t", 1).unwrap();
+        m.txn(10 * g + 1, vec![Event::Release { subject: "t".into(), generation: g + 1 }]).unwrap();
+    }
+    let ended = &m.p.subject("t").unwrap().ended;
+    assert_eq!((ended.len(), ended[0].generation, ended[31].generation), (32, 9, 40));
+    // Request ids: the newest REQUESTS_RETAINED are remembered, the oldest forgotten.
+    let mut p = Projection::default();
+    for i in 0..=REQUESTS_RETAINED as u64 {
+        let txn = Txn {
+            request: Some(RequestTag { id: format!("r{i}"), digest: [0; 32] }),
+            time_ms: i,
+            writer: Uuid::nil(),
+            conditions: vec![],
+            events: vec![Event::LeaseAcquire {
+                resource: format!("res/{}", i % 7),
+                mode: LeaseMode::Read,
+                holder: "h".into(),
+                ttl_ms: 1,
+            }],
+        };
+        p.apply(i + 1, &txn).unwrap();
+    }
+    assert_eq!(p.requests.len(), REQUESTS_RETAINED);
+    assert!(!p.requests.contains_key("r0") && p.requests.contains_key("r1"));
+}
+
+/// Proves: ended leases are remembered up to TERMINAL_LEASES_RETAINED, the oldest
+/// forgotten first (a release of a forgotten lease is then UNKNOWN_LEASE).
+#[test]
+fn ended_leases_are_remembered_up_to_the_retention_limit() {
+    let mut p = Projection::default();
+    let n = fencelog::model::TERMINAL_LEASES_RETAINED as u64 + 5;
+    for i in 0..=n {
+        // Each acquire displaces the previous, expired, lease on the same resource.
+        let txn = Txn {
+            request: None,
+            time_ms: 10 * i,
+            writer: Uuid::nil(),
+            conditions: vec![],
+            events: vec![Event::LeaseAcquire {
+                resource: "r".into(),
+                mode: LeaseMode::Write,
+                holder: "h".into(),
+                ttl_ms: 5,
+            }],
+        };
+        p.apply(i + 1, &txn).unwrap();
+    }
+    let ended = p.leases.values().filter(|l| matches!(l.state, LeaseState::Displaced { .. })).count();
+    assert_eq!(ended, fencelog::model::TERMINAL_LEASES_RETAINED);
+    assert!(!p.leases.contains_key(&1) && p.leases.contains_key(&(n + 1)));
+}

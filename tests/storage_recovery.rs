@@ -410,3 +410,25 @@ fn tailer_reads_big_segments_in_chunks_and_reports_corruption_past_the_first() {
     assert_eq!(err.code(), "CORRUPTION", "{err}");
     assert!(count > 4_000 && count < 7_000, "records before the damage were delivered: {count}");
 }
+
+/// Proves: a request queue of depth 1 applies back-pressure (callers wait) without
+/// losing or reordering anything; a depth of 0 is refused as an invalid option.
+#[test]
+fn a_tiny_request_queue_applies_back_pressure_without_loss() {
+    let d = tempfile::tempdir().unwrap();
+    let bad = Log::open(d.path(), LogOptions { queue_depth_max: 0, ..LogOptions::default() }).err().unwrap();
+    assert_eq!(bad.code(), "INVALID_OPTION");
+    let log = Log::open(d.path(), LogOptions { queue_depth_max: 1, ..LogOptions::default() }).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..16 {
+            let log = &log;
+            s.spawn(move || {
+                for i in 0..20 {
+                    log.append(format!("{t}-{i}").as_bytes()).unwrap();
+                }
+            });
+        }
+    });
+    log.close().unwrap();
+    assert_eq!(records(d.path()).len(), 16 * 20);
+}

@@ -11,7 +11,7 @@ mod types;
 pub use codec::{CodecError, decode_txn, encode_txn};
 pub use projection::{
     Checked, Lease, LeaseState, Outcome, Owner, Projection, REQUESTS_RETAINED, RequestEntry, Resource, Subject,
-    TenureEnd, TenureEndHow,
+    TERMINAL_LEASES_RETAINED, TenureEnd, TenureEndHow,
 };
 pub use refusal::{Blocker, Refusal};
 pub use types::*;

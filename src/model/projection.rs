@@ -229,8 +229,10 @@ pub struct Projection {
     pub requests: BTreeMap<String, RequestEntry>,
     /// Request ids by commit sequence, for bounded retention.
     request_order: BTreeMap<u64, String>,
-    /// Terminal leases by the sequence that ended them, for bounded retention.
+    /// Terminal leases by the sequence that ended them, for bounded retention, and
+    /// how many there are (kept, not recounted: ending a lease must stay O(log n)).
     terminal_leases: BTreeMap<u64, Vec<u64>>,
+    terminal_lease_count: usize,
     /// Committed records that no longer validate on replay (should stay 0).
     pub anomalies: u64,
     /// Committed records whose payload did not decode.
@@ -661,8 +663,10 @@ impl Projection {
             r.live.remove(&id);
         }
         self.terminal_leases.entry(seq).or_default().push(id);
-        while self.terminal_leases.values().map(Vec::len).sum::<usize>() > TERMINAL_LEASES_RETAINED {
+        self.terminal_lease_count += 1;
+        while self.terminal_lease_count > TERMINAL_LEASES_RETAINED {
             let (_, ids) = self.terminal_leases.pop_first().expect("non-empty");
+            self.terminal_lease_count -= ids.len();
             for id in ids {
                 self.leases.remove(&id);
             }

@@ -510,7 +510,7 @@ fn inspector_and_audit_write_nothing_even_on_a_read_only_directory() {
 fn follow_sees_every_record_another_process_appends_in_order() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_str().unwrap().to_owned();
-    let sleeper = Command::new("sleep").arg("120").spawn().unwrap();
+    let mut sleeper = Command::new("sleep").arg("120").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let pid = sleeper.id().to_string();
     // The log exists before follow starts.
     assert_eq!(
@@ -554,7 +554,9 @@ fn follow_sees_every_record_another_process_appends_in_order() {
     assert_eq!(seqs, (1..=25).collect::<Vec<u64>>());
     let subjects: Vec<String> = lines.iter().map(|v| v["subjects"][0].as_str().unwrap().to_owned()).collect();
     assert_eq!(subjects, (0..25).map(|i| format!("f/{i}")).collect::<Vec<_>>());
-    drop(sleeper);
+    // Dropping a Child does not end it: kill and reap the owner process.
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
 }
 
 /// Proves: dump's filters select by sequence range, subject, kind and time.

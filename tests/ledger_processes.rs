@@ -32,7 +32,7 @@ fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
 struct Sleeper(Child);
 impl Sleeper {
     fn new() -> Sleeper {
-        Sleeper(Command::new("sleep").arg("600").spawn().unwrap())
+        Sleeper(Command::new("sleep").arg("600").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
     }
     fn pid(&self) -> String {
         self.0.id().to_string()

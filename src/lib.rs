@@ -2,7 +2,11 @@
 //! log. Layers, each a module, depending only downwards:
 //!
 //! - [`format`]: the bytes (pure);
-//! - [`storage`]: segment files, locking, group commit, recovery, readers.
+//! - [`storage`]: segment files, locking, group commit, recovery, readers;
+//! - [`model`]: the ownership state machine and its projection (pure);
+//! - [`ledger`]: the embedded API (open = recover + snapshot + replay; submit);
+//! - services: [`inspect`] (offline inspector) and [`audit`] (forensic audit), both
+//!   read-only; the `fencelog` binary wires them to the command line.
 //!
 //! ```
 //! use fencelog::storage::{Log, LogOptions, verify_dir};

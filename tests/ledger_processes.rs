@@ -352,6 +352,27 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     assert_eq!(r.snapshot_seq, None);
     assert!(!r.snapshot_warnings.is_empty() && r.snapshot_warnings[0].contains("checksum"), "{r:?}");
     assert_eq!(l.projection().last_seq, 57);
+    drop(l);
+    // A checksum-valid snapshot of another history (another log's chain head) is
+    // ignored too, with the reason named.
+    let other = tempfile::tempdir().unwrap();
+    let o = Ledger::open(other.path(), LedgerOptions::default()).unwrap();
+    for i in 0..60 {
+        o.submit(None, claim_txn(format!("other/{i}"))).unwrap();
+    }
+    o.close().unwrap();
+    for e in std::fs::read_dir(&snap_dir).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    for e in std::fs::read_dir(other.path().join("snapshots")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), snap_dir.join(e.file_name())).unwrap();
+    }
+    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let r = l.open_report();
+    assert_eq!(r.snapshot_seq, None);
+    assert!(r.snapshot_warnings.iter().any(|w| w.contains("does not hold the snapshot's sequence")), "{r:?}");
+    assert_eq!(l.projection().last_seq, 57);
 }
 
 /// Proves: `request show` stays truthful for request ids the projection no longer

@@ -320,6 +320,9 @@ fn main() -> ExitCode {
         Ok(ok) => ok,
         Err(Fail::Usage(code, message)) => (json!({"error": {"code": code, "message": message}}), 2),
         Err(Fail::Ledger(LedgerError::Refused(r))) => (json!({"error": r, "message": r.to_string()}), 3),
+        Err(Fail::Ledger(e @ LedgerError::SnapshotNotInLog(_))) => {
+            (json!({"error": {"code": e.code(), "message": e.to_string()}}), 1)
+        }
         Err(Fail::Ledger(LedgerError::Storage(e))) | Err(Fail::Storage(e)) => {
             let code = if matches!(e, fencelog::storage::Error::NotALogDirectory { .. }) { 2 } else { 1 };
             (json!({"error": {"code": e.code(), "message": e.to_string()}}), code)

@@ -61,6 +61,8 @@ pub enum LedgerError {
     Refused(Refusal),
     #[error(transparent)]
     Storage(#[from] storage::Error),
+    #[error("the log does not hold the snapshot's {0}")]
+    SnapshotNotInLog(String),
 }
 
 impl LedgerError {
@@ -68,6 +70,7 @@ impl LedgerError {
         match self {
             LedgerError::Refused(r) => r.code(),
             LedgerError::Storage(e) => e.code().into(),
+            LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG".into(),
         }
     }
 }
@@ -211,13 +214,7 @@ impl Ledger {
             *head = r.link;
         })?;
         if mismatch.is_some() || !head_checked {
-            return Err(storage::Error::Corruption {
-                segment: PathBuf::new(),
-                offset: 0,
-                seq: expect_head.0,
-                detail: format!("the log does not hold {}", snapshot::describe(expect_head.0, &expect_head.1)),
-            }
-            .into());
+            return Err(LedgerError::SnapshotNotInLog(snapshot::describe(expect_head.0, &expect_head.1)));
         }
         *since_snapshot += applied;
         Ok(())

@@ -136,3 +136,27 @@ fn sixty_four_threads_share_group_commits_with_dense_sequences() {
     assert_eq!(sorted.iter().map(|a| a.0).collect::<Vec<_>>(), (1..=64 * 40).collect::<Vec<u64>>());
     assert_eq!(records(d.path()), sorted);
 }
+
+/// Proves: processes that open one fresh, empty directory at the same moment all
+/// succeed (none mistakes the first segment another process is creating for a
+/// foreign file), one segment chain results, and every append lands (40 rounds of 8).
+#[test]
+fn eight_processes_creating_one_fresh_log_at_once_all_succeed() {
+    let root = tempfile::tempdir().unwrap();
+    for round in 0..40 {
+        let dir = root.path().join(format!("fresh-{round}"));
+        std::fs::create_dir(&dir).unwrap();
+        let children: Vec<Child> = (0..8).map(|p| spawn(&dir, &format!("p{p}"), 1, 1, 1 << 20)).collect();
+        let mut acked = 0;
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
+            acked += acks(&out.stdout).len();
+        }
+        assert_eq!(acked, 8, "round {round}");
+        let seqs: Vec<u64> = records(&dir).iter().map(|r| r.0).collect();
+        assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "round {round}");
+        let s = verify_dir(&dir, LogOptions::default().body_max()).unwrap();
+        assert!(s.is_intact() && s.segments == 1, "round {round}: {s:?}");
+    }
+}

@@ -26,18 +26,40 @@ pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         let entry = entry.map_err(Error::io("list", dir))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let Some(stem) = name.strip_suffix(SEGMENT_SUFFIX) else {
-            continue;
-        };
-        if stem.len() == 20
-            && stem.bytes().all(|b| b.is_ascii_digit())
-            && let Ok(seq) = stem.parse::<u64>()
-        {
+        if let Some(seq) = segment_seq(name) {
             out.push((seq, entry.path()));
         }
     }
     out.sort();
     Ok(out)
+}
+
+/// In a directory holding no segment, the first entry that does not belong to a log
+/// (anything but the lock, the snapshot folder and evidence files); `None` if it
+/// holds a segment or only log entries.
+///
+/// One listing pass decides: another process may create the first segment while
+/// this one looks, and a second pass would then mistake that segment for a foreign
+/// file.
+pub fn foreign_entry(dir: &Path) -> Result<Option<String>> {
+    let mut foreign = None;
+    for entry in fs::read_dir(dir).map_err(Error::io("list", dir))? {
+        let entry = entry.map_err(Error::io("list", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if segment_seq(&name).is_some() {
+            return Ok(None);
+        }
+        if foreign.is_none() && name != LOCK_FILE && name != SNAPSHOT_DIR && !name.contains(EVIDENCE_INFIX) {
+            foreign = Some(name);
+        }
+    }
+    Ok(foreign)
+}
+
+/// The first sequence named by a segment file name (`<20 digits>.seg`).
+fn segment_seq(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
+    if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) { stem.parse().ok() } else { None }
 }
 
 /// Make the directory durable: needed after creating, renaming or removing a file.

@@ -300,21 +300,12 @@ fn prepare_dir(dir: &Path, create: bool) -> Result<()> {
         super::dir::sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
     } else if !dir.is_dir() {
         return Err(Error::NotALogDirectory { path: dir.into(), detail: "it is not a directory".into() });
-    } else if super::dir::list_segments(dir)?.is_empty() {
+    } else if let Some(name) = super::dir::foreign_entry(dir)? {
         // Refuse to turn an unrelated, non-empty directory into a log.
-        let foreign = fs::read_dir(dir)
-            .map_err(Error::io("list", dir))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| {
-                n != super::dir::LOCK_FILE && n != super::dir::SNAPSHOT_DIR && !n.contains(super::dir::EVIDENCE_INFIX)
-            });
-        if let Some(name) = foreign {
-            return Err(Error::NotALogDirectory {
-                path: dir.into(),
-                detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
-            });
-        }
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
+        });
     }
     create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))
 }

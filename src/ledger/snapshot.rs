@@ -17,6 +17,8 @@ const HEADER_BYTES: usize = 8 + 8 + 32 + 8 + 4;
 pub const SNAPSHOTS_KEPT: usize = 2;
 /// Largest snapshot body read back (bounds memory on a corrupt length).
 const SNAPSHOT_BYTES_MAX: u64 = 4 << 30;
+/// A temp file older than this was left by a writer that crashed mid-snapshot.
+const TEMP_ABANDONED_AFTER_MS: u64 = 10 * 60 * 1000;
 
 pub struct Loaded {
     pub seq: u64,
@@ -41,13 +43,16 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, p: &Projection) -> Result<P
     bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
     bytes.extend_from_slice(&body);
     let path = sdir.join(format!("{seq:020}.snap"));
-    let tmp = sdir.join(format!(".{seq:020}.snap.tmp"));
+    // Processes sharing the directory may snapshot the same sequence at once: each
+    // writes its own temp file, and the renames replace one identical file by another.
+    static TEMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = TEMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = sdir.join(format!(".{seq:020}.snap.{}-{n}{TEMP_SUFFIX}", std::process::id()));
     {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)
             .map_err(io("create snapshot", &tmp))?;
@@ -56,10 +61,27 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, p: &Projection) -> Result<P
     }
     fs::rename(&tmp, &path).map_err(io("rename snapshot", &path))?;
     fs::File::open(&sdir).and_then(|d| d.sync_all()).map_err(io("fsync directory", &sdir))?;
+    // Pruning is best effort: another process may have pruned the same files.
     for old in list(&sdir).into_iter().rev().skip(SNAPSHOTS_KEPT) {
         let _ = fs::remove_file(old.1);
     }
+    remove_abandoned_temps(&sdir);
     Ok(path)
+}
+
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// Remove temp files left by crashed snapshot writers (old enough that no live
+/// writer can still be filling them).
+fn remove_abandoned_temps(sdir: &Path) {
+    let abandoned = std::time::Duration::from_millis(TEMP_ABANDONED_AFTER_MS);
+    for e in fs::read_dir(sdir).into_iter().flatten().filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let old = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) && old.is_some_and(|age| age > abandoned) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 fn list(sdir: &Path) -> Vec<(u64, PathBuf)> {

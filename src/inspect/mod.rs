@@ -71,15 +71,45 @@ impl Drop for Progress {
 
 /// Exit code of `verify`: 0 intact, 1 damaged.
 pub fn verify(dir: &Path) -> Result<(ReadSummary, u8), Error> {
-    let mut progress = Progress::new(dir, "verify");
-    let s = scan_dir(dir, 1, body_max(), |item| {
-        if let ScanItem::Record { segment, offset, .. } = item {
-            progress.at(segment, offset);
+    verify_with(dir, || {})
+}
+
+/// How many times `verify` reads a log again when it ends in a torn tail while it
+/// grows (an append in progress on a live log, not damage).
+pub const VERIFY_LIVE_REREADS_MAX: u32 = 3;
+
+/// `verify`, calling `after_read` after each read of the log (a seam for tests).
+///
+/// On a live log, the last frame may be an append in progress and look like a torn
+/// tail. A torn tail therefore stands only if the segments hold exactly the bytes
+/// that were read; if the log changed meanwhile, it is read again (at most
+/// `VERIFY_LIVE_REREADS_MAX` times, then the last reading is reported as it is).
+/// Corruption is reported at once: an append never makes earlier bytes valid.
+fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary, u8), Error> {
+    let mut rereads = 0;
+    loop {
+        let mut progress = Progress::new(dir, "verify");
+        let s = scan_dir(dir, 1, body_max(), |item| {
+            if let ScanItem::Record { segment, offset, .. } = item {
+                progress.at(segment, offset);
+            }
+            true
+        })?;
+        drop(progress);
+        after_read();
+        let settled = s.is_intact() || s.has_corruption() || rereads == VERIFY_LIVE_REREADS_MAX;
+        if settled || segment_bytes(dir)? == s.bytes {
+            let code = if s.is_intact() { 0 } else { 1 };
+            return Ok((s, code));
         }
-        true
-    })?;
-    let code = if s.is_intact() { 0 } else { 1 };
-    Ok((s, code))
+        rereads += 1;
+        tracing::info!(dir = %dir.display(), rereads, "the log grew while it was read: reading it again");
+    }
+}
+
+/// Bytes in the segment files now (a segment removed meanwhile counts as 0).
+fn segment_bytes(dir: &Path) -> Result<u64, Error> {
+    Ok(list_segments(dir)?.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum())
 }
 
 fn problem_json(p: &Problem) -> Value {
@@ -460,5 +490,72 @@ pub fn follow(
             return Ok(printed);
         }
         std::thread::sleep(Duration::from_millis(poll_ms));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Log;
+
+    /// A log whose last frame is cut in half; returns the cut-off bytes.
+    fn log_with_half_a_last_frame(dir: &Path) -> Vec<u8> {
+        let log = Log::open(dir, LogOptions::default()).unwrap();
+        for i in 0..5 {
+            log.append(format!("record {i}").as_bytes()).unwrap();
+        }
+        log.close().unwrap();
+        let (_, seg) = list_segments(dir).unwrap().pop().unwrap();
+        let bytes = std::fs::read(&seg).unwrap();
+        let frame = frame_bytes(b"record 4".len());
+        let cut = bytes.len() - frame / 2;
+        std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(cut as u64).unwrap();
+        bytes[cut..].to_vec()
+    }
+
+    #[test]
+    fn an_append_completing_while_verify_reads_is_not_reported_as_a_torn_tail() {
+        let d = tempfile::tempdir().unwrap();
+        let rest = log_with_half_a_last_frame(d.path());
+        let (_, seg) = list_segments(d.path()).unwrap().pop().unwrap();
+        let mut reads = 0;
+        let (s, code) = verify_with(d.path(), || {
+            reads += 1;
+            if reads == 1 {
+                // The "writer" finishes its append after the first read.
+                use std::io::Write;
+                std::fs::OpenOptions::new().append(true).open(&seg).unwrap().write_all(&rest).unwrap();
+            }
+        })
+        .unwrap();
+        assert_eq!((code, s.records, reads), (0, 5, 2), "{s:?}");
+        assert!(s.is_intact());
+    }
+
+    #[test]
+    fn a_torn_tail_on_a_log_that_does_not_move_is_reported_after_one_read() {
+        let d = tempfile::tempdir().unwrap();
+        log_with_half_a_last_frame(d.path());
+        let mut reads = 0;
+        let (s, code) = verify_with(d.path(), || reads += 1).unwrap();
+        assert_eq!((code, s.records, reads), (1, 4, 1), "{s:?}");
+        assert!(!s.has_corruption() && s.problems[0].torn_tail, "{s:?}");
+    }
+
+    #[test]
+    fn a_log_that_keeps_changing_is_read_a_bounded_number_of_times() {
+        let d = tempfile::tempdir().unwrap();
+        log_with_half_a_last_frame(d.path());
+        let (_, seg) = list_segments(d.path()).unwrap().pop().unwrap();
+        let mut reads = 0;
+        let (s, code) = verify_with(d.path(), || {
+            reads += 1;
+            // Grows by one garbage byte after every read: never settles.
+            use std::io::Write;
+            std::fs::OpenOptions::new().append(true).open(&seg).unwrap().write_all(&[0xAB]).unwrap();
+        })
+        .unwrap();
+        assert_eq!(reads, VERIFY_LIVE_REREADS_MAX + 1);
+        assert_eq!(code, 1, "{s:?}");
     }
 }

@@ -561,7 +561,7 @@ fn state(dir: &Dir, only: Option<String>) -> CmdResult {
         subject_ok(o)?;
     }
     let leases: Vec<_> = if only.is_none() { p.leases.values().collect() } else { vec![] };
-    Ok((json!({"last_seq": p.last_seq, "chain_head": ledger.chain_head(), "subjects": subjects, "leases": leases}), 0))
+    Ok((json!({"last_seq": p.last_seq, "chain_head": ledger.chain_head()?, "subjects": subjects, "leases": leases}), 0))
 }
 
 fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> CmdResult {

@@ -1,9 +1,10 @@
 //! `ledger`: the embedded API. `open` = recover the log, load the newest valid
-//! snapshot, replay the tail. `submit` = take the append lock, catch up with every
+//! snapshot, replay the tail. `submit` = under the append lock, catch up with every
 //! record other processes appended, build and check the transaction against the
-//! up-to-date projection, append it if the head is where the check saw it
-//! (`append_if_head`), sync, apply, release. So a transaction is always validated
-//! against exactly the state it is appended after, across processes. The ledger
+//! up-to-date projection, apply it, append it right after the state it was checked
+//! against (`append_if_head`), sync, answer, release. So a transaction is always
+//! validated against exactly the state it is appended after, across processes.
+//! Threads of one process share syncs (group commit, see [`Ledger::submit`]). The ledger
 //! uses only lock / read-from-sequence / append-if-head / sync, the narrow interface
 //! a replicated backend can implement.
 //!
@@ -29,7 +30,7 @@ pub mod snapshot;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use serde::Serialize;
 
@@ -109,7 +110,40 @@ struct Inner {
     /// Coalescing of fenced attempts by subject.
     fenced: HashMap<String, FencedWindow>,
     snapshot_thread: Option<std::thread::JoinHandle<()>>,
+    /// The group commit (see `Ledger::submit`).
+    phase: Phase,
+    /// Records of transactions checked and applied to `projection`, not yet handed
+    /// to storage, in sequence order.
+    queued: Vec<Vec<u8>>,
+    /// Everything up to this sequence is synced. `projection` runs ahead of it only
+    /// while a group is being committed.
+    durable_seq: u64,
+    /// Threads waiting for a view with nothing in flight; while any wait, arrivals do
+    /// not join the open group, so the flusher drains and the wait is bounded.
+    readers_waiting: usize,
+    /// A group failed to become durable: the projection may hold transactions the
+    /// log lacks. Every call fails with this cause until the ledger is reopened.
+    poisoned: Option<String>,
 }
+
+/// Where the ledger's group commit stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// No thread of this ledger holds the append lock.
+    Idle,
+    /// A thread is taking the append lock and catching up; arrivals wait.
+    Starting,
+    /// The flusher holds the append lock and the projection is caught up: arrivals
+    /// check their transactions against it and queue them for its next sync.
+    Open,
+    /// The flusher has held the append lock for `GROUPS_PER_LOCK_MAX` groups: it
+    /// syncs what is queued and releases the lock, so other processes get their
+    /// turn; arrivals wait and then compete for the lock anew.
+    Closing,
+}
+
+/// Commit groups one flusher writes before it lets go of the append lock.
+pub const GROUPS_PER_LOCK_MAX: u32 = 8;
 
 /// Refused stale writes on one subject, since the last audit record written.
 struct FencedWindow {
@@ -127,6 +161,9 @@ pub struct Ledger {
     opts: LedgerOptions,
     log: Log,
     inner: Mutex<Inner>,
+    /// Signalled whenever `Inner::phase`, `durable_seq`, `poisoned` or
+    /// `readers_waiting` changes.
+    changed: Condvar,
     report: LedgerOpenReport,
 }
 
@@ -155,6 +192,11 @@ impl Ledger {
             since_snapshot: 0,
             fenced: HashMap::new(),
             snapshot_thread: None,
+            phase: Phase::Idle,
+            queued: Vec::new(),
+            durable_seq: 0,
+            readers_waiting: 0,
+            poisoned: None,
         };
         let mut inner = fresh(1);
         let mut snapshot_seq = None;
@@ -182,13 +224,13 @@ impl Ledger {
             snapshot_warnings: warnings,
             replayed_records: inner.projection.last_seq - snapshot_seq.unwrap_or(0),
         };
-        Ok(Ledger { dir, opts, log, inner: Mutex::new(inner), report })
+        Ok(Ledger { dir, opts, log, inner: Mutex::new(inner), changed: Condvar::new(), report })
     }
 
     /// Apply every record after the projection's last sequence. A snapshot's own
     /// record is re-read to prove the log still holds the snapshot's chain head.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
-        let Inner { tailer, projection, head, since_snapshot, .. } = inner;
+        let Inner { tailer, projection, head, since_snapshot, durable_seq, .. } = inner;
         let expect_head = (projection.last_seq, *head);
         let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
         let mut mismatch = None;
@@ -217,6 +259,7 @@ impl Ledger {
             return Err(LedgerError::SnapshotNotInLog(snapshot::describe(expect_head.0, &expect_head.1)));
         }
         *since_snapshot += applied;
+        *durable_seq = projection.last_seq;
         Ok(())
     }
 
@@ -232,68 +275,258 @@ impl Ledger {
         self.log.writer_id()
     }
 
-    /// A copy of the projection as of the last catch-up.
+    /// What storage did: records appended and syncs made through this ledger's log
+    /// (transactions committed together share one sync).
+    pub fn commit_stats(&self) -> (u64, u64) {
+        self.log.commit_stats()
+    }
+
+    /// A copy of the projection, caught up and without transactions still being
+    /// synced (it waits for them).
     pub fn projection(&self) -> Projection {
-        self.inner.lock().expect("ledger").projection.clone()
+        match self.settled() {
+            Ok(inner) => inner.projection.clone(),
+            // Poisoned: the projection may hold transactions the log lacks; it is
+            // returned as it is, for diagnosis (every mutation now fails).
+            Err(_) => self.inner.lock().expect("ledger").projection.clone(),
+        }
     }
 
     /// Catch up with other writers, then return the projection.
     pub fn refresh(&self) -> Result<Projection, LedgerError> {
-        let mut inner = self.inner.lock().expect("ledger");
+        let mut inner = self.settled()?;
         Self::catch_up(&mut inner)?;
         Ok(inner.projection.clone())
     }
 
+    /// The ledger with no transaction between check and sync: waits while any is in
+    /// flight (meanwhile new arrivals do not join the open group, so this is bounded
+    /// by the groups already formed).
+    fn settled(&self) -> Result<MutexGuard<'_, Inner>, LedgerError> {
+        let mut inner = self.inner.lock().expect("ledger");
+        inner.readers_waiting += 1;
+        while inner.durable_seq < inner.projection.last_seq && inner.poisoned.is_none() {
+            inner = self.changed.wait(inner).expect("ledger");
+        }
+        inner.readers_waiting -= 1;
+        self.changed.notify_all();
+        Self::poison_check(&inner)?;
+        Ok(inner)
+    }
+
+    fn poison_check(inner: &Inner) -> Result<(), LedgerError> {
+        match &inner.poisoned {
+            Some(cause) => Err(LedgerError::Storage(storage::Error::Poisoned { cause: cause.clone() })),
+            None => Ok(()),
+        }
+    }
+
     /// Build a transaction against the up-to-date projection (`build(projection,
-    /// now_ms, writer)`), check it, append it and sync, all while holding the append
-    /// lock, so no other writer can move the state in between. `request` makes it
+    /// now_ms, writer)`), check it, append it and sync; `request` makes it
     /// idempotent: (id, intent digest).
+    ///
+    /// **Group commit.** Threads of one process submitting at once share syncs. The
+    /// first takes the append lock (so no other process can move the state), catches
+    /// up, and becomes the *flusher*: it hands queued records to storage, one sync per
+    /// group, until none are left (or, after `GROUPS_PER_LOCK_MAX` groups, until the
+    /// ones already queued are synced, so other processes get the lock), then
+    /// releases the lock. Meanwhile arriving threads
+    /// build and check their transactions against the projection *including the ones
+    /// still being synced* (they will precede them in the log), apply them, queue
+    /// their records and wait. Every answer — success, deduplication, refusal — is
+    /// returned only once all the state it was judged on is durable; if a sync fails,
+    /// the waiting transactions fail too and the ledger is poisoned until reopened.
     pub fn submit(
         &self,
         request: Option<(String, [u8; 32])>,
         build: impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
-        let mut guard = self.inner.lock().expect("ledger");
-        let inner = &mut *guard;
-        self.log.with_lock(|l| {
-            Self::catch_up(inner)?;
-            let now_ms = self.opts.log.now_ms();
-            let mut txn = build(&inner.projection, now_ms, self.writer_id()).map_err(LedgerError::Refused)?;
-            txn.request = request.map(|(id, digest)| RequestTag { id, digest });
-            let head = inner.projection.last_seq;
-            match inner.projection.check(head + 1, &txn) {
-                Ok(Checked::Deduplicated(e)) => {
-                    return Ok(Committed { seq: Some(e.seq), outcomes: e.outcomes, deduplicated: true });
+        self.commit_with(|ledger, inner| ledger.check_and_queue(inner, request, build))
+    }
+
+    /// Run `act` on a caught-up projection within a commit group; `act` returns its
+    /// answer and the last sequence that answer depends on (it is returned once that
+    /// sequence is durable).
+    fn commit_with<T>(
+        &self,
+        act: impl FnOnce(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
+    ) -> Result<T, LedgerError> {
+        let mut inner = self.inner.lock().expect("ledger");
+        loop {
+            Self::poison_check(&inner)?;
+            let readers = inner.readers_waiting > 0;
+            match inner.phase {
+                Phase::Open if !readers => {
+                    let (answer, covers) = act(self, &mut inner);
+                    return self.await_durable(inner, covers, answer);
                 }
-                Ok(Checked::Valid { outcomes, writes: false }) => {
-                    return Ok(Committed { seq: None, outcomes, deduplicated: false });
+                Phase::Idle if !readers => {
+                    inner.phase = Phase::Starting;
+                    drop(inner);
+                    return self.lead(act);
                 }
-                Ok(Checked::Valid { .. }) => {}
-                Err(r) => {
-                    if let Refusal::Fenced { subject, presented, current } = &r
-                        && let Some(op) = txn.events.iter().find(|e| e.subject() == Some(subject)).map(Event::kind)
-                    {
-                        self.audit_fenced(l, inner, subject, op, *presented, *current, now_ms)?;
+                _ => inner = self.changed.wait(inner).expect("ledger"),
+            }
+        }
+    }
+
+    /// Become the flusher: take the append lock, catch up, open the group, run this
+    /// thread's own `act`, and drain.
+    fn lead<T>(&self, act: impl FnOnce(&Self, &mut Inner) -> (Result<T, LedgerError>, u64)) -> Result<T, LedgerError> {
+        let (mut own, mut opened) = (None, false);
+        let locked = self.log.with_lock(|l| -> Result<(), LedgerError> {
+            let mut inner = self.inner.lock().expect("ledger");
+            Self::catch_up(&mut inner)?;
+            inner.phase = Phase::Open;
+            opened = true;
+            self.changed.notify_all();
+            own = Some(act(self, &mut inner));
+            self.drain(l, inner)
+        });
+        let mut inner = self.inner.lock().expect("ledger");
+        if !opened {
+            // The lock was not taken or the catch-up failed: the phase is still this
+            // thread's `Starting`. (Once open, `drain` alone ends the phase: by now
+            // another thread may have started the next one.)
+            inner.phase = Phase::Idle;
+            self.changed.notify_all();
+        }
+        match (locked, own) {
+            (Err(e), _) => Err(e.into()),
+            (Ok(Err(e)), _) => Err(e),
+            (Ok(Ok(())), Some((answer, covers))) => self.await_durable(inner, covers, answer),
+            (Ok(Ok(())), None) => unreachable!("the flusher ran its own act"),
+        }
+    }
+
+    /// Hand queued records to storage, one sync per group, until none are left. The
+    /// caller holds the append lock throughout; the ledger mutex is released during
+    /// each write and sync so that other threads can queue the next group.
+    fn drain<'a>(&'a self, l: &mut storage::Locked<'_>, mut inner: MutexGuard<'a, Inner>) -> Result<(), LedgerError> {
+        let (records_max, bytes_max) = (self.opts.log.batch_records_max, self.opts.log.batch_bytes_max);
+        let mut groups = 0;
+        loop {
+            // Only the flusher ends its phase (another thread could otherwise start a
+            // second flusher while this one still holds the lock).
+            debug_assert!(matches!(inner.phase, Phase::Open | Phase::Closing), "flusher in phase {:?}", inner.phase);
+            if inner.queued.is_empty() {
+                inner.phase = Phase::Idle;
+                self.maybe_snapshot(&mut inner);
+                self.changed.notify_all();
+                return Ok(());
+            }
+            let (mut n, mut bytes) = (0, 0);
+            for r in &inner.queued {
+                if n > 0 && (n == records_max || bytes + r.len() > bytes_max) {
+                    break;
+                }
+                (n, bytes) = (n + 1, bytes + r.len());
+            }
+            let group: Vec<Vec<u8>> = inner.queued.drain(..n).collect();
+            let expect = inner.durable_seq;
+            drop(inner);
+            let appended = l.append_if_head(expect, group);
+            inner = self.inner.lock().expect("ledger");
+            match appended {
+                Ok(a) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
+                    inner.durable_seq = a.last_seq;
+                    inner.head = a.chain_head;
+                    groups += 1;
+                    if groups >= GROUPS_PER_LOCK_MAX && inner.phase == Phase::Open {
+                        inner.phase = Phase::Closing;
                     }
-                    return Err(LedgerError::Refused(r));
+                    self.changed.notify_all();
+                }
+                result => {
+                    let cause = match result {
+                        Ok(a) => format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::error!(%cause, "a commit group did not become durable; the ledger is poisoned");
+                    inner.poisoned = Some(cause.clone());
+                    inner.queued.clear();
+                    inner.phase = Phase::Idle;
+                    self.changed.notify_all();
+                    return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
                 }
             }
-            let a = l.append_if_head(head, vec![encode_txn(&txn)])?;
-            let outcomes = inner.projection.apply(a.first_seq, &txn).map_err(LedgerError::Refused)?;
-            inner.head = a.chain_head;
-            inner.since_snapshot += 1;
-            self.maybe_snapshot(inner);
-            Ok(Committed { seq: Some(a.first_seq), outcomes, deduplicated: false })
-        })?
+        }
+    }
+
+    /// Wait until everything up to `covers` is durable, then give `answer`.
+    fn await_durable<T>(
+        &self,
+        mut inner: MutexGuard<'_, Inner>,
+        covers: u64,
+        answer: Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        while inner.durable_seq < covers {
+            Self::poison_check(&inner)?;
+            inner = self.changed.wait(inner).expect("ledger");
+        }
+        answer
+    }
+
+    /// Build, check and (if it writes) apply and queue one transaction. Returns the
+    /// answer and the last sequence it depends on.
+    fn check_and_queue(
+        &self,
+        inner: &mut Inner,
+        request: Option<(String, [u8; 32])>,
+        build: impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+    ) -> (Result<Committed, LedgerError>, u64) {
+        let now_ms = self.opts.log.now_ms();
+        let seen = inner.projection.last_seq;
+        let mut txn = match build(&inner.projection, now_ms, self.writer_id()) {
+            Ok(t) => t,
+            Err(r) => return (Err(LedgerError::Refused(r)), seen),
+        };
+        txn.request = request.map(|(id, digest)| RequestTag { id, digest });
+        match inner.projection.check(seen + 1, &txn) {
+            Ok(Checked::Deduplicated(e)) => {
+                (Ok(Committed { seq: Some(e.seq), outcomes: e.outcomes, deduplicated: true }), seen)
+            }
+            Ok(Checked::Valid { outcomes, writes: false }) => {
+                (Ok(Committed { seq: None, outcomes, deduplicated: false }), seen)
+            }
+            Ok(Checked::Valid { .. }) => match self.queue(inner, &txn) {
+                Ok((seq, outcomes)) => (Ok(Committed { seq: Some(seq), outcomes, deduplicated: false }), seq),
+                Err(e) => (Err(e), seen),
+            },
+            Err(r) => {
+                if let Refusal::Fenced { subject, presented, current } = &r
+                    && let Some(op) = txn.events.iter().find(|e| e.subject() == Some(subject)).map(Event::kind)
+                    && let Err(e) = self.audit_fenced(inner, subject, op, *presented, *current, now_ms)
+                {
+                    return (Err(e), seen);
+                }
+                let covers = inner.projection.last_seq;
+                (Err(LedgerError::Refused(r)), covers)
+            }
+        }
+    }
+
+    /// Apply a checked transaction to the projection and queue its record; returns
+    /// its sequence and outcomes. A record over the limit is refused here, before
+    /// anything changes (storage would refuse the whole group).
+    fn queue(&self, inner: &mut Inner, txn: &Txn) -> Result<(u64, Vec<Outcome>), LedgerError> {
+        let record = encode_txn(txn);
+        let max = u64::from(self.opts.log.payload_bytes_max);
+        if record.len() as u64 > max {
+            return Err(LedgerError::Storage(storage::Error::RecordTooLarge { bytes: record.len() as u64, max }));
+        }
+        let seq = inner.projection.last_seq + 1;
+        let outcomes = inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?;
+        inner.queued.push(record);
+        inner.since_snapshot += 1;
+        Ok((seq, outcomes))
     }
 
     /// Keep a compact audit record of a stale writer's refused attempt: at most one
     /// per subject per window from this writer; repeats within the window are counted
     /// and written with the next record (or on `close`).
-    #[allow(clippy::too_many_arguments)]
     fn audit_fenced(
         &self,
-        l: &mut storage::Locked<'_>,
         inner: &mut Inner,
         subject: &str,
         op: &str,
@@ -321,17 +554,11 @@ impl Ledger {
         if w.last_written_ms != 0 && now_ms.saturating_sub(w.last_written_ms) < self.opts.fenced_audit_window_ms {
             return Ok(());
         }
-        self.write_fenced(l, inner, subject, now_ms)
+        self.write_fenced(inner, subject, now_ms)
     }
 
-    /// Append the `FencedAttempts` record for the attempts pending on `subject`.
-    fn write_fenced(
-        &self,
-        l: &mut storage::Locked<'_>,
-        inner: &mut Inner,
-        subject: &str,
-        now_ms: u64,
-    ) -> Result<(), LedgerError> {
+    /// Queue the `FencedAttempts` record for the attempts pending on `subject`.
+    fn write_fenced(&self, inner: &mut Inner, subject: &str, now_ms: u64) -> Result<(), LedgerError> {
         let w = inner.fenced.get_mut(subject).expect("a window exists for a pending subject");
         let event = Event::FencedAttempts {
             subject: subject.to_owned(),
@@ -346,10 +573,7 @@ impl Ledger {
         w.last_written_ms = now_ms;
         let txn =
             Txn { request: None, time_ms: now_ms, writer: self.writer_id(), conditions: vec![], events: vec![event] };
-        let a = l.append_if_head(inner.projection.last_seq, vec![encode_txn(&txn)])?;
-        let _ = inner.projection.apply(a.first_seq, &txn);
-        inner.head = a.chain_head;
-        Ok(())
+        self.queue(inner, &txn).map(|_| ())
     }
 
     /// "Committed at N" or "never committed": always answerable after the fact.
@@ -394,9 +618,9 @@ impl Ledger {
         }));
     }
 
-    /// Write a snapshot now (also done on `close`).
+    /// Write a snapshot now (also done on `close`). It covers only durable state.
     pub fn snapshot_now(&self) -> Result<PathBuf, LedgerError> {
-        let mut inner = self.inner.lock().expect("ledger");
+        let mut inner = self.settled()?;
         if let Some(t) = inner.snapshot_thread.take() {
             let _ = t.join();
         }
@@ -409,29 +633,28 @@ impl Ledger {
     /// window is always recorded.)
     pub fn close(self) -> Result<(), LedgerError> {
         self.flush_fenced()?;
-        if self.inner.lock().expect("ledger").projection.last_seq > 0 {
+        if self.settled()?.projection.last_seq > 0 {
             self.snapshot_now()?;
         }
         Ok(())
     }
 
     fn flush_fenced(&self) -> Result<(), LedgerError> {
-        let mut guard = self.inner.lock().expect("ledger");
-        let inner = &mut *guard;
-        let pending: Vec<String> = inner.fenced.iter().filter(|(_, f)| f.pending > 0).map(|(s, _)| s.clone()).collect();
-        if pending.is_empty() {
+        if self.inner.lock().expect("ledger").fenced.values().all(|f| f.pending == 0) {
             return Ok(());
         }
-        self.log.with_lock(|l| -> Result<(), LedgerError> {
-            Self::catch_up(inner)?;
-            let now_ms = self.opts.log.now_ms();
-            pending.iter().try_for_each(|subject| self.write_fenced(l, inner, subject, now_ms))
-        })?
+        self.commit_with(|ledger, inner| {
+            let now_ms = ledger.opts.log.now_ms();
+            let pending: Vec<String> =
+                inner.fenced.iter().filter(|(_, f)| f.pending > 0).map(|(s, _)| s.clone()).collect();
+            let written = pending.iter().try_for_each(|subject| ledger.write_fenced(inner, subject, now_ms));
+            (written, inner.projection.last_seq)
+        })
     }
 
     /// The chain head (hex) at the projection's last sequence.
-    pub fn chain_head(&self) -> String {
-        hex(&self.inner.lock().expect("ledger").head)
+    pub fn chain_head(&self) -> Result<String, LedgerError> {
+        Ok(hex(&self.settled()?.head))
     }
 }
 

@@ -1,5 +1,5 @@
 //! Ledger benchmarks: replay rate, boot with a snapshot, peak memory of a replay,
-//! and compare-and-append from 1 and 4 processes.
+//! and compare-and-append from 1 and 4 processes and from 16 threads of one process.
 //!
 //!   cargo bench --bench replay                   # 10 million records
 //!   cargo bench --bench replay -- --quick --json   # 500 thousand, one JSON object
@@ -54,6 +54,8 @@ fn main() {
     eprintln!("compare-and-append, 1 process: {cas1}");
     let cas4 = cas(&cas_dir, 4, ops);
     eprintln!("compare-and-append, 4 processes: {cas4}");
+    let cas_threads = cas_in_threads(&tmp.path().join("cas-threads"), 16, ops);
+    eprintln!("compare-and-append, 16 threads of 1 process: {cas_threads}");
 
     let out = json!({
         "quick": quick,
@@ -64,6 +66,7 @@ fn main() {
         "boot_with_snapshot": boot,
         "cas_1_process": cas1,
         "cas_4_processes": cas4,
+        "cas_16_threads_1_process": cas_threads,
     });
     if as_json {
         println!("{out}");
@@ -198,8 +201,42 @@ fn cas(dir: &Path, n: usize, ops: u64) -> Value {
     })
 }
 
+/// `threads` threads of this process sharing one ledger, each claiming its own
+/// subject then heartbeating `ops` times (the ledger's group commit shares syncs).
+fn cas_in_threads(dir: &Path, threads: usize, ops: u64) -> Value {
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let t = Instant::now();
+    let mut lat: Vec<f64> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                let l = &l;
+                sc.spawn(move || heartbeats(l, &format!("threads/{k}"), ops))
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let secs = t.elapsed().as_secs_f64();
+    let (appended, syncs) = l.commit_stats();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    json!({
+        "threads": threads,
+        "ops_per_thread": ops,
+        "txn_per_s": ((threads as u64 * (ops + 1)) as f64 / secs).round(),
+        "records_per_sync": (appended as f64 / syncs.max(1) as f64 * 10.0).round() / 10.0,
+        "p50_us": lat[lat.len() / 2].round(),
+        "p99_us": lat[lat.len() * 99 / 100].round(),
+    })
+}
+
 fn cas_child(dir: &Path, s: &str, ops: u64) {
     let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let mut lat = heartbeats(&l, s, ops);
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("{}", json!({"p50_us": lat[lat.len() / 2].round(), "p99_us": lat[lat.len() * 99 / 100].round()}));
+}
+
+/// Claim `s`, then heartbeat it `ops` times; the heartbeat latencies in µs.
+fn heartbeats(l: &Ledger, s: &str, ops: u64) -> Vec<f64> {
     let owner = me();
     l.submit(None, |_p, now_ms, writer| {
         Ok(Txn {
@@ -233,6 +270,5 @@ fn cas_child(dir: &Path, s: &str, ops: u64) {
         .unwrap();
         lat.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("{}", json!({"p50_us": lat[lat.len() / 2].round(), "p99_us": lat[lat.len() * 99 / 100].round()}));
+    lat
 }

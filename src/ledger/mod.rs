@@ -281,8 +281,8 @@ impl Ledger {
         self.log.commit_stats()
     }
 
-    /// A copy of the projection, caught up and without transactions still being
-    /// synced (it waits for them).
+    /// A copy of the projection as of the last catch-up (see `refresh`), without
+    /// transactions still being synced (it waits for them).
     pub fn projection(&self) -> Projection {
         match self.settled() {
             Ok(inner) => inner.projection.clone(),

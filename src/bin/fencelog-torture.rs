@@ -4,6 +4,14 @@
 //!
 //! usage: fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]
 //! COUNT 0 means forever.
+//!
+//! usage: fencelog-torture ledger DIR TAG THREADS OPS SUBJECTS
+//! THREADS threads share one ledger (its group commit) and run OPS transactions each
+//! (0: forever) on SUBJECTS shared subjects: claim (over a dead owner with its
+//! evidence), heartbeat, fence rotation, release, and writes with a stale generation
+//! (refused FENCED). Each is tagged with the request id `TAG-thread-op`; the helper
+//! prints `ACK <seq> <request id>` once it is committed (durable) and
+//! `REFUSED <code> <request id>` when refused.
 
 use std::io::Write;
 use std::sync::Mutex;
@@ -12,6 +20,9 @@ use fencelog::storage::{Log, LogOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("ledger") {
+        return ledger(&args[2..]);
+    }
     if args.len() < 4 {
         eprintln!("usage: fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]");
         std::process::exit(2);
@@ -49,6 +60,123 @@ fn main() {
                             std::process::exit(1);
                         }
                     }
+                    i += 1;
+                }
+            });
+        }
+    });
+}
+
+fn ledger(args: &[String]) {
+    use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity, intent_digest};
+    use fencelog::model::{Event, Txn};
+    if args.len() != 5 {
+        eprintln!("usage: fencelog-torture ledger DIR TAG THREADS OPS SUBJECTS");
+        std::process::exit(2);
+    }
+    let (dir, tag) = (&args[0], &args[1]);
+    let [threads, ops, subjects]: [u64; 3] = std::array::from_fn(|i| args[i + 2].parse().expect("a number"));
+    let ledger = match Ledger::open(dir, LedgerOptions::default()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("open failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let out = Mutex::new(std::io::stdout());
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (ledger, out) = (&ledger, &out);
+            s.spawn(move || {
+                let me = identity::probe(std::process::id(), uuid::Uuid::new_v4()).expect("own identity");
+                // xorshift, seeded per process and thread
+                let mut x = (u64::from(std::process::id()) << 20) ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let mut rand = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let (mut i, mut mine) = (0u64, None::<String>);
+                while ops == 0 || i < ops {
+                    // Mostly work on the subject this thread holds; else pick any.
+                    let roll = rand() % 100;
+                    let subject = match &mine {
+                        Some(m) if roll < 70 => m.clone(),
+                        _ => format!("s/{}", rand() % subjects),
+                    };
+                    let roll = rand() % 100;
+                    let (mut kind, mut chosen, holds_one) = ("", subject.clone(), mine.is_some());
+                    let id = format!("{tag}-{t}-{i}");
+                    let result = ledger.submit(Some((id.clone(), intent_digest(&id))), |p, now_ms, writer| {
+                        let current = p.subject(&subject);
+                        let generation = current.map_or(0, |c| c.generation);
+                        let owner = current.and_then(|c| c.owner.as_ref());
+                        let event = match owner {
+                            None => Event::Claim {
+                                subject: subject.clone(),
+                                owner: me.clone(),
+                                stale_after_ms: 60_000,
+                                lock: None,
+                                previous: None,
+                            },
+                            Some(o) if o.identity.instance == me.instance => match roll {
+                                0..60 => Event::Heartbeat { subject: subject.clone(), generation },
+                                60..75 => Event::RotateFence { subject: subject.clone(), generation },
+                                _ => Event::Release { subject: subject.clone(), generation },
+                            },
+                            Some(o) => match identity::death_of(&o.identity) {
+                                Some(reason) => Event::Claim {
+                                    subject: subject.clone(),
+                                    owner: me.clone(),
+                                    stale_after_ms: 60_000,
+                                    lock: None,
+                                    previous: p.dead_owner(&subject, reason),
+                                },
+                                // Held by a live owner: now and then write as a zombie would,
+                                // with a generation that is no longer current; else, holding
+                                // none, claim a free subject if there is one.
+                                None => {
+                                    let free = (0..subjects)
+                                        .map(|k| format!("s/{k}"))
+                                        .find(|k| p.subject(k).is_none_or(|c| c.owner.is_none()));
+                                    match free {
+                                        Some(free) if roll >= 20 && !holds_one => {
+                                            chosen = free.clone();
+                                            Event::Claim {
+                                                subject: free,
+                                                owner: me.clone(),
+                                                stale_after_ms: 60_000,
+                                                lock: None,
+                                                previous: None,
+                                            }
+                                        }
+                                        _ => Event::Heartbeat { subject: subject.clone(), generation: generation - 1 },
+                                    }
+                                }
+                            },
+                        };
+                        kind = event.kind();
+                        Ok(Txn { request: None, time_ms: now_ms, writer, conditions: vec![], events: vec![event] })
+                    });
+                    let line = match result {
+                        Ok(c) => {
+                            match kind {
+                                "claim" => mine = Some(chosen),
+                                "release" => mine = None,
+                                _ => {}
+                            }
+                            format!("ACK {} {id}", c.seq.unwrap_or(0))
+                        }
+                        Err(LedgerError::Refused(r)) => format!("REFUSED {} {id}", r.code()),
+                        Err(e) => {
+                            eprintln!("submit failed: {e}");
+                            std::process::exit(1);
+                        }
+                    };
+                    let mut o = out.lock().unwrap();
+                    writeln!(o, "{line}").unwrap();
+                    o.flush().unwrap();
                     i += 1;
                 }
             });

@@ -357,7 +357,13 @@ impl Ledger {
             let readers = inner.readers_waiting > 0;
             match inner.phase {
                 Phase::Open if !readers => {
-                    let (answer, covers) = act(self, &mut inner);
+                    let (answer, covers) = match self.guarded(&mut inner, act) {
+                        Ok(done) => done,
+                        Err(panic) => {
+                            drop(inner);
+                            std::panic::resume_unwind(panic);
+                        }
+                    };
                     return self.await_durable(inner, covers, answer);
                 }
                 Phase::Idle if !readers => {
@@ -380,9 +386,18 @@ impl Ledger {
             inner.phase = Phase::Open;
             opened = true;
             self.changed.notify_all();
-            own = Some(act(self, &mut inner));
+            own = Some(self.guarded(&mut inner, act));
             self.drain(l, inner)
         });
+        let own = match own {
+            Some(Err(panic)) => {
+                // `drain` found the ledger poisoned and ended the phase; now let the
+                // caller's panic go on.
+                std::panic::resume_unwind(panic);
+            }
+            Some(Ok(done)) => Some(done),
+            None => None,
+        };
         let mut inner = self.inner.lock().expect("ledger");
         if !opened {
             // The lock was not taken or the catch-up failed: the phase is still this
@@ -399,6 +414,22 @@ impl Ledger {
         }
     }
 
+    /// Run `act`, catching a panic (from the caller's `build`, or a bug): the ledger
+    /// cannot know how far the transaction got, so it is poisoned, and every thread
+    /// waiting on this group is woken to an error instead of waiting for ever. The
+    /// caller re-raises the panic once it holds no lock.
+    fn guarded<T>(
+        &self,
+        inner: &mut Inner,
+        act: impl FnOnce(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
+    ) -> Result<(Result<T, LedgerError>, u64), Box<dyn std::any::Any + Send>> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(self, &mut *inner))).inspect_err(|_| {
+            tracing::error!("a transaction panicked while being built or checked; the ledger is poisoned");
+            inner.poisoned.get_or_insert_with(|| "a transaction panicked while being built or checked".into());
+            self.changed.notify_all();
+        })
+    }
+
     /// Hand queued records to storage, one sync per group, until none are left. The
     /// caller holds the append lock throughout; the ledger mutex is released during
     /// each write and sync so that other threads can queue the next group.
@@ -409,6 +440,13 @@ impl Ledger {
             // Only the flusher ends its phase (another thread could otherwise start a
             // second flusher while this one still holds the lock).
             debug_assert!(matches!(inner.phase, Phase::Open | Phase::Closing), "flusher in phase {:?}", inner.phase);
+            if let Some(cause) = inner.poisoned.clone() {
+                // Queued transactions were judged on state that cannot be trusted.
+                inner.queued.clear();
+                inner.phase = Phase::Idle;
+                self.changed.notify_all();
+                return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
+            }
             if inner.queued.is_empty() {
                 inner.phase = Phase::Idle;
                 self.maybe_snapshot(&mut inner);

@@ -34,13 +34,7 @@ fn main() {
     if let Some(s) = args.get(5) {
         opts.segment_bytes_max = s.parse().expect("SEGMENT_BYTES_MAX");
     }
-    let log = match Log::open(dir, opts) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("open failed: {e}");
-            std::process::exit(1);
-        }
-    };
+    let log = opened(Log::open(dir, opts));
     let out = Mutex::new(std::io::stdout());
     std::thread::scope(|s| {
         for t in 0..threads {
@@ -67,6 +61,14 @@ fn main() {
     });
 }
 
+/// The opened log or ledger, or exit 1 saying why.
+fn opened<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| {
+        eprintln!("open failed: {e}");
+        std::process::exit(1)
+    })
+}
+
 fn ledger(args: &[String]) {
     use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity, intent_digest};
     use fencelog::model::{Event, Txn};
@@ -76,13 +78,7 @@ fn ledger(args: &[String]) {
     }
     let (dir, tag) = (&args[0], &args[1]);
     let [threads, ops, subjects]: [u64; 3] = std::array::from_fn(|i| args[i + 2].parse().expect("a number"));
-    let ledger = match Ledger::open(dir, LedgerOptions::default()) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("open failed: {e}");
-            std::process::exit(1);
-        }
-    };
+    let ledger = opened(Ledger::open(dir, LedgerOptions::default()));
     let out = Mutex::new(std::io::stdout());
     std::thread::scope(|s| {
         for t in 0..threads {

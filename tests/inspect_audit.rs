@@ -67,7 +67,12 @@ impl World {
         };
         // A 5 s window: the fixture clock moves 500 ms per reading, and the story should
         // show repeats being coalesced.
-        let opts = LedgerOptions { log, snapshot_every_records: u64::MAX, fenced_audit_window_ms: 5_000 };
+        let opts = LedgerOptions {
+            log,
+            snapshot_every_records: u64::MAX,
+            snapshot_every_bytes: u64::MAX,
+            fenced_audit_window_ms: 5_000,
+        };
         Ledger::open(&self.dir, opts).unwrap()
     }
 

@@ -375,6 +375,28 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     assert_eq!(l.projection().last_seq, 57);
 }
 
+/// Proves: a background snapshot is also triggered by bytes applied, not only by a
+/// record count (and neither fires below its threshold); each counts a record once.
+#[test]
+fn snapshots_are_triggered_by_bytes_as_well_as_by_records() {
+    let run = |every_bytes: u64| {
+        let d = tempfile::tempdir().unwrap();
+        let opts =
+            LedgerOptions { snapshot_every_records: u64::MAX, snapshot_every_bytes: every_bytes, ..Default::default() };
+        let l = Ledger::open(d.path(), opts).unwrap();
+        for i in 0..40 {
+            l.submit(None, claim_txn(format!("bytes/{i}/{}", "x".repeat(200)))).unwrap();
+        }
+        drop(l); // no close: only background snapshots exist
+        let snaps = std::fs::read_dir(d.path().join("snapshots")).unwrap().count();
+        let reopened = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+        (snaps, reopened.open_report().snapshot_seq)
+    };
+    let (snaps, seq) = run(4096);
+    assert!(snaps >= 1 && seq.is_some_and(|s| s < 40), "{snaps} snapshots, newest at {seq:?}");
+    assert_eq!(run(u64::MAX), (0, None), "no trigger, no snapshot");
+}
+
 /// Proves: writers sharing a directory (six independent ledgers, each with its own
 /// files and lock, like six processes) may snapshot the same sequence at the same
 /// moment: every snapshot write succeeds, no temp file is left behind, and the next

@@ -45,6 +45,9 @@ pub struct LedgerOptions {
     pub log: LogOptions,
     /// Write a snapshot after this many records applied since the last one.
     pub snapshot_every_records: u64,
+    /// … or after this many record bytes (payloads) applied since the last one,
+    /// whichever comes first.
+    pub snapshot_every_bytes: u64,
     /// A stale writer's refused attempts on one subject are written at most once per
     /// this window, with a count.
     pub fenced_audit_window_ms: u64,
@@ -52,7 +55,12 @@ pub struct LedgerOptions {
 
 impl Default for LedgerOptions {
     fn default() -> Self {
-        LedgerOptions { log: LogOptions::default(), snapshot_every_records: 10_000, fenced_audit_window_ms: 1_000 }
+        LedgerOptions {
+            log: LogOptions::default(),
+            snapshot_every_records: 10_000,
+            snapshot_every_bytes: 64 << 20,
+            fenced_audit_window_ms: 1_000,
+        }
     }
 }
 
@@ -106,7 +114,8 @@ struct Inner {
     tailer: Tailer,
     projection: Projection,
     head: ChainLink,
-    since_snapshot: u64,
+    /// Records and payload bytes applied since the last snapshot.
+    since_snapshot: (u64, u64),
     /// Coalescing of fenced attempts by subject.
     fenced: HashMap<String, FencedWindow>,
     snapshot_thread: Option<std::thread::JoinHandle<()>>,
@@ -189,7 +198,7 @@ impl Ledger {
             tailer: Tailer::new(&dir, body_max, from),
             projection: Projection::default(),
             head: GENESIS_LINK,
-            since_snapshot: 0,
+            since_snapshot: (0, 0),
             fenced: HashMap::new(),
             snapshot_thread: None,
             phase: Phase::Idle,
@@ -234,7 +243,7 @@ impl Ledger {
         let expect_head = (projection.last_seq, *head);
         let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
         let mut mismatch = None;
-        let applied = tailer.poll(|r| {
+        tailer.poll(|r| {
             if r.seq <= projection.last_seq {
                 if r.seq == expect_head.0 {
                     head_checked = true;
@@ -244,6 +253,8 @@ impl Ledger {
                 }
                 return;
             }
+            since_snapshot.0 += 1;
+            since_snapshot.1 += r.payload.len() as u64;
             match decode_txn(r.payload) {
                 Ok(txn) => {
                     let _ = projection.apply(r.seq, &txn);
@@ -258,7 +269,6 @@ impl Ledger {
         if mismatch.is_some() || !head_checked {
             return Err(LedgerError::SnapshotNotInLog(snapshot::describe(expect_head.0, &expect_head.1)));
         }
-        *since_snapshot += applied;
         *durable_seq = projection.last_seq;
         Ok(())
     }
@@ -555,8 +565,9 @@ impl Ledger {
         }
         let seq = inner.projection.last_seq + 1;
         let outcomes = inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?;
+        inner.since_snapshot.0 += 1;
+        inner.since_snapshot.1 += record.len() as u64;
         inner.queued.push(record);
-        inner.since_snapshot += 1;
         Ok((seq, outcomes))
     }
 
@@ -640,14 +651,15 @@ impl Ledger {
     }
 
     fn maybe_snapshot(&self, inner: &mut Inner) {
-        if inner.since_snapshot < self.opts.snapshot_every_records {
+        let (records, bytes) = inner.since_snapshot;
+        if records < self.opts.snapshot_every_records && bytes < self.opts.snapshot_every_bytes {
             return;
         }
         // One snapshot in flight at a time, written off the append path.
         if let Some(t) = inner.snapshot_thread.take() {
             let _ = t.join();
         }
-        inner.since_snapshot = 0;
+        inner.since_snapshot = (0, 0);
         let (dir, head, p) = (self.dir.clone(), inner.head, inner.projection.clone());
         inner.snapshot_thread = Some(std::thread::spawn(move || {
             if let Err(e) = snapshot::write(&dir, p.last_seq, &head, &p) {
@@ -662,7 +674,7 @@ impl Ledger {
         if let Some(t) = inner.snapshot_thread.take() {
             let _ = t.join();
         }
-        inner.since_snapshot = 0;
+        inner.since_snapshot = (0, 0);
         Ok(snapshot::write(&self.dir, inner.projection.last_seq, &inner.head, &inner.projection)?)
     }
 

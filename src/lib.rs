@@ -1,7 +1,7 @@
 //! fencelog: a durable ownership ledger on an append-only, checksummed, hash-chained
 //! log. Layers, each a module, depending only downwards:
 //!
-//! - [`format`]: the bytes (pure);
+//! - [`format`](mod@format): the bytes (pure);
 //! - [`storage`]: segment files, locking, group commit, recovery, readers;
 //! - [`model`]: the ownership state machine and its projection (pure);
 //! - [`ledger`]: the embedded API (open = recover + snapshot + replay; submit);

@@ -2,10 +2,10 @@
 //! in a loop and prints `ACK <seq> <payload>` on stdout after each acknowledged
 //! (synced) append, so a parent that `kill -9`s it knows exactly what was promised.
 //!
-//! usage: fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]
+//! usage: `fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]`
 //! COUNT 0 means forever.
 //!
-//! usage: fencelog-torture ledger DIR TAG THREADS OPS SUBJECTS
+//! usage: `fencelog-torture ledger DIR TAG THREADS OPS SUBJECTS`
 //! THREADS threads share one ledger (its group commit) and run OPS transactions each
 //! (0: forever) on SUBJECTS shared subjects: claim (over a dead owner with its
 //! evidence), heartbeat, fence rotation, release, and writes with a stale generation

@@ -108,7 +108,7 @@ fn build_log(dir: &Path, records: u64) -> u64 {
         } else {
             Event::Heartbeat { subject: s, generation: *g }
         };
-        let p = encode_txn(&Txn { request: None, time_ms, writer, conditions: vec![], events: vec![event] });
+        let p = encode_txn(&Txn::new(time_ms, writer, vec![event]));
         bytes += fencelog::format::frame_bytes(p.len()) as u64;
         batch.push(p);
         if batch.len() == 4096 {
@@ -128,13 +128,7 @@ fn append_tail(dir: &Path, n: u64) {
         let s = subject(k % SUBJECTS);
         l.submit(None, |p, now_ms, writer| {
             let g = p.subject(&s).unwrap().generation;
-            Ok(Txn {
-                request: None,
-                time_ms: now_ms,
-                writer,
-                conditions: vec![],
-                events: vec![Event::Heartbeat { subject: s.clone(), generation: g }],
-            })
+            Ok(Txn::new(now_ms, writer, vec![Event::Heartbeat { subject: s.clone(), generation: g }]))
         })
         .unwrap();
     }
@@ -239,19 +233,17 @@ fn cas_child(dir: &Path, s: &str, ops: u64) {
 fn heartbeats(l: &Ledger, s: &str, ops: u64) -> Vec<f64> {
     let owner = me();
     l.submit(None, |_p, now_ms, writer| {
-        Ok(Txn {
-            request: None,
-            time_ms: now_ms,
+        Ok(Txn::new(
+            now_ms,
             writer,
-            conditions: vec![],
-            events: vec![Event::Claim {
+            vec![Event::Claim {
                 subject: s.into(),
                 owner: owner.clone(),
                 stale_after_ms: 60_000,
                 lock: None,
                 previous: None,
             }],
-        })
+        ))
     })
     .unwrap();
     let mut lat = Vec::with_capacity(ops as usize);
@@ -259,13 +251,7 @@ fn heartbeats(l: &Ledger, s: &str, ops: u64) -> Vec<f64> {
         let t = Instant::now();
         l.submit(None, |p, now_ms, writer| {
             let g = p.subject(s).unwrap().generation;
-            Ok(Txn {
-                request: None,
-                time_ms: now_ms,
-                writer,
-                conditions: vec![],
-                events: vec![Event::Heartbeat { subject: s.into(), generation: g }],
-            })
+            Ok(Txn::new(now_ms, writer, vec![Event::Heartbeat { subject: s.into(), generation: g }]))
         })
         .unwrap();
         lat.push(t.elapsed().as_secs_f64() * 1e6);

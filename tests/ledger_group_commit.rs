@@ -60,13 +60,11 @@ fn me() -> Identity {
 fn claim(subject: &str, owner: &Identity) -> impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
     let (subject, owner) = (subject.to_owned(), owner.clone());
     move |_p, now_ms, writer| {
-        Ok(Txn {
-            request: None,
-            time_ms: now_ms,
+        Ok(Txn::new(
+            now_ms,
             writer,
-            conditions: vec![],
-            events: vec![Event::Claim { subject, owner, stale_after_ms: 60_000, lock: None, previous: None }],
-        })
+            vec![Event::Claim { subject, owner, stale_after_ms: 60_000, lock: None, previous: None }],
+        ))
     }
 }
 
@@ -74,13 +72,7 @@ fn heartbeat(subject: &str) -> impl FnOnce(&Projection, u64, uuid::Uuid) -> Resu
     let subject = subject.to_owned();
     move |p, now_ms, writer| {
         let generation = p.subject(&subject).expect("claimed").generation;
-        Ok(Txn {
-            request: None,
-            time_ms: now_ms,
-            writer,
-            conditions: vec![],
-            events: vec![Event::Heartbeat { subject, generation }],
-        })
+        Ok(Txn::new(now_ms, writer, vec![Event::Heartbeat { subject, generation }]))
     }
 }
 

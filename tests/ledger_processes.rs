@@ -288,19 +288,17 @@ fn claim_txn(
 ) -> impl Fn(&fencelog::model::Projection, u64, uuid::Uuid) -> Result<Txn, fencelog::model::Refusal> {
     let me = fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap();
     move |_p, now_ms, writer| {
-        Ok(Txn {
-            request: None,
-            time_ms: now_ms,
+        Ok(Txn::new(
+            now_ms,
             writer,
-            conditions: vec![],
-            events: vec![Event::Claim {
+            vec![Event::Claim {
                 subject: subject.clone(),
                 owner: me.clone(),
                 stale_after_ms: 1,
                 lock: None,
                 previous: None,
             }],
-        })
+        ))
     }
 }
 

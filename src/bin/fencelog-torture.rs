@@ -153,7 +153,7 @@ fn ledger(args: &[String]) {
                             },
                         };
                         kind = event.kind();
-                        Ok(Txn { request: None, time_ms: now_ms, writer, conditions: vec![], events: vec![event] })
+                        Ok(Txn::new(now_ms, writer, vec![event]))
                     });
                     let line = match result {
                         Ok(c) => {

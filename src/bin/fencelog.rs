@@ -353,9 +353,7 @@ fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>) -> Result<fencelog::mod
 }
 
 fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
-    move |_p, now_ms, writer| {
-        Ok(Txn { request: None, time_ms: now_ms, writer, conditions: vec![], events: events.clone() })
-    }
+    move |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, events.clone()))
 }
 
 fn tag<T: serde::Serialize>(req: &Req, intent: &T) -> Option<(String, [u8; 32])> {
@@ -398,7 +396,7 @@ fn run(cmd: Cmd) -> CmdResult {
                     lock: lock.clone(),
                     previous,
                 };
-                Ok(Txn { request: None, time_ms: now_ms, writer, conditions: vec![], events: vec![event] })
+                Ok(Txn::new(now_ms, writer, vec![event]))
             })?;
             report(c)
         }

@@ -15,11 +15,9 @@
 //! let ledger = Ledger::open(dir.path(), LedgerOptions::default()).unwrap();
 //! let me = identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap();
 //! let claim = ledger
-//!     .submit(None, |_p, now_ms, writer| Ok(Txn {
-//!         request: None, time_ms: now_ms, writer, conditions: vec![],
-//!         events: vec![Event::Claim { subject: "home/a".into(), owner: me.clone(),
-//!                                     stale_after_ms: 20_000, lock: None, previous: None }],
-//!     }))
+//!     .submit(None, |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![Event::Claim {
+//!         subject: "home/a".into(), owner: me.clone(), stale_after_ms: 20_000, lock: None, previous: None,
+//!     }])))
 //!     .unwrap();
 //! assert_eq!(claim.seq, Some(1));
 //! assert_eq!(ledger.projection().subject("home/a").unwrap().generation, 1);
@@ -620,8 +618,7 @@ impl Ledger {
             last_ms: now_ms,
         };
         w.last_written_ms = now_ms;
-        let txn =
-            Txn { request: None, time_ms: now_ms, writer: self.writer_id(), conditions: vec![], events: vec![event] };
+        let txn = Txn::new(now_ms, self.writer_id(), vec![event]);
         self.queue(inner, &txn).map(|_| ())
     }
 

@@ -186,6 +186,14 @@ pub struct Txn {
     pub events: Vec<Event>,
 }
 
+impl Txn {
+    /// A transaction of `events` with no conditions and no request id (`submit`
+    /// sets the request id from its own argument).
+    pub fn new(time_ms: u64, writer: uuid::Uuid, events: Vec<Event>) -> Txn {
+        Txn { request: None, time_ms, writer, conditions: vec![], events }
+    }
+}
+
 /// Validate a subject name: 1..=256 bytes, no control characters.
 pub fn validate_subject(name: &str) -> Result<(), super::Refusal> {
     if name.is_empty() || name.len() > SUBJECT_BYTES_MAX || name.chars().any(char::is_control) {

@@ -373,6 +373,26 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     assert_eq!(l.projection().last_seq, 57);
 }
 
+/// Proves: a snapshot temp file left by a crashed writer is removed once it is older
+/// than the 10-minute limit, and one a live writer may still be filling is kept.
+#[test]
+fn abandoned_snapshot_temp_files_are_removed_and_fresh_ones_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    l.submit(None, claim_txn("t/1".into())).unwrap();
+    let snaps = d.path().join("snapshots");
+    let (old, fresh) =
+        (snaps.join(".00000000000000000001.snap.99999-0.tmp"), snaps.join(".00000000000000000001.snap.99999-1.tmp"));
+    for p in [&old, &fresh] {
+        std::fs::write(p, b"half a snapshot").unwrap();
+    }
+    let eleven_minutes_ago = std::time::SystemTime::now() - Duration::from_secs(11 * 60);
+    std::fs::File::options().write(true).open(&old).unwrap().set_modified(eleven_minutes_ago).unwrap();
+    l.snapshot_now().unwrap();
+    assert!(!old.exists(), "an abandoned temp file is removed");
+    assert!(fresh.exists(), "a recent temp file may belong to a live writer");
+}
+
 /// Proves: a background snapshot is also triggered by bytes applied, not only by a
 /// record count (and neither fires below its threshold); each counts a record once.
 #[test]

@@ -49,7 +49,7 @@ fn verify_exit_codes_distinguish_damaged_missing_and_usage() {
     assert_eq!(p["torn_tail"], false);
     assert!(p["offset"].as_u64().unwrap() <= 200 && p["seq"].as_u64().unwrap() >= 1, "{p}");
     let (code, v) = run(&["inspect", "verify", d.path().join("nowhere").to_str().unwrap()]);
-    assert_eq!((code, v["error"]["code"].as_str()), (2, Some("NOT_A_LOG_DIRECTORY")));
+    assert_eq!((code, v["error"]["code"].as_str()), (2, Some("NOT_A_LOG")));
     let (code, v) = run(&["demo", "--bogus"]);
     assert_eq!((code, v["error"]["code"].as_str()), (2, Some("USAGE")), "a usage error still prints one JSON object");
 }

@@ -518,6 +518,7 @@ fn follow_sees_every_record_another_process_appends_in_order() {
     let mut sleeper = Command::new("sleep").arg("120").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let pid = sleeper.id().to_string();
     // The log exists before follow starts.
+    assert_eq!(Command::new(FENCELOG).args(["init", "--dir", &dir]).output().unwrap().status.code(), Some(0));
     assert_eq!(
         Command::new(FENCELOG)
             .args(["claim", "--dir", &dir, "--subject", "f/0", "--pid", &pid])

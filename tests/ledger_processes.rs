@@ -29,6 +29,14 @@ fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
     parse(cmd(dir, args).output().unwrap())
 }
 
+/// A fresh log, created on purpose (the CLI never creates one by accident).
+fn new_log() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let (code, v) = fl(d.path(), &["init"]);
+    assert_eq!(code, 0, "{v}");
+    d
+}
+
 struct Sleeper(Child);
 impl Sleeper {
     fn new() -> Sleeper {
@@ -63,7 +71,7 @@ fn txns(dir: &Path) -> Vec<(u64, Txn)> {
 /// winner each round; every loser is told ALREADY_ACTIVE naming the winner.
 #[test]
 fn sixteen_processes_race_to_claim_a_free_subject_and_exactly_one_wins() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let owner = Sleeper::new();
     for round in 0..100 {
         let subject = format!("race/{round}");
@@ -93,7 +101,7 @@ fn sixteen_processes_race_to_claim_a_free_subject_and_exactly_one_wins() {
 /// refused TAKEOVER_RACE (10 rounds).
 #[test]
 fn two_concurrent_takeovers_of_a_stale_owner_one_wins_one_races() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let (a, b, c) = (Sleeper::new(), Sleeper::new(), Sleeper::new());
     for round in 0..10 {
         let s = format!("stale/{round}");
@@ -127,7 +135,7 @@ fn two_concurrent_takeovers_of_a_stale_owner_one_wins_one_races() {
 /// FENCED (presented 1, current 2), and its attempt is kept as an audit record.
 #[test]
 fn a_paused_writer_resumes_after_a_takeover_and_is_fenced_with_an_audit_record() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let (a, b) = (Sleeper::new(), Sleeper::new());
     let (code, _) = fl(d.path(), &["claim", "--subject", "home/x", "--pid", &a.pid(), "--stale-after-ms", "30"]);
     assert_eq!(code, 0);
@@ -179,7 +187,7 @@ fn a_paused_writer_resumes_after_a_takeover_and_is_fenced_with_an_audit_record()
 /// staleness), with the death evidence recorded; a live owner is refused.
 #[test]
 fn a_killed_owner_is_claimed_without_waiting_and_a_live_one_is_refused() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let (mut a, b) = (Sleeper::new(), Sleeper::new());
     let (code, _) = fl(d.path(), &["claim", "--subject", "home/d", "--pid", &a.pid(), "--stale-after-ms", "3600000"]);
     assert_eq!(code, 0);
@@ -199,7 +207,7 @@ fn a_killed_owner_is_claimed_without_waiting_and_a_live_one_is_refused() {
 /// are not authoritative in the projection.
 #[test]
 fn a_retired_owners_late_records_stay_in_the_log_but_are_not_authoritative() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let (mut a, b) = (Sleeper::new(), Sleeper::new());
     fl(d.path(), &["claim", "--subject", "run/r", "--pid", &a.pid()]);
     let (_, v) = fl(d.path(), &["note", "--subject", "run/r", "--generation", "1", "--text", "before"]);
@@ -223,7 +231,7 @@ fn a_retired_owners_late_records_stay_in_the_log_but_are_not_authoritative() {
 /// refused, and `request show` answers committed-at-N or never-committed.
 #[test]
 fn request_ids_survive_restarts_and_conflicting_reuse_is_refused() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let a = Sleeper::new();
     let args = ["claim", "--subject", "home/r", "--pid", &a.pid(), "--request-id", "req-42"];
     let (code, first) = fl(d.path(), &args);
@@ -249,7 +257,7 @@ fn request_ids_survive_restarts_and_conflicting_reuse_is_refused() {
 /// errors exit 2.
 #[test]
 fn cli_refusals_exit_3_with_evidence_and_usage_errors_exit_2() {
-    let d = tempfile::tempdir().unwrap();
+    let d = new_log();
     let a = Sleeper::new();
     fl(d.path(), &["claim", "--subject", "s", "--pid", &a.pid()]);
     let (code, v) = fl(d.path(), &["heartbeat", "--subject", "s", "--generation", "7"]);
@@ -261,7 +269,8 @@ fn cli_refusals_exit_3_with_evidence_and_usage_errors_exit_2() {
         fl(d.path(), &["claim", "--subject", "lock/m", "--pid", &a.pid(), "--action", "stop", "--request-id", "q2"]);
     assert_eq!((code, v["error"]["code"].as_str(), v["error"]["action"].as_str()), (3, Some("BUSY"), Some("recover")));
     let (code, v) = fl(d.path(), &["claim", "--subject", "bad\u{1}name", "--pid", &a.pid()]);
-    assert_eq!((code, v["error"]["code"].as_str()), (3, Some("INVALID_SUBJECT")));
+    // Invalid input is a usage error (exit 2), as the CLI contract names it.
+    assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_SUBJECT")));
     let (code, w) = fl(d.path(), &["lease", "acquire", "--resource", "db", "--mode", "write", "--holder", "h1"]);
     assert_eq!(code, 0);
     let (lease, token) = (w["lease"].to_string(), w["token"].as_u64().unwrap());
@@ -316,8 +325,13 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     }
     l.close().unwrap();
     let l = Ledger::open(d.path(), opts.clone()).unwrap();
-    assert_eq!(l.open_report().snapshot_seq, Some(50));
-    assert_eq!(l.open_report().replayed_records, 0);
+    // Close wrote a snapshot of everything and then the checkpoint record that
+    // vouches for it (background snapshots add checkpoints of their own, as many as
+    // finished in time): the snapshot covers all but that last record.
+    let last = l.open_report().storage.last_seq;
+    assert!(last > 50, "checkpoint records follow the 50 claims");
+    assert_eq!(l.open_report().snapshot_seq, Some(last - 1));
+    assert_eq!(l.open_report().replayed_records, 1);
     for i in 50..57 {
         l.submit(None, claim_txn(format!("s/{i}"))).unwrap();
     }
@@ -326,7 +340,7 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     drop(l);
     let from_snapshot = Ledger::open(d.path(), opts.clone()).unwrap();
     let r = from_snapshot.open_report().clone();
-    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(50), 7), "{r:?}");
+    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(last - 1), 8), "{r:?}");
     let snap_dir = d.path().join("snapshots");
     let saved = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(&snap_dir).unwrap() {
@@ -446,7 +460,8 @@ fn concurrent_snapshots_of_one_sequence_by_several_writers_all_succeed() {
     assert_eq!(names, vec![format!("{:020}.snap", 30)], "one snapshot, no temp files left");
     let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
     let r = l.open_report();
-    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(30), 0), "{r:?}");
+    // Each writer appended one checkpoint (vouching for the same snapshot at 30).
+    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(30), 6), "{r:?}");
     assert!(r.snapshot_warnings.is_empty(), "{r:?}");
 }
 

@@ -356,10 +356,10 @@ fn a_directory_of_other_files_is_not_turned_into_a_log() {
     let d = tempfile::tempdir().unwrap();
     fs::write(d.path().join("notes.txt"), b"mine").unwrap();
     let err = Log::open(d.path(), LogOptions::default()).err().unwrap();
-    assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
+    assert_eq!(err.code(), "NOT_A_LOG");
     assert!(err.to_string().contains("notes.txt"));
     let err = Log::open(d.path().join("missing"), LogOptions { create: false, ..LogOptions::default() }).err().unwrap();
-    assert_eq!(err.code(), "NOT_A_LOG_DIRECTORY");
+    assert_eq!(err.code(), "NOT_A_LOG");
 }
 
 /// Proves: the wait for the cross-process append lock is bounded: a holder that
@@ -369,10 +369,13 @@ fn a_stuck_lock_holder_yields_lock_timeout_without_poisoning() {
     let d = tempfile::tempdir().unwrap();
     let log = Log::open(d.path(), LogOptions { lock_wait_ms_max: 50, ..LogOptions::default() }).unwrap();
     log.append(b"before").unwrap();
-    let other = fs::File::open(d.path().join("LOCK")).unwrap();
+    // The append lock is on the directory itself (a lock file could be unlinked).
+    let other = fs::File::open(d.path()).unwrap();
     fs4::FileExt::lock(&other).unwrap();
     let err = log.append(b"blocked").unwrap_err();
     assert!(matches!(err, Error::LockTimeout { waited_ms, .. } if waited_ms >= 50), "{err}");
+    let Error::LockTimeout { holder_pid, .. } = &err else { unreachable!() };
+    assert_eq!(*holder_pid, Some(std::process::id()), "the holder is named from /proc/locks: {err}");
     assert_eq!(err.code(), "LOCK_TIMEOUT");
     fs4::FileExt::unlock(&other).unwrap();
     assert_eq!(log.append(b"after").unwrap().first_seq, 2);

@@ -38,6 +38,22 @@ struct Req {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Create a log in DIR (missing or empty; never among other files). The only way,
+    /// with the daemon's first start, that a log comes to exist: every other command
+    /// on a directory that is not a log exits 2 with NOT_A_LOG.
+    Init {
+        #[command(flatten)]
+        dir: Dir,
+    },
+    /// Cut a damaged log from record SEQ on, on purpose: the cut bytes (and any later
+    /// segments, whole) are kept as evidence files. Only from the first damaged record
+    /// or earlier; an intact log is not touched.
+    Repair {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        cut_from: u64,
+    },
     /// Claim a subject for a process (default: the caller's parent).
     Claim {
         #[command(flatten)]
@@ -184,6 +200,19 @@ enum InspectCmd {
         dir: PathBuf,
         #[arg(long)]
         json: bool,
+        /// SEQ:HEX, a chain head kept elsewhere (repeatable): exit 1 with
+        /// head_mismatch or log_shorter_than_pinned if the log does not hold it.
+        #[arg(long, value_parser = fencelog::inspect::parse_pin)]
+        expect_head: Vec<fencelog::inspect::Pin>,
+    },
+    /// The chain head at SEQ (default: the last record), to keep elsewhere and check
+    /// later with `verify --expect-head SEQ:HEX`.
+    Head {
+        dir: PathBuf,
+        #[arg(long)]
+        at: Option<u64>,
+        #[arg(long)]
+        json: bool,
     },
     /// One line per record (`--json`: NDJSON). `--raw` reads past damage.
     Dump {
@@ -319,12 +348,17 @@ fn main() -> ExitCode {
     let (value, code) = match run(cli.cmd) {
         Ok(ok) => ok,
         Err(Fail::Usage(code, message)) => (json!({"error": {"code": code, "message": message}}), 2),
-        Err(Fail::Ledger(LedgerError::Refused(r))) => (json!({"error": r, "message": r.to_string()}), 3),
-        Err(Fail::Ledger(e @ LedgerError::SnapshotNotInLog(_))) => {
+        Err(Fail::Ledger(LedgerError::Refused(r))) => {
+            // Invalid input is a usage error (2); a refusal of the state machine is 3.
+            let code = if matches!(r, Refusal::InvalidSubject { .. } | Refusal::InvalidInput { .. }) { 2 } else { 3 };
+            (json!({"error": r, "message": r.to_string()}), code)
+        }
+        Err(Fail::Ledger(e @ (LedgerError::SnapshotNotInLog(_) | LedgerError::UndecodableRecord { .. }))) => {
             (json!({"error": {"code": e.code(), "message": e.to_string()}}), 1)
         }
         Err(Fail::Ledger(LedgerError::Storage(e))) | Err(Fail::Storage(e)) => {
-            let code = if matches!(e, fencelog::storage::Error::NotALogDirectory { .. }) { 2 } else { 1 };
+            use fencelog::storage::Error as E;
+            let code = if matches!(e, E::NotALogDirectory { .. } | E::InvalidOption { .. }) { 2 } else { 1 };
             (json!({"error": {"code": e.code(), "message": e.to_string()}}), code)
         }
     };
@@ -337,8 +371,15 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The command line never creates a log by accident: only `init` does.
+fn ledger_options() -> LedgerOptions {
+    let mut opts = LedgerOptions::default();
+    opts.log.create = false;
+    opts
+}
+
 fn open(dir: &Dir) -> Result<Ledger, Fail> {
-    Ok(Ledger::open(&dir.dir, LedgerOptions::default())?)
+    Ok(Ledger::open(&dir.dir, ledger_options())?)
 }
 
 fn subject_ok(s: &str) -> Result<(), Fail> {
@@ -452,8 +493,19 @@ fn run(cmd: Cmd) -> CmdResult {
             report(open(&dir)?.submit(t.clone(), single(vec![Event::LeaseRelease { lease, token }]))?)
         }
         Cmd::Request { cmd: RequestCmd::Show { dir, id } } => {
-            let status = open(&dir)?.request_status(&id)?;
-            Ok((serde_json::to_value(status).expect("status serializes"), 0))
+            let view = Ledger::read_only(&dir.dir, &ledger_options())?;
+            let mut v = serde_json::to_value(view.request_status(&id)?).expect("status serializes");
+            v["torn_tail"] = json!(view.torn_tail);
+            Ok((v, 0))
+        }
+        Cmd::Init { dir } => {
+            let r = fencelog::storage::init(&dir.dir, LogOptions::default())?;
+            Ok((serde_json::to_value(r).expect("report serializes"), 0))
+        }
+        Cmd::Repair { dir, cut_from } => {
+            let r = fencelog::storage::repair(&dir.dir, cut_from, &LogOptions::default())?;
+            let code = if r.intact { 0 } else { 1 };
+            Ok((serde_json::to_value(r).expect("report serializes"), code))
         }
         Cmd::State { dir, subject } => state(&dir, subject),
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo(dir.dir, records, appenders, payload_bytes),
@@ -487,8 +539,9 @@ fn inspect(cmd: InspectCmd) -> CmdResult {
     let mut out = std::io::BufWriter::new(stdout.lock());
     let io = |e: std::io::Error| Fail::Usage("IO_ERROR".into(), e.to_string());
     let code = match cmd {
-        InspectCmd::Verify { dir, json } => {
-            let (s, code) = ins::verify(&dir)?;
+        InspectCmd::Verify { dir, json, expect_head } => {
+            warn_if_unsafe(&dir);
+            let (s, code) = ins::verify_pinned(&dir, &expect_head)?;
             if json {
                 writeln!(out, "{}", ins::verify_json(&s)).map_err(io)?;
             } else {
@@ -510,6 +563,15 @@ fn inspect(cmd: InspectCmd) -> CmdResult {
             }
             if s.is_intact() { 0 } else { 1 }
         }
+        InspectCmd::Head { dir, at, json } => {
+            let h = ins::head(&dir, at)?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&h).expect("head serializes")).map_err(io)?;
+            } else {
+                writeln!(out, "{}:{}", h.seq, h.chain_head).map_err(io)?;
+            }
+            0
+        }
         InspectCmd::Stat { dir, top } => {
             let v = ins::stat(&dir, top)?;
             writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("stat serializes")).map_err(io)?;
@@ -524,9 +586,20 @@ fn inspect(cmd: InspectCmd) -> CmdResult {
     Ok((Value::Null, code))
 }
 
+/// The inspector reads a log whatever its permissions, but says when others could
+/// have rewritten it.
+fn warn_if_unsafe(dir: &std::path::Path) {
+    if let Err(e @ fencelog::storage::Error::UnsafePermissions { .. }) = fencelog::storage::check_dir_mode(dir) {
+        eprintln!("fencelog: warning: {e}");
+    }
+}
+
 fn state(dir: &Dir, only: Option<String>) -> CmdResult {
-    let ledger = open(dir)?;
-    let p = ledger.projection();
+    if let Some(o) = &only {
+        subject_ok(o)?;
+    }
+    let view = Ledger::read_only(&dir.dir, &ledger_options())?;
+    let p = &view.projection;
     let now_ms = LogOptions::default().now_ms();
     let subjects: Vec<Value> = p
         .subjects
@@ -553,13 +626,12 @@ fn state(dir: &Dir, only: Option<String>) -> CmdResult {
             })
         })
         .collect();
-    if let Some(o) = &only
-        && subjects.is_empty()
-    {
-        subject_ok(o)?;
-    }
     let leases: Vec<_> = if only.is_none() { p.leases.values().collect() } else { vec![] };
-    Ok((json!({"last_seq": p.last_seq, "chain_head": ledger.chain_head()?, "subjects": subjects, "leases": leases}), 0))
+    let head = fencelog::format::hex(&view.head);
+    let v = json!({
+        "last_seq": p.last_seq, "chain_head": head, "torn_tail": view.torn_tail, "subjects": subjects, "leases": leases,
+    });
+    Ok((v, 0))
 }
 
 fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> CmdResult {

@@ -2,6 +2,7 @@
 //! hash chain. One scanner serves the writer's recovery, the writer's catch-up and
 //! every reader; the caller decides what a damage means (FORMAT.md §5).
 
+use super::classify::{Action, Evidence, classify, has_zeroed_sector};
 use super::frame::{ChainLink, FrameError, RecordRef, decode_frame};
 
 /// Where verification stands: the sequence the next record must carry and the link
@@ -40,13 +41,6 @@ impl DamageKind {
             DamageKind::ChainMismatch => "chain_mismatch",
         }
     }
-
-    /// Could this be the trace of an interrupted write? Only damage that a partial
-    /// write can produce qualifies; an intact frame with the wrong sequence or link
-    /// was written whole and is never a torn write.
-    pub fn could_be_torn_write(&self) -> bool {
-        matches!(self, DamageKind::Incomplete | DamageKind::LengthOutOfRange | DamageKind::Checksum)
-    }
 }
 
 /// Damage found by a scan. Offsets are relative to the scanned buffer.
@@ -58,13 +52,27 @@ pub struct Damage {
     pub expected_seq: u64,
     /// Offset of the next intact frame after the damage in the same buffer, if any.
     pub resync_at: Option<u64>,
+    /// The bytes from the damage to the end of the buffer hold a zeroed sector
+    /// (see [`has_zeroed_sector`]); judged at file offsets.
+    pub zeroed_sector: bool,
 }
 
 impl Damage {
-    /// True when the damage is at the very end: a torn write candidate with no intact
-    /// frame after it in this buffer.
+    /// The decision-table evidence for this damage, in a segment that is `sealed`
+    /// (a later segment exists) or the last one.
+    pub fn evidence(&self, sealed: bool) -> Evidence {
+        Evidence::Frame {
+            kind: self.kind,
+            sealed,
+            intact_after: self.resync_at.is_some(),
+            zeroed_sector: self.zeroed_sector,
+        }
+    }
+
+    /// True when, at the end of the last segment, this damage is a torn write that
+    /// recovery cuts (FORMAT.md §6 rows R2 and R3).
     pub fn is_torn_tail(&self) -> bool {
-        self.kind.could_be_torn_write() && self.resync_at.is_none()
+        classify(self.evidence(false)) == Action::CutTornTail
     }
 }
 
@@ -80,6 +88,19 @@ pub enum ScanOutcome {
 pub fn scan_frames(
     buf: &[u8],
     start: usize,
+    cursor: &mut Cursor,
+    body_max: u32,
+    visit: impl FnMut(u64, &RecordRef<'_>),
+) -> ScanOutcome {
+    scan_frames_in(buf, start, 0, cursor, body_max, visit)
+}
+
+/// [`scan_frames`] on a buffer that starts at byte `file_offset` of its segment
+/// (sector alignment, for telling a torn write from rot, is judged in the file).
+pub fn scan_frames_in(
+    buf: &[u8],
+    start: usize,
+    file_offset: u64,
     cursor: &mut Cursor,
     body_max: u32,
     mut visit: impl FnMut(u64, &RecordRef<'_>),
@@ -106,7 +127,14 @@ pub fn scan_frames(
             Err(FrameError::Malformed) => DamageKind::Malformed,
         };
         let resync_at = find_next_frame(buf, at + 1, body_max, cursor.next_seq).map(|o| o as u64);
-        return ScanOutcome::Damaged(Damage { kind, offset: at as u64, expected_seq: cursor.next_seq, resync_at });
+        let zeroed_sector = resync_at.is_none() && has_zeroed_sector(&buf[at..], file_offset + at as u64);
+        return ScanOutcome::Damaged(Damage {
+            kind,
+            offset: at as u64,
+            expected_seq: cursor.next_seq,
+            resync_at,
+            zeroed_sector,
+        });
     }
     ScanOutcome::Clean
 }

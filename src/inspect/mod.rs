@@ -6,7 +6,7 @@ pub mod time;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -71,7 +71,157 @@ impl Drop for Progress {
 
 /// Exit code of `verify`: 0 intact, 1 damaged.
 pub fn verify(dir: &Path) -> Result<(ReadSummary, u8), Error> {
-    verify_with(dir, || {})
+    verify_pinned(dir, &[])
+}
+
+/// A chain head kept elsewhere: the log must hold `head` at sequence `seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub seq: u64,
+    /// Lowercase hex, 64 digits.
+    pub head: String,
+}
+
+/// Parse `SEQ:HEX` (as `inspect head` prints them).
+pub fn parse_pin(s: &str) -> Result<Pin, String> {
+    let (seq, head) = s.split_once(':').ok_or("expected SEQ:HEX, e.g. 42:9f1c…")?;
+    let seq = seq.parse::<u64>().map_err(|e| format!("sequence {seq:?}: {e}"))?;
+    let head = head.to_ascii_lowercase();
+    if head.len() != 64 || !head.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("chain head {head:?}: expected 64 hex digits"));
+    }
+    Ok(Pin { seq, head })
+}
+
+/// `verify`, then check the pinned heads and every snapshot against a replay of
+/// the log up to its sequence; each mismatch is a problem (exit 1).
+pub fn verify_pinned(dir: &Path, pins: &[Pin]) -> Result<(ReadSummary, u8), Error> {
+    let (mut s, _) = verify_with(dir, || {})?;
+    check_pins_and_snapshots(dir, pins, &mut s)?;
+    let code = if s.is_intact() { 0 } else { 1 };
+    Ok((s, code))
+}
+
+fn extra_problem(kind: &str, segment: PathBuf, seq: u64, detail: String) -> Problem {
+    Problem { kind: kind.into(), segment, offset: 0, seq, torn_tail: false, damaged_bytes: 0, detail }
+}
+
+fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Result<(), Error> {
+    use crate::ledger::snapshot;
+    let snaps: Vec<_> = snapshot::list_files(dir).into_iter().map(|p| (snapshot::read_one(&p), p)).collect();
+    let mut wanted: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
+    for (i, (snap, path)) in snaps.iter().enumerate() {
+        match snap {
+            Ok(l) => wanted.entry(l.seq).or_default().push(i),
+            Err(e) => s.problems.push(extra_problem("snapshot_damaged", path.clone(), 0, e.clone())),
+        }
+    }
+    let replay_to = wanted.keys().next_back().copied().unwrap_or(0);
+    let read_to = pins.iter().map(|p| p.seq).max().unwrap_or(0).max(replay_to);
+    let mut links = std::collections::BTreeMap::new();
+    let mut p = Projection::default();
+    if read_to > 0 {
+        crate::storage::read_records(dir, 1, body_max(), |rec| {
+            if rec.seq <= p.last_seq {
+                return true; // never apply out of order after a resync
+            }
+            if pins.iter().any(|pin| pin.seq == rec.seq) {
+                links.insert(rec.seq, hex(&rec.link));
+            }
+            if rec.seq <= replay_to {
+                match decode_txn(rec.payload) {
+                    Ok(txn) => drop(p.apply(rec.seq, &txn)),
+                    Err(_) => p.skip_undecodable(rec.seq),
+                }
+                for &i in wanted.get(&rec.seq).into_iter().flatten() {
+                    let (Ok(l), path) = &snaps[i] else { continue };
+                    let body = snapshot::body_of(&p);
+                    if snapshot::digest_of(&body) != l.digest || l.head != rec.link {
+                        s.problems.push(extra_problem(
+                            "snapshot_mismatch",
+                            path.clone(),
+                            l.seq,
+                            format!(
+                                "the snapshot at sequence {} is not the state a replay of the log gives there                                  (snapshot blake3 {}, replay {}); a writer would not adopt it",
+                                l.seq,
+                                hex(&l.digest),
+                                hex(&snapshot::digest_of(&body))
+                            ),
+                        ));
+                    }
+                }
+            }
+            rec.seq < read_to
+        })?;
+    }
+    for (seq, idx) in &wanted {
+        if *seq > p.last_seq {
+            for &i in idx {
+                let path = snaps[i].1.clone();
+                let d = format!("the snapshot covers sequence {seq} but the log ends at {}", p.last_seq);
+                s.problems.push(extra_problem("snapshot_mismatch", path, *seq, d));
+            }
+        }
+    }
+    for pin in pins {
+        match links.get(&pin.seq) {
+            Some(h) if *h == pin.head => {}
+            Some(h) => s.problems.push(extra_problem(
+                "head_mismatch",
+                dir.to_path_buf(),
+                pin.seq,
+                format!("the chain head at sequence {} is {h}, not the pinned {}", pin.seq, pin.head),
+            )),
+            None => s.problems.push(extra_problem(
+                "log_shorter_than_pinned",
+                dir.to_path_buf(),
+                pin.seq,
+                format!(
+                    "a head was pinned at sequence {} but the log's intact records end at {}: records were cut or \
+                     the log was replaced",
+                    pin.seq,
+                    s.last_seq.unwrap_or(0)
+                ),
+            )),
+        }
+    }
+    Ok(())
+}
+
+/// A chain head to keep elsewhere (`inspect head`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Head {
+    pub seq: u64,
+    pub chain_head: String,
+    pub time_ms: Option<u64>,
+}
+
+/// The chain head at sequence `at` (default: the last intact record). The log's
+/// whole history must be intact up to there.
+pub fn head(dir: &Path, at: Option<u64>) -> Result<Head, Error> {
+    let mut found = Head { seq: 0, chain_head: hex(&crate::format::GENESIS_LINK), time_ms: None };
+    let mut damage = None;
+    scan_dir(dir, 1, body_max(), |item| match item {
+        ScanItem::Record { rec, .. } => {
+            if at.is_some_and(|a| rec.seq > a) {
+                return false;
+            }
+            found = Head { seq: rec.seq, chain_head: hex(&rec.link), time_ms: Some(rec.time_ms) };
+            true
+        }
+        ScanItem::Damage(p) if p.torn_tail => true,
+        ScanItem::Damage(p) => {
+            damage = Some(p.clone());
+            false
+        }
+    })?;
+    if let Some(p) = damage {
+        return Err(Error::Corruption { segment: p.segment, offset: p.offset, seq: p.seq, detail: p.detail });
+    }
+    if let Some(a) = at.filter(|a| *a != found.seq) {
+        return Err(Error::InvalidOption { detail: format!("the log ends at sequence {}, before {a}", found.seq) });
+    }
+    Ok(found)
 }
 
 /// How many times `verify` reads a log again when it ends in a torn tail while it
@@ -228,6 +378,9 @@ fn event_text(e: &Event) -> String {
             format!("lease-acquire {resource} {mode:?} holder {holder:?} ttl {ttl_ms} ms")
         }
         Event::LeaseRelease { lease, token } => format!("lease-release {lease} token {token}"),
+        Event::Checkpoint { snapshot_seq, digest } => {
+            format!("checkpoint of snapshot at {snapshot_seq} blake3 {}", crate::format::hex(digest))
+        }
     }
 }
 

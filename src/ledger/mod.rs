@@ -38,6 +38,8 @@ use crate::model::{
 };
 use crate::storage::{self, Log, LogOptions, OpenReport, Tailer, VerifyOnOpen, read_records};
 
+use snapshot::Written;
+
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
     pub log: LogOptions,
@@ -70,6 +72,13 @@ pub enum LedgerError {
     Storage(#[from] storage::Error),
     #[error("the log does not hold the snapshot's {0}")]
     SnapshotNotInLog(String),
+    /// A record whose checksum and chain hold but whose payload does not decode:
+    /// replay never skips it (the projection would silently diverge).
+    #[error(
+        "record {seq} does not decode ({detail}); the projection cannot be rebuilt past it. If a newer fencelog \
+         wrote it, use that version"
+    )]
+    UndecodableRecord { seq: u64, detail: String },
 }
 
 impl LedgerError {
@@ -78,6 +87,7 @@ impl LedgerError {
             LedgerError::Refused(r) => r.code(),
             LedgerError::Storage(e) => e.code().into(),
             LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG".into(),
+            LedgerError::UndecodableRecord { .. } => "CORRUPTION".into(),
         }
     }
 }
@@ -116,7 +126,9 @@ struct Inner {
     since_snapshot: (u64, u64),
     /// Coalescing of fenced attempts by subject.
     fenced: HashMap<String, FencedWindow>,
-    snapshot_thread: Option<std::thread::JoinHandle<()>>,
+    /// The snapshot being written off the append path; once it is written, its
+    /// checkpoint record goes into the next commit group.
+    snapshot_thread: Option<std::thread::JoinHandle<Option<Written>>>,
     /// The group commit (see `Ledger::submit`).
     phase: Phase,
     /// Records of transactions checked and applied to `projection`, not yet handed
@@ -131,6 +143,9 @@ struct Inner {
     /// A group failed to become durable: the projection may hold transactions the
     /// log lacks. Every call fails with this cause until the ledger is reopened.
     poisoned: Option<String>,
+    /// Sequence of the last checkpoint record this ledger appended: a snapshot
+    /// asked for right after it would differ only by that record, so it is skipped.
+    own_checkpoint_seq: u64,
 }
 
 /// Where the ledger's group commit stands.
@@ -183,90 +198,61 @@ pub fn intent_digest<T: Serialize>(intent: &T) -> [u8; 32] {
 impl Ledger {
     pub fn open(dir: impl AsRef<Path>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         let dir = dir.as_ref().to_path_buf();
-        let (snap, mut warnings) =
-            if dir.join(storage::SNAPSHOT_DIR).is_dir() { snapshot::load_newest(&dir) } else { (None, vec![]) };
-        // Storage recovers the tail; the replay below verifies every record it reads
-        // (from the snapshot's segment, or from record 1), so a full scan at open
-        // would only read the log twice.
+        // Storage recovers the tail and checks the whole history's headers and
+        // seals; the replay below verifies every record it reads (from the vouched
+        // snapshot's segment, or from record 1), so a full scan at open would only
+        // read the log twice.
         let mut log_opts = opts.log.clone();
         log_opts.verify_on_open = VerifyOnOpen::LastSegment;
         let log = Log::open(&dir, log_opts)?;
-        let body_max = opts.log.body_max();
-        let fresh = |from: u64| Inner {
-            tailer: Tailer::new(&dir, body_max, from),
-            projection: Projection::default(),
-            head: GENESIS_LINK,
-            since_snapshot: (0, 0),
+        let r = replay(&dir, opts.log.body_max())?;
+        let inner = Inner {
+            tailer: r.tailer,
+            durable_seq: r.projection.last_seq,
+            projection: r.projection,
+            head: r.head,
+            since_snapshot: r.applied,
             fenced: HashMap::new(),
             snapshot_thread: None,
             phase: Phase::Idle,
             queued: Vec::new(),
-            durable_seq: 0,
             readers_waiting: 0,
             poisoned: None,
+            own_checkpoint_seq: 0,
         };
-        let mut inner = fresh(1);
-        let mut snapshot_seq = None;
-        if let Some(s) = snap {
-            // Adopt the snapshot only if the log holds its exact chain head.
-            let mut candidate = fresh(s.seq);
-            candidate.projection = s.projection;
-            candidate.head = s.head;
-            match Self::catch_up(&mut candidate) {
-                Ok(()) => {
-                    snapshot_seq = Some(s.seq);
-                    inner = candidate;
-                }
-                Err(e) => {
-                    warnings.push(format!("{}: {e}; snapshot ignored, replaying the whole log", s.path.display()))
-                }
-            }
-        }
-        if snapshot_seq.is_none() {
-            Self::catch_up(&mut inner)?;
-        }
         let report = LedgerOpenReport {
             storage: log.open_report().clone(),
-            snapshot_seq,
-            snapshot_warnings: warnings,
-            replayed_records: inner.projection.last_seq - snapshot_seq.unwrap_or(0),
+            snapshot_seq: r.snapshot_seq,
+            snapshot_warnings: r.warnings,
+            replayed_records: inner.projection.last_seq - r.snapshot_seq.unwrap_or(0),
         };
         Ok(Ledger { dir, opts, log, inner: Mutex::new(inner), changed: Condvar::new(), report })
     }
 
-    /// Apply every record after the projection's last sequence. A snapshot's own
-    /// record is re-read to prove the log still holds the snapshot's chain head.
+    /// A read-only view of the log in `dir`: never writes, never takes the append
+    /// lock, never creates anything (a missing or non-log directory is `NOT_A_LOG`).
+    /// The whole history is checked from genesis; damage anywhere but a torn tail is
+    /// `CORRUPTION`; a torn tail is answered from the intact prefix and reported.
+    pub fn read_only(dir: impl AsRef<Path>, opts: &LedgerOptions) -> Result<ReadView, LedgerError> {
+        let dir = dir.as_ref().to_path_buf();
+        let body_max = opts.log.body_max();
+        storage::check_whole_history(&dir, body_max)?;
+        let r = replay(&dir, body_max)?;
+        Ok(ReadView {
+            torn_tail: r.tailer.stopped_at_torn_tail(),
+            projection: r.projection,
+            head: r.head,
+            snapshot_seq: r.snapshot_seq,
+            snapshot_warnings: r.warnings,
+            dir,
+            body_max,
+        })
+    }
+
+    /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
         let Inner { tailer, projection, head, since_snapshot, durable_seq, .. } = inner;
-        let expect_head = (projection.last_seq, *head);
-        let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
-        let mut mismatch = None;
-        tailer.poll(|r| {
-            if r.seq <= projection.last_seq {
-                if r.seq == expect_head.0 {
-                    head_checked = true;
-                    if r.link != expect_head.1 {
-                        mismatch = Some(r.seq);
-                    }
-                }
-                return;
-            }
-            since_snapshot.0 += 1;
-            since_snapshot.1 += r.payload.len() as u64;
-            match decode_txn(r.payload) {
-                Ok(txn) => {
-                    let _ = projection.apply(r.seq, &txn);
-                }
-                Err(e) => {
-                    tracing::error!(seq = r.seq, error = %e, "undecodable record skipped");
-                    projection.skip_undecodable(r.seq);
-                }
-            }
-            *head = r.link;
-        })?;
-        if mismatch.is_some() || !head_checked {
-            return Err(LedgerError::SnapshotNotInLog(snapshot::describe(expect_head.0, &expect_head.1)));
-        }
+        apply_tail(tailer, projection, head, since_snapshot, None)?;
         *durable_seq = projection.last_seq;
         Ok(())
     }
@@ -456,6 +442,11 @@ impl Ledger {
                 return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
             }
             if inner.queued.is_empty() {
+                match self.queue_checkpoint(&mut inner) {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "checkpoint not queued"),
+                }
                 inner.phase = Phase::Idle;
                 self.maybe_snapshot(&mut inner);
                 self.changed.notify_all();
@@ -625,26 +616,7 @@ impl Ledger {
     /// "Committed at N" or "never committed": always answerable after the fact.
     pub fn request_status(&self, id: &str) -> Result<RequestStatus, LedgerError> {
         let p = self.refresh()?;
-        if let Some(e) = p.requests.get(id) {
-            return Ok(RequestStatus::Committed { request: id.into(), seq: e.seq, outcomes: e.outcomes.clone() });
-        }
-        if p.requests.len() >= REQUESTS_RETAINED {
-            // The projection forgets old request ids; the log does not.
-            let mut found = None;
-            read_records(&self.dir, 1, self.opts.log.body_max(), |r| {
-                if let Ok(txn) = decode_txn(r.payload)
-                    && txn.request.as_ref().is_some_and(|t| t.id == id)
-                {
-                    found = Some(r.seq);
-                    return false;
-                }
-                true
-            })?;
-            if let Some(seq) = found {
-                return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
-            }
-        }
-        Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: p.last_seq })
+        request_status_in(&self.dir, self.opts.log.body_max(), &p, id)
     }
 
     fn maybe_snapshot(&self, inner: &mut Inner) {
@@ -653,26 +625,54 @@ impl Ledger {
             return;
         }
         // One snapshot in flight at a time, written off the append path.
+        if inner.snapshot_thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
         if let Some(t) = inner.snapshot_thread.take() {
-            let _ = t.join();
+            let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }
         inner.since_snapshot = (0, 0);
         let (dir, head, p) = (self.dir.clone(), inner.head, inner.projection.clone());
         inner.snapshot_thread = Some(std::thread::spawn(move || {
-            if let Err(e) = snapshot::write(&dir, p.last_seq, &head, &p) {
-                tracing::warn!(error = %e, "snapshot not written");
-            }
+            snapshot::write(&dir, p.last_seq, &head, &p)
+                .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
+                .ok()
         }));
     }
 
-    /// Write a snapshot now (also done on `close`). It covers only durable state.
-    pub fn snapshot_now(&self) -> Result<PathBuf, LedgerError> {
-        let mut inner = self.settled()?;
-        if let Some(t) = inner.snapshot_thread.take() {
-            let _ = t.join();
+    /// If a snapshot has been written since the last group, queue the checkpoint
+    /// record that lets the chain vouch for it. Returns whether one was queued.
+    fn queue_checkpoint(&self, inner: &mut Inner) -> Result<bool, LedgerError> {
+        if !inner.snapshot_thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return Ok(false);
         }
-        inner.since_snapshot = (0, 0);
-        Ok(snapshot::write(&self.dir, inner.projection.last_seq, &inner.head, &inner.projection)?)
+        let written = inner.snapshot_thread.take().and_then(|t| t.join().ok().flatten());
+        let Some(w) = written else { return Ok(false) };
+        let event = Event::Checkpoint { snapshot_seq: w.seq, digest: w.digest };
+        self.queue(inner, &Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event]))?;
+        Ok(true)
+    }
+
+    /// Write a snapshot now (also done on `close`) and append the checkpoint record
+    /// that vouches for it. It covers only durable state.
+    pub fn snapshot_now(&self) -> Result<PathBuf, LedgerError> {
+        let written = {
+            let mut inner = self.settled()?;
+            if let Some(t) = inner.snapshot_thread.take() {
+                let _ = t.join();
+            }
+            inner.since_snapshot = (0, 0);
+            let last = inner.projection.last_seq;
+            if last > 0 && last == inner.own_checkpoint_seq {
+                // Nothing but our own checkpoint since the snapshot it vouches for.
+                return Ok(self.dir.join(storage::SNAPSHOT_DIR).join(format!("{:020}.snap", last - 1)));
+            }
+            snapshot::write(&self.dir, last, &inner.head, &inner.projection)?
+        };
+        let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
+        let c = self.submit(None, |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![event])))?;
+        self.inner.lock().expect("ledger").own_checkpoint_seq = c.seq.unwrap_or(0);
+        Ok(written.path)
     }
 
     /// Clean close: write the counts of coalesced fenced attempts not yet recorded,
@@ -702,6 +702,181 @@ impl Ledger {
     /// The chain head (hex) at the projection's last sequence.
     pub fn chain_head(&self) -> Result<String, LedgerError> {
         Ok(hex(&self.settled()?.head))
+    }
+}
+
+/// What the log gives when replayed: the newest snapshot the chain vouches for (if
+/// any), then every record after it, verified.
+struct Replayed {
+    tailer: Tailer,
+    projection: Projection,
+    head: ChainLink,
+    snapshot_seq: Option<u64>,
+    warnings: Vec<String>,
+    /// Records and payload bytes applied after the snapshot.
+    applied: (u64, u64),
+}
+
+/// A checkpoint being looked for during replay.
+struct Vouch {
+    seq: u64,
+    digest: [u8; 32],
+    found: bool,
+}
+
+/// Replay the log in `dir`: try each snapshot (newest first); one is adopted only if
+/// the log holds its chain head and a checkpoint record with its digest. Otherwise
+/// replay from record 1.
+fn replay(dir: &Path, body_max: u32) -> Result<Replayed, LedgerError> {
+    let (candidates, mut warnings) = snapshot::load_all(dir);
+    let fresh = |from: u64| Replayed {
+        tailer: Tailer::new(dir, body_max, from),
+        projection: Projection::default(),
+        head: GENESIS_LINK,
+        snapshot_seq: None,
+        warnings: vec![],
+        applied: (0, 0),
+    };
+    for s in candidates {
+        let mut r = fresh(s.seq);
+        r.projection = s.projection;
+        r.head = s.head;
+        let mut vouch = Vouch { seq: s.seq, digest: s.digest, found: false };
+        let Replayed { tailer, projection, head, applied, .. } = &mut r;
+        match apply_tail(tailer, projection, head, applied, Some(&mut vouch)) {
+            Ok(()) if vouch.found => {
+                r.snapshot_seq = Some(s.seq);
+                r.warnings = warnings;
+                return Ok(r);
+            }
+            Ok(()) => {
+                let w = format!(
+                    "{}: no checkpoint record in the log vouches for this snapshot (digest {}); ignored",
+                    s.path.display(),
+                    hex(&s.digest)
+                );
+                tracing::warn!("{w}");
+                warnings.push(w);
+            }
+            Err(e @ LedgerError::SnapshotNotInLog(_)) => {
+                warnings.push(format!("{}: {e}; snapshot ignored", s.path.display()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut r = fresh(1);
+    let Replayed { tailer, projection, head, applied, .. } = &mut r;
+    apply_tail(tailer, projection, head, applied, None)?;
+    r.warnings = warnings;
+    Ok(r)
+}
+
+/// Apply every record the tailer finds after the projection's last sequence. A
+/// snapshot's own record is re-read to prove the log still holds the snapshot's
+/// chain head; `vouch` looks for the checkpoint of that snapshot.
+fn apply_tail(
+    tailer: &mut Tailer,
+    projection: &mut Projection,
+    head: &mut ChainLink,
+    applied: &mut (u64, u64),
+    mut vouch: Option<&mut Vouch>,
+) -> Result<(), LedgerError> {
+    let expect_head = (projection.last_seq, *head);
+    let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
+    let mut mismatch = None;
+    let mut undecodable = None;
+    tailer.poll(|r| {
+        if undecodable.is_some() {
+            return;
+        }
+        if r.seq <= projection.last_seq {
+            if r.seq == expect_head.0 {
+                head_checked = true;
+                if r.link != expect_head.1 {
+                    mismatch = Some(r.seq);
+                }
+            }
+            return;
+        }
+        match decode_txn(r.payload) {
+            Ok(txn) => {
+                if let Some(v) = vouch.as_deref_mut() {
+                    v.found |= txn.events.iter().any(
+                        |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == v.seq && *digest == v.digest),
+                    );
+                }
+                let _ = projection.apply(r.seq, &txn);
+            }
+            Err(e) => {
+                undecodable = Some(LedgerError::UndecodableRecord { seq: r.seq, detail: e.detail });
+                return;
+            }
+        }
+        applied.0 += 1;
+        applied.1 += r.payload.len() as u64;
+        *head = r.link;
+    })?;
+    if let Some(e) = undecodable {
+        return Err(e);
+    }
+    if mismatch.is_some() || !head_checked {
+        return Err(LedgerError::SnapshotNotInLog(snapshot::describe(expect_head.0, &expect_head.1)));
+    }
+    Ok(())
+}
+
+/// "Committed at N" or "never committed", from a projection caught up with the log
+/// in `dir`. A request id older than the projection retains is looked for in the
+/// log itself, which must then be whole: "never committed" from a partial history
+/// would make a client run its operation twice.
+fn request_status_in(dir: &Path, body_max: u32, p: &Projection, id: &str) -> Result<RequestStatus, LedgerError> {
+    if let Some(e) = p.requests.get(id) {
+        return Ok(RequestStatus::Committed { request: id.into(), seq: e.seq, outcomes: e.outcomes.clone() });
+    }
+    if p.requests.len() >= REQUESTS_RETAINED {
+        let mut found = None;
+        let summary = read_records(dir, 1, body_max, |r| {
+            if let Ok(txn) = decode_txn(r.payload)
+                && txn.request.as_ref().is_some_and(|t| t.id == id)
+            {
+                found = Some(r.seq);
+                return false;
+            }
+            true
+        })?;
+        if let Some(seq) = found {
+            return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
+        }
+        if let Some(bad) = summary.problems.iter().find(|pr| !pr.torn_tail) {
+            return Err(LedgerError::Storage(storage::Error::Corruption {
+                segment: bad.segment.clone(),
+                offset: bad.offset,
+                seq: bad.seq,
+                detail: format!("{}: {}", bad.kind, bad.detail),
+            }));
+        }
+    }
+    Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: p.last_seq })
+}
+
+/// The log as read-only commands see it (see [`Ledger::read_only`]).
+pub struct ReadView {
+    pub projection: Projection,
+    /// Chain link of the projection's last sequence.
+    pub head: ChainLink,
+    /// The log ends in a torn write: the answer is from the intact prefix, and the
+    /// next writer will cut the tail.
+    pub torn_tail: bool,
+    pub snapshot_seq: Option<u64>,
+    pub snapshot_warnings: Vec<String>,
+    dir: PathBuf,
+    body_max: u32,
+}
+
+impl ReadView {
+    /// "Committed at N" or "never committed" (see [`Ledger::request_status`]).
+    pub fn request_status(&self, id: &str) -> Result<RequestStatus, LedgerError> {
+        request_status_in(&self.dir, self.body_max, &self.projection, id)
     }
 }
 

@@ -25,6 +25,21 @@ pub struct Loaded {
     pub head: ChainLink,
     pub projection: Projection,
     pub path: PathBuf,
+    /// blake3 of the snapshot's body: what a checkpoint record must carry.
+    pub digest: [u8; 32],
+}
+
+/// A snapshot written: where, and the checkpoint that will vouch for it.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub path: PathBuf,
+    pub seq: u64,
+    pub digest: [u8; 32],
+}
+
+/// The digest a checkpoint record carries for a snapshot body.
+pub fn digest_of(body: &[u8]) -> [u8; 32] {
+    *blake3::hash(body).as_bytes()
 }
 
 fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> Error {
@@ -32,9 +47,19 @@ fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::Io { op, path: p, source: std::sync::Arc::new(e) }
 }
 
-pub fn write(dir: &Path, seq: u64, head: &ChainLink, p: &Projection) -> Result<PathBuf, Error> {
+/// The snapshot body of a projection (bincode; deterministic: every map is a BTreeMap).
+pub fn body_of(p: &Projection) -> Vec<u8> {
+    bincode::serde::encode_to_vec(p, bincode::config::standard()).expect("projection encodes")
+}
+
+pub fn write(dir: &Path, seq: u64, head: &ChainLink, p: &Projection) -> Result<Written, Error> {
     let sdir = dir.join(SNAPSHOT_DIR);
-    let body = bincode::serde::encode_to_vec(p, bincode::config::standard()).expect("projection encodes");
+    if !sdir.is_dir() {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&sdir).map_err(io("create directory", &sdir))?;
+    }
+    let body = body_of(p);
+    let digest = digest_of(&body);
     let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&seq.to_le_bytes());
@@ -66,7 +91,7 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, p: &Projection) -> Result<P
         let _ = fs::remove_file(old.1);
     }
     remove_abandoned_temps(&sdir);
-    Ok(path)
+    Ok(Written { path, seq, digest })
 }
 
 const TEMP_SUFFIX: &str = ".tmp";
@@ -99,12 +124,12 @@ fn list(sdir: &Path) -> Vec<(u64, PathBuf)> {
     v
 }
 
-fn read_one(path: &Path) -> Result<(u64, ChainLink, Projection), String> {
-    let len = fs::metadata(path).map_err(|e| e.to_string())?.len();
-    if len > SNAPSHOT_BYTES_MAX {
-        return Err(format!("{len} bytes exceeds the snapshot limit"));
-    }
-    let b = fs::read(path).map_err(|e| e.to_string())?;
+/// Read and check one snapshot file (a regular file, never through a symlink, of
+/// bounded size).
+pub fn read_one(path: &Path) -> Result<Loaded, String> {
+    let (f, len) = crate::storage::open_regular(path, SNAPSHOT_BYTES_MAX, 0).map_err(|e| e.to_string())?;
+    let mut b = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 0).map_err(|e| e.to_string())?;
     if b.len() < HEADER_BYTES || &b[..8] != MAGIC {
         return Err("not a snapshot (bad magic or short)".into());
     }
@@ -121,22 +146,29 @@ fn read_one(path: &Path) -> Result<(u64, ChainLink, Projection), String> {
     if p.last_seq != seq {
         return Err(format!("covers sequence {} but says {seq}", p.last_seq));
     }
-    Ok((seq, head, p))
+    Ok(Loaded { seq, head, projection: p, path: path.to_path_buf(), digest: digest_of(body) })
 }
 
-/// Newest snapshot that passes its checks, with a warning for each one skipped.
-pub fn load_newest(dir: &Path) -> (Option<Loaded>, Vec<String>) {
+/// Every snapshot file that passes its own checks, newest first, with a warning
+/// for each one skipped. (Whether the log vouches for one is the ledger's check.)
+pub fn load_all(dir: &Path) -> (Vec<Loaded>, Vec<String>) {
     let mut warnings = Vec::new();
+    let mut loaded = Vec::new();
     for (_, path) in list(&dir.join(SNAPSHOT_DIR)).into_iter().rev() {
         match read_one(&path) {
-            Ok((seq, head, projection)) => return (Some(Loaded { seq, head, projection, path }), warnings),
+            Ok(l) => loaded.push(l),
             Err(e) => {
                 tracing::warn!(snapshot = %path.display(), error = %e, "damaged snapshot ignored");
                 warnings.push(format!("{}: {e}; ignored", path.display()));
             }
         }
     }
-    (None, warnings)
+    (loaded, warnings)
+}
+
+/// Snapshot files in `dir`, oldest first (for the inspector).
+pub fn list_files(dir: &Path) -> Vec<PathBuf> {
+    list(&dir.join(SNAPSHOT_DIR)).into_iter().map(|(_, p)| p).collect()
 }
 
 pub fn describe(seq: u64, head: &ChainLink) -> String {

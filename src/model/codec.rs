@@ -8,8 +8,11 @@ pub struct CodecError {
     pub detail: String,
 }
 
-/// Largest decoded payload accepted (matches the storage record limit).
-const DECODE_BYTES_MAX: usize = 1 << 20;
+/// Largest decoded payload accepted: the storage layer's hard bound on a record
+/// payload, one constant, so that whatever storage accepted on append decodes on
+/// replay (a smaller bound here made large transactions apply when written and be
+/// skipped on replay).
+const DECODE_BYTES_MAX: usize = crate::format::PAYLOAD_BYTES_HARD_MAX as usize;
 
 pub fn encode_txn(txn: &Txn) -> Vec<u8> {
     bincode::serde::encode_to_vec(txn, bincode::config::standard()).expect("a Txn always encodes")

@@ -189,6 +189,9 @@ pub enum Outcome {
         attempts: u64,
         presented: u64,
     },
+    Checkpointed {
+        snapshot_seq: u64,
+    },
 }
 
 impl Outcome {
@@ -276,6 +279,7 @@ impl Projection {
             let target = match e {
                 Event::LeaseAcquire { resource, .. } => format!("resource:{resource}"),
                 Event::LeaseRelease { lease, .. } => format!("lease:{lease}"),
+                Event::Checkpoint { snapshot_seq, .. } => format!("checkpoint:{snapshot_seq}"),
                 other => format!("subject:{}", other.subject().unwrap_or_default()),
             };
             if !targets.insert(target.clone()) {
@@ -532,6 +536,10 @@ impl Projection {
                     displaced,
                 })
             }
+            Event::Checkpoint { snapshot_seq, .. } if *snapshot_seq >= seq => refuse(Refusal::InvalidInput {
+                detail: format!("a checkpoint at {seq} cannot vouch for a snapshot at {snapshot_seq}"),
+            }),
+            Event::Checkpoint { snapshot_seq, .. } => Ok(Outcome::Checkpointed { snapshot_seq: *snapshot_seq }),
             Event::LeaseRelease { lease, token } => {
                 let Some(l) = self.leases.get(lease) else { return refuse(Refusal::UnknownLease { lease: *lease }) };
                 match &l.state {

@@ -136,6 +136,13 @@ pub enum Event {
         lease: u64,
         token: u64,
     },
+    /// A snapshot of the projection as of `snapshot_seq` was written with this
+    /// blake3 of its body: the chain vouches for it, and a snapshot no checkpoint
+    /// vouches for is never adopted.
+    Checkpoint {
+        snapshot_seq: u64,
+        digest: [u8; 32],
+    },
 }
 
 impl Event {
@@ -150,6 +157,7 @@ impl Event {
             Event::FencedAttempts { .. } => "fenced_attempts",
             Event::LeaseAcquire { .. } => "lease_acquire",
             Event::LeaseRelease { .. } => "lease_release",
+            Event::Checkpoint { .. } => "checkpoint",
         }
     }
 
@@ -163,7 +171,7 @@ impl Event {
             | Event::RotateFence { subject, .. }
             | Event::Note { subject, .. }
             | Event::FencedAttempts { subject, .. } => Some(subject),
-            Event::LeaseAcquire { .. } | Event::LeaseRelease { .. } => None,
+            Event::LeaseAcquire { .. } | Event::LeaseRelease { .. } | Event::Checkpoint { .. } => None,
         }
     }
 }

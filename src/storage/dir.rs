@@ -1,4 +1,5 @@
-//! The log directory: naming, listing, permissions, directory fsync, evidence files.
+//! The log directory: naming, listing, permissions, safe opening of its files,
+//! directory fsync, evidence files.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -7,59 +8,215 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Error, Result};
 
+/// Legacy: earlier builds locked this file; it is no longer created (the append
+/// lock is on the directory, see `lock.rs`) but its presence marks a log.
 pub const LOCK_FILE: &str = "LOCK";
 pub const SNAPSHOT_DIR: &str = "snapshots";
 const SEGMENT_SUFFIX: &str = ".seg";
 /// Evidence files are named `<segment>.seg<EVIDENCE_INFIX><what>-<offset>`.
 pub const EVIDENCE_INFIX: &str = ".evidence.";
+const TEMP_SUFFIX: &str = ".tmp";
 
 /// `dir/<first_seq, 20 digits>.seg`: lexical order is sequence order.
 pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
     dir.join(format!("{first_seq:020}{SEGMENT_SUFFIX}"))
 }
 
-/// Segment files in sequence order, as `(first_seq from the name, path)`. Other
-/// files (lock, evidence, snapshots) are ignored.
-pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
+/// What a log directory holds, from one listing.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Segment files in sequence order, as `(first_seq from the name, path)`.
+    pub segments: Vec<(u64, PathBuf)>,
+    /// Entries named like segments that are not valid segment names (a number too
+    /// large for a sequence, a wrong width, a name that is not UTF-8): a renamed or
+    /// planted segment. Never skipped silently.
+    pub odd_segment_names: Vec<String>,
+    /// Entries that only a log that held records leaves behind: snapshot files, the
+    /// legacy `LOCK` file, evidence of cut records. With no segment beside them, the
+    /// log's history is gone, not absent.
+    pub log_traces: Vec<String>,
+    /// The first entry that belongs to no log, if any.
+    pub foreign: Option<String>,
+}
+
+/// List `dir` once, classifying every entry; nothing is read.
+///
+/// One listing decides: another process may create the first segment while this
+/// one looks, and a second pass could mistake that segment for a foreign file.
+pub fn listing(dir: &Path) -> Result<Listing> {
+    let mut out = Listing::default();
     for entry in fs::read_dir(dir).map_err(Error::io("list", dir))? {
         let entry = entry.map_err(Error::io("list", dir))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if let Some(seq) = segment_seq(name) {
-            out.push((seq, entry.path()));
+        let raw = entry.file_name();
+        let name = raw.to_string_lossy().into_owned();
+        if let Some(seq) = raw.to_str().and_then(segment_seq) {
+            out.segments.push((seq, entry.path()));
+        } else if raw.as_encoded_bytes().ends_with(SEGMENT_SUFFIX.as_bytes()) {
+            out.odd_segment_names.push(name);
+        } else if name == LOCK_FILE || is_trace_of_records(&name) {
+            out.log_traces.push(name);
+        } else if name == SNAPSHOT_DIR {
+            let snaps = fs::read_dir(entry.path()).into_iter().flatten().filter_map(|e| e.ok());
+            let mut names = snaps.map(|e| e.file_name().to_string_lossy().into_owned());
+            if let Some(snap) = names.find(|n| n.ends_with(".snap")) {
+                out.log_traces.push(format!("{SNAPSHOT_DIR}/{snap}"));
+            }
+        } else if !name.contains(EVIDENCE_INFIX) && !is_segment_temp(&name) && out.foreign.is_none() {
+            out.foreign = Some(name);
         }
     }
-    out.sort();
+    out.segments.sort();
+    out.odd_segment_names.sort();
     Ok(out)
 }
 
-/// In a directory holding no segment, the first entry that does not belong to a log
-/// (anything but the lock, the snapshot folder and evidence files); `None` if it
-/// holds a segment or only log entries.
-///
-/// One listing pass decides: another process may create the first segment while
-/// this one looks, and a second pass would then mistake that segment for a foreign
-/// file.
-pub fn foreign_entry(dir: &Path) -> Result<Option<String>> {
-    let mut foreign = None;
-    for entry in fs::read_dir(dir).map_err(Error::io("list", dir))? {
-        let entry = entry.map_err(Error::io("list", dir))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if segment_seq(&name).is_some() {
-            return Ok(None);
-        }
-        if foreign.is_none() && name != LOCK_FILE && name != SNAPSHOT_DIR && !name.contains(EVIDENCE_INFIX) {
-            foreign = Some(name);
+impl Listing {
+    /// Refuse entries that look like segments but are not.
+    pub fn refuse_odd_names(&self, dir: &Path) -> Result<()> {
+        match self.odd_segment_names.first() {
+            None => Ok(()),
+            Some(name) => Err(Error::Corruption {
+                segment: dir.join(name),
+                offset: 0,
+                seq: 0,
+                detail: format!(
+                    "{name:?} is named like a segment but is not a valid segment name \
+                     (20 decimal digits of a u64, then .seg): a segment was renamed or planted"
+                ),
+            }),
         }
     }
-    Ok(foreign)
+
+    /// With no segment: is this a log that lost its history (corruption), rather
+    /// than no log at all?
+    pub fn refuse_lost_history(&self, dir: &Path) -> Result<()> {
+        if self.segments.is_empty()
+            && let Some(trace) = self.log_traces.first()
+        {
+            return Err(Error::Corruption {
+                segment: segment_path(dir, 1),
+                offset: 0,
+                seq: 1,
+                detail: format!(
+                    "every segment is missing but {trace:?} remains: this log lost its history; \
+                     refusing to answer from nothing or to start a new history in its place"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Segment files in sequence order, as `(first_seq from the name, path)`. An entry
+/// named like a segment with an invalid name is refused as corruption.
+pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let l = listing(dir)?;
+    l.refuse_odd_names(dir)?;
+    Ok(l.segments)
+}
+
+/// Evidence of records cut from a segment: only a log that held records leaves it.
+/// (A segment set aside whole while it was being created held none.)
+fn is_trace_of_records(name: &str) -> bool {
+    name.contains(EVIDENCE_INFIX) && !name.contains(&format!("{EVIDENCE_INFIX}torn-segment-"))
+}
+
+/// A first segment being created by [`create_first_segment`].
+fn is_segment_temp(name: &str) -> bool {
+    name.starts_with('.') && name.contains(SEGMENT_SUFFIX) && name.ends_with(TEMP_SUFFIX)
 }
 
 /// The first sequence named by a segment file name (`<20 digits>.seg`).
 fn segment_seq(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
     if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) { stem.parse().ok() } else { None }
+}
+
+/// Refuse a log directory that other users could write to: whoever can create,
+/// remove or rename entries in it can rewrite the history.
+pub fn check_dir_mode(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = fs::metadata(dir).map_err(Error::io("stat", dir))?.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(Error::UnsafePermissions { path: dir.to_path_buf(), mode });
+    }
+    Ok(())
+}
+
+/// Open a file of the log read-only, only if it is a regular file (never through a
+/// symlink, never a FIFO or device: `O_NOFOLLOW | O_NONBLOCK`, then `fstat`) of at
+/// most `bytes_max` bytes. Returns the file and its length. `seq` is the sequence
+/// the file is named for, for the error.
+pub(crate) fn open_regular(path: &Path, bytes_max: u64, seq: u64) -> Result<(File, u64)> {
+    open_checked(path, bytes_max, seq, false)
+}
+
+/// [`open_regular`], for reading and writing (the writer's tail segment).
+pub(crate) fn open_regular_rw(path: &Path, bytes_max: u64, seq: u64) -> Result<(File, u64)> {
+    open_checked(path, bytes_max, seq, true)
+}
+
+fn open_checked(path: &Path, bytes_max: u64, seq: u64, write: bool) -> Result<(File, u64)> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_regular(path, seq, "a symbolic link"),
+            _ => Error::io("open", path)(e),
+        })?;
+    let meta = f.metadata().map_err(Error::io("stat", path))?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(path, seq, "not a regular file (a FIFO, device, socket or directory)"));
+    }
+    if meta.len() > bytes_max {
+        return Err(Error::Corruption {
+            segment: path.to_path_buf(),
+            offset: 0,
+            seq,
+            detail: format!(
+                "the file is {} bytes, more than any segment may hold ({bytes_max} bytes: segment_bytes_max \
+                 plus one largest record); refused unread",
+                meta.len()
+            ),
+        });
+    }
+    Ok((f, meta.len()))
+}
+
+fn not_regular(path: &Path, seq: u64, what: &str) -> Error {
+    Error::Corruption {
+        segment: path.to_path_buf(),
+        offset: 0,
+        seq,
+        detail: format!("the entry is {what}; a log holds only regular files; refused unread"),
+    }
+}
+
+/// Create the first segment atomically (temp file, fsync, link into place, fsync
+/// the directory): it exists whole or not at all, so "no first segment" means a
+/// log that never existed, or one that lost its history.
+pub(crate) fn create_first_segment(dir: &Path, header: &[u8]) -> Result<PathBuf> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let path = segment_path(dir, 1);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{:020}{SEGMENT_SUFFIX}.{}-{n}{TEMP_SUFFIX}", 1, std::process::id()));
+    let result = (|| {
+        let mut f = open_private(&tmp, true)?;
+        f.write_all(header).map_err(Error::io("write segment header", &tmp))?;
+        f.sync_all().map_err(Error::io("fsync", &tmp))?;
+        match fs::hard_link(&tmp, &path) {
+            Ok(()) => Ok(()),
+            // Another creator won; its header is the same bytes.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Error::io("link first segment", &path)(e)),
+        }
+    })();
+    let _ = fs::remove_file(&tmp);
+    result?;
+    sync_dir(dir)?;
+    Ok(path)
 }
 
 /// Make the directory durable: needed after creating, renaming or removing a file.
@@ -73,7 +230,7 @@ pub(crate) fn create_dir_private(dir: &Path) -> Result<()> {
 
 pub(crate) fn open_private(path: &Path, create_new: bool) -> Result<File> {
     let mut o = OpenOptions::new();
-    o.read(true).write(true).mode(0o600);
+    o.read(true).write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
     if create_new {
         o.create_new(true);
     } else {
@@ -83,7 +240,9 @@ pub(crate) fn open_private(path: &Path, create_new: bool) -> Result<File> {
 }
 
 /// Write `bytes` to a new evidence file beside `segment` and make it durable before
-/// the caller cuts anything: the cut bytes are never lost.
+/// the caller cuts anything: the cut bytes are never lost. If any step fails (a
+/// full disk), the partial evidence file is removed: a failed repair leaves the
+/// directory as it found it, however often it is retried.
 pub(crate) fn write_evidence(segment: &Path, what: &str, offset: u64, bytes: &[u8]) -> Result<PathBuf> {
     let base = format!("{}{EVIDENCE_INFIX}{what}-{offset}", segment.display());
     let mut path = PathBuf::from(&base);
@@ -92,9 +251,18 @@ pub(crate) fn write_evidence(segment: &Path, what: &str, offset: u64, bytes: &[u
         path = PathBuf::from(format!("{base}.{n}"));
         n += 1;
     }
-    let mut f = open_private(&path, true)?;
-    f.write_all(bytes).map_err(Error::io("write evidence", &path))?;
-    f.sync_all().map_err(Error::io("fsync evidence", &path))?;
-    sync_dir(segment.parent().unwrap_or(Path::new(".")))?;
+    let dir = segment.parent().unwrap_or(Path::new("."));
+    let written = (|| {
+        let mut f = open_private(&path, true)?;
+        f.write_all(bytes).map_err(Error::io("write evidence", &path))?;
+        f.sync_all().map_err(Error::io("fsync evidence", &path))
+    })();
+    if let Err(e) = written {
+        if fs::remove_file(&path).is_ok() {
+            let _ = sync_dir(dir);
+        }
+        return Err(e);
+    }
+    sync_dir(dir)?;
     Ok(path)
 }

@@ -18,8 +18,14 @@ pub enum Error {
     #[error("{segment}: {detail}")]
     UnsupportedFormat { segment: PathBuf, detail: String },
 
-    #[error("{path} is not a fencelog log directory: {detail}")]
+    #[error("{path} is not a fencelog log: {detail}")]
     NotALogDirectory { path: PathBuf, detail: String },
+
+    #[error(
+        "{path} is group- or world-writable (mode {mode:04o}): anyone who can write to it can rewrite the log; \
+         run: chmod 700 {path}"
+    )]
+    UnsafePermissions { path: PathBuf, mode: u32 },
 
     #[error("record payload is {bytes} bytes; the limit is {max} bytes (payload_bytes_max)")]
     RecordTooLarge { bytes: u64, max: u64 },
@@ -40,14 +46,18 @@ pub enum Error {
     )]
     Poisoned { cause: String },
 
-    #[error("could not take the append lock {path} within {waited_ms} ms")]
-    LockTimeout { path: PathBuf, waited_ms: u64 },
+    #[error("could not take the append lock on {path} within {waited_ms} ms{}", holder_text(*holder_pid))]
+    LockTimeout { path: PathBuf, waited_ms: u64, holder_pid: Option<u32> },
 
     #[error("invalid option: {detail}")]
     InvalidOption { detail: String },
 
     #[error("the log is closed")]
     Closed,
+}
+
+fn holder_text(pid: Option<u32>) -> String {
+    pid.map_or_else(|| "; the holder could not be identified".into(), |p| format!("; it is held by pid {p}"))
 }
 
 impl Error {
@@ -57,7 +67,8 @@ impl Error {
             Error::Io { .. } => "IO_ERROR",
             Error::Corruption { .. } => "CORRUPTION",
             Error::UnsupportedFormat { .. } => "UNSUPPORTED_FORMAT",
-            Error::NotALogDirectory { .. } => "NOT_A_LOG_DIRECTORY",
+            Error::NotALogDirectory { .. } => "NOT_A_LOG",
+            Error::UnsafePermissions { .. } => "UNSAFE_PERMISSIONS",
             Error::RecordTooLarge { .. } => "RECORD_TOO_LARGE",
             Error::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
             Error::EmptyBatch => "EMPTY_BATCH",

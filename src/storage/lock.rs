@@ -1,100 +1,186 @@
-//! The cross-process append lock: an advisory exclusive lock (fs4) on `LOCK`, taken
-//! for each group commit (or ledger transaction) and released right after its sync.
-//! The wait is bounded.
+//! The cross-process append lock: an exclusive advisory `flock` on the log
+//! directory itself, taken for each group commit (or ledger transaction) and
+//! released right after its sync. The wait is bounded.
+//!
+//! Why the directory and not a `LOCK` file: a lock file can be deleted while a
+//! writer holds its lock; the next writer then creates and locks a new file, and two
+//! writers append at once, overwriting acknowledged records. The directory cannot
+//! be unlinked while it holds the log, so the lock and the log share one inode.
+//!
+//! Why a descriptor per waiter: `flock` belongs to an open file description, and a
+//! description that holds it "re-acquires" it at once. A timed-out wait leaves a
+//! helper thread blocked in `flock`; if it shared a description with later callers,
+//! it could win the lock on their behalf and then release it under them. Each wait
+//! therefore uses its own description, handed to the winner (`Held`), and an
+//! abandoned one is only ever closed by its own helper.
 
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Mutex;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::dir::{LOCK_FILE, open_private};
 use super::error::{Error, Result};
 
 pub(crate) struct AppendLock {
-    file: Arc<File>,
-    path: PathBuf,
+    dir: PathBuf,
+    /// A description that is not locked, kept for the next acquire (opening one
+    /// costs a syscall per group commit otherwise).
+    spare: Mutex<Option<File>>,
 }
 
-pub(crate) struct Held<'a>(&'a AppendLock);
+/// The lock, held until dropped.
+pub(crate) struct Held<'a> {
+    lock: &'a AppendLock,
+    file: Option<File>,
+}
 
 /// Spin on `try_lock` this long before queueing in the kernel.
 const SPIN_US: u64 = 100;
 
-#[derive(PartialEq)]
-enum Handoff {
-    Waiting,
-    Acquired,
-    Failed(String),
-    Abandoned,
-}
-
 impl AppendLock {
     pub fn open(dir: &Path) -> Result<Self> {
-        let path = dir.join(LOCK_FILE);
-        Ok(AppendLock { file: Arc::new(open_private(&path, false)?), path })
+        let lock = AppendLock { dir: dir.to_path_buf(), spare: Mutex::new(None) };
+        *lock.spare.lock().expect("spare") = Some(lock.open_description()?);
+        Ok(lock)
     }
 
-    fn try_once(&self) -> Result<bool> {
-        match fs4::FileExt::try_lock(&*self.file) {
+    fn open_description(&self) -> Result<File> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&self.dir)
+            .map_err(Error::io("open for locking", &self.dir))
+    }
+
+    fn try_once(&self, file: &File) -> Result<bool> {
+        match fs4::FileExt::try_lock(file) {
             Ok(()) => Ok(true),
             Err(fs4::TryLockError::WouldBlock) => Ok(false),
-            Err(fs4::TryLockError::Error(e)) => Err(Error::io("lock", &self.path)(e)),
+            Err(fs4::TryLockError::Error(e)) => Err(Error::io("lock", &self.dir)(e)),
         }
     }
 
     /// Take the lock within `wait_ms_max`. Short waits spin on `try_lock`; longer
-    /// ones queue in the kernel (a blocking `flock`, fair and without polling) on a
-    /// helper thread, because `flock` itself cannot time out and a stopped holder
-    /// must not hang every other writer forever. If the deadline passes first, the
-    /// helper releases the lock as soon as it gets it.
+    /// ones queue in the kernel (a blocking `flock`, without polling) on a helper
+    /// thread with its own description, because `flock` cannot time out and a
+    /// stopped holder must not hang every other writer forever. If the deadline
+    /// passes first, the helper closes its description as soon as it wins, which
+    /// releases a lock nobody else believes they hold.
     pub fn acquire(&self, wait_ms_max: u64) -> Result<Held<'_>> {
         let start = Instant::now();
+        let file = match self.spare.lock().expect("spare").take() {
+            Some(f) => f,
+            None => self.open_description()?,
+        };
         while start.elapsed() < Duration::from_micros(SPIN_US) {
-            if self.try_once()? {
-                return Ok(Held(self));
+            if self.try_once(&file)? {
+                return Ok(Held { lock: self, file: Some(file) });
             }
             std::hint::spin_loop();
         }
-        let state = Arc::new((Mutex::new(Handoff::Waiting), Condvar::new()));
-        let (file, st) = (self.file.clone(), state.clone());
+        let (tx, rx) = mpsc::sync_channel::<(std::io::Result<()>, File)>(1);
         std::thread::Builder::new()
             .name("fencelog-lock-wait".into())
             .spawn(move || {
-                let got = fs4::FileExt::lock(&*file);
-                let (m, cv) = &*st;
-                let mut s = m.lock().expect("handoff");
-                match (&*s, got) {
-                    (Handoff::Abandoned, Ok(())) => drop(fs4::FileExt::unlock(&*file)),
-                    (Handoff::Abandoned, Err(_)) => {}
-                    (_, Ok(())) => *s = Handoff::Acquired,
-                    (_, Err(e)) => *s = Handoff::Failed(e.to_string()),
-                }
-                cv.notify_all();
+                let got = fs4::FileExt::lock(&file);
+                // If the waiter gave up, the channel is closed (or closes with the
+                // message in it): either way `file` is closed, releasing the lock.
+                let _ = tx.send((got, file));
             })
-            .map_err(Error::io("spawn lock waiter", &self.path))?;
-        let (m, cv) = &*state;
+            .map_err(Error::io("spawn lock waiter", &self.dir))?;
         let deadline = start + Duration::from_millis(wait_ms_max);
-        let mut s = m.lock().expect("handoff");
-        while *s == Handoff::Waiting {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            s = cv.wait_timeout(s, deadline - now).expect("handoff").0;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((Ok(()), file)) => Ok(Held { lock: self, file: Some(file) }),
+            Ok((Err(e), _)) => Err(Error::io("lock", &self.dir)(e)),
+            Err(_) => Err(Error::LockTimeout {
+                path: self.dir.clone(),
+                waited_ms: start.elapsed().as_millis() as u64,
+                holder_pid: holder_pid(&self.dir),
+            }),
         }
-        match &*s {
-            Handoff::Acquired => return Ok(Held(self)),
-            Handoff::Failed(e) => return Err(Error::io("lock", &self.path)(std::io::Error::other(e.clone()))),
-            _ => {}
-        }
-        *s = Handoff::Abandoned;
-        Err(Error::LockTimeout { path: self.path.clone(), waited_ms: start.elapsed().as_millis() as u64 })
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        // Closing the process also releases it; an unlock error leaves nothing to do.
-        let _ = fs4::FileExt::unlock(&*self.0.file);
+        let Some(file) = self.file.take() else { return };
+        // Closing the description also releases it; keep it for the next acquire
+        // only if the unlock certainly happened.
+        if fs4::FileExt::unlock(&file).is_ok() {
+            *self.lock.spare.lock().expect("spare") = Some(file);
+        }
+    }
+}
+
+/// The pid of the process holding an exclusive `flock` on `path`, as the kernel
+/// reports it in `/proc/locks` (the process that took the lock), when it can tell.
+pub(crate) fn holder_pid(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    parse_proc_locks(&text, major, minor, meta.ino())
+}
+
+/// Find the holder in `/proc/locks` lines such as
+/// `3: FLOCK  ADVISORY  WRITE 4242 fd:01:131 0 EOF` (device in hex, inode decimal);
+/// lines of waiters (`3: -> FLOCK ...`) are skipped.
+fn parse_proc_locks(text: &str, major: u32, minor: u32, ino: u64) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[1] != "FLOCK" {
+            return None;
+        }
+        let mut id = f[5].split(':');
+        let (maj, min, i) = (id.next()?, id.next()?, id.next()?);
+        let same = u32::from_str_radix(maj, 16).ok()? == major
+            && u32::from_str_radix(min, 16).ok()? == minor
+            && i.parse::<u64>().ok()? == ino;
+        if same { f[4].parse().ok() } else { None }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_locks_holder_is_found_by_device_and_inode_and_waiters_are_skipped() {
+        let text = "1: POSIX  ADVISORY  WRITE 99 fd:01:131 0 EOF\n\
+                    2: FLOCK  ADVISORY  WRITE 4242 fd:01:131 0 EOF\n\
+                    2: -> FLOCK  ADVISORY  WRITE 77 fd:01:131 0 EOF\n\
+                    3: FLOCK  ADVISORY  WRITE 5 08:02:131 0 EOF\n";
+        assert_eq!(parse_proc_locks(text, 0xfd, 1, 131), Some(4242));
+        assert_eq!(parse_proc_locks(text, 8, 2, 131), Some(5));
+        assert_eq!(parse_proc_locks(text, 8, 2, 132), None);
+    }
+
+    #[test]
+    fn a_lock_held_elsewhere_times_out_naming_the_holder_and_a_later_wait_is_not_fooled() {
+        // Proves: a timed-out wait does not leave a description that later "holds"
+        // the lock for another caller: while this process's first description holds
+        // the lock, a second `AppendLock` (another description, as another process
+        // would have) times out and names this pid; after release it gets the lock.
+        let d = tempfile::tempdir().unwrap();
+        let a = AppendLock::open(d.path()).unwrap();
+        let b = AppendLock::open(d.path()).unwrap();
+        let held = a.acquire(100).unwrap();
+        for _ in 0..3 {
+            match b.acquire(30) {
+                Err(Error::LockTimeout { holder_pid, .. }) => assert_eq!(holder_pid, Some(std::process::id())),
+                Err(e) => panic!("unexpected {e}"),
+                Ok(_) => panic!("two descriptions held one lock"),
+            }
+        }
+        drop(held);
+        // The abandoned helpers of `b` may win and close their descriptions; `a`
+        // must still be able to take the lock, and while `a` holds it, `b` must not.
+        std::thread::sleep(Duration::from_millis(50));
+        let held = a.acquire(1_000).unwrap();
+        assert!(matches!(b.acquire(30), Err(Error::LockTimeout { .. })));
+        drop(held);
+        let _b = b.acquire(1_000).unwrap();
     }
 }

@@ -5,16 +5,21 @@
 mod dir;
 mod error;
 mod faults;
+mod history;
 mod lock;
 mod options;
 mod reader;
 mod recovery;
+mod repair;
 mod writer;
 
-pub use dir::{EVIDENCE_INFIX, LOCK_FILE, SNAPSHOT_DIR, list_segments, segment_path};
+pub(crate) use dir::open_regular;
+pub use dir::{EVIDENCE_INFIX, LOCK_FILE, Listing, SNAPSHOT_DIR, check_dir_mode, list_segments, listing, segment_path};
 pub use error::{Error, Result};
 pub use faults::Faults;
+pub use history::check_whole_history;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use reader::{Problem, ReadSummary, ScanItem, Tailer, read_records, scan_dir, verify_dir};
 pub use recovery::{OpenReport, Repair};
+pub use repair::{Cut, InitReport, RepairReport, init, repair};
 pub use writer::{Appended, Locked, Log};

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use super::Faults;
 use super::error::{Error, Result};
-use crate::format::{PAYLOAD_BYTES_HARD_MAX, SEGMENT_HEADER_BYTES};
+use crate::format::{PAYLOAD_BYTES_HARD_MAX, SEGMENT_BYTES_HARD_MAX, SEGMENT_HEADER_BYTES};
 
 /// How much of the log `Log::open` verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,10 @@ pub struct LogOptions {
     pub queue_depth_max: usize,
     /// Longest wait for the cross-process append lock before `LOCK_TIMEOUT`.
     pub lock_wait_ms_max: u64,
-    /// Create the directory if it does not exist.
+    /// Create the log if the directory is missing or empty (a directory holding
+    /// other files is never turned into a log). Off, opening anything but an
+    /// existing log is `NOT_A_LOG`: the command-line tools create a log only with
+    /// `fencelog init`, so a mistyped path cannot start a second history.
     pub create: bool,
     pub verify_on_open: VerifyOnOpen,
     /// This writer's identity in every record it appends (random if unset).
@@ -82,6 +85,12 @@ impl LogOptions {
         self.payload_bytes_max + crate::format::BODY_FIXED_BYTES as u32
     }
 
+    /// Longest segment file a reader of this log accepts (see
+    /// [`crate::format::segment_file_bytes_max`]).
+    pub fn segment_file_bytes_max(&self) -> u64 {
+        crate::format::segment_file_bytes_max(self.body_max())
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         let bad = |detail: String| Err(Error::InvalidOption { detail });
         if self.payload_bytes_max == 0 || self.payload_bytes_max > PAYLOAD_BYTES_HARD_MAX {
@@ -90,8 +99,10 @@ impl LogOptions {
         if self.batch_records_max == 0 || self.batch_bytes_max < self.payload_bytes_max as usize {
             return bad("batch_records_max must be > 0 and batch_bytes_max >= payload_bytes_max".into());
         }
-        if self.segment_bytes_max <= SEGMENT_HEADER_BYTES as u64 {
-            return bad(format!("segment_bytes_max must exceed the {SEGMENT_HEADER_BYTES}-byte header"));
+        if self.segment_bytes_max <= SEGMENT_HEADER_BYTES as u64 || self.segment_bytes_max > SEGMENT_BYTES_HARD_MAX {
+            return bad(format!(
+                "segment_bytes_max must exceed the {SEGMENT_HEADER_BYTES}-byte header and be at most {SEGMENT_BYTES_HARD_MAX}"
+            ));
         }
         if self.queue_depth_max == 0 {
             return bad("queue_depth_max must be > 0".into());

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::dir::list_segments;
+use super::dir::{list_segments, listing, open_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Cursor, GENESIS_LINK, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError,
-    decode_frame, hex, scan_frames,
+    Action, Cursor, GENESIS_LINK, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError,
+    classify, decode_frame, hex, scan_frames, scan_frames_in, segment_file_bytes_max,
 };
 
 /// One problem found by a reader.
@@ -99,30 +99,57 @@ pub fn scan_dir(
     mut on: impl FnMut(ScanItem<'_>) -> bool,
 ) -> Result<ReadSummary> {
     if !dir.is_dir() {
-        return Err(Error::NotALogDirectory { path: dir.into(), detail: "it is not a readable directory".into() });
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: "it does not exist or is not a readable directory".into(),
+        });
     }
-    let segments = list_segments(dir)?;
+    let found = listing(dir)?;
+    let segments = &found.segments;
     if segments.is_empty() {
+        found.refuse_lost_history(dir)?;
         return Err(Error::NotALogDirectory { path: dir.into(), detail: "it holds no segment file".into() });
     }
     let start = segments.iter().rposition(|(s, _)| *s <= from_seq).unwrap_or(0);
     let mut sum = ReadSummary { segments: segments.len(), chain_head: hex(&GENESIS_LINK), ..Default::default() };
     let mut cursor: Option<Cursor> = None;
     let mut stopped = false;
+    for name in &found.odd_segment_names {
+        let detail = "named like a segment but not a valid segment name (20 decimal digits of a u64, then .seg): \
+                      a renamed or planted segment; not read"
+            .to_string();
+        let p = problem("odd_segment_name", &dir.join(name), 0, 0, false, 0, detail);
+        report(&mut on, &mut sum, p, &mut stopped);
+    }
+    let bytes_max = segment_file_bytes_max(body_max);
     for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
         if stopped {
             break;
         }
         let is_last = i + 1 == segments.len();
-        let owned;
-        let mapped;
-        let bytes: &[u8] = if is_last {
-            owned = fs::read(path).map_err(Error::io("read", path))?;
-            &owned
+        // The last segment (which a recovering writer may truncate) is read into
+        // memory; sealed ones are mapped.
+        let held = if is_last {
+            open_regular(path, bytes_max, *name_seq).and_then(|(f, len)| {
+                let mut b = vec![0u8; len as usize];
+                std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 0).map_err(Error::io("read", path))?;
+                Ok(Held::Owned(b))
+            })
         } else {
-            mapped = Mapped::open(path)?;
-            mapped.bytes()
+            Mapped::open(path, bytes_max, *name_seq).map(Held::Mapped)
         };
+        let held = match held {
+            Ok(h) => h,
+            Err(Error::Corruption { detail, .. }) => {
+                // Not a regular file, or too long to be a segment: reported, not read.
+                let p = problem("unsafe_segment", path, 0, *name_seq, false, 0, detail);
+                report(&mut on, &mut sum, p, &mut stopped);
+                cursor = None;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let bytes = held.bytes();
         sum.bytes += bytes.len() as u64;
         let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
         let header = match SegmentHeader::decode(bytes) {
@@ -167,7 +194,17 @@ pub fn scan_dir(
                 }
                 _ => format!("damaged frame where sequence {} was expected", d.expected_seq),
             };
-            let torn = is_last && d.is_torn_tail();
+            let action = classify(d.evidence(!is_last));
+            let torn = action == Action::CutTornTail;
+            let detail = if action == Action::RefuseRotten {
+                format!(
+                    "{detail}: a complete record fails its checksum with no sign of a torn write; refused, not cut \
+                     (fencelog repair --cut-from {} cuts it explicitly)",
+                    d.expected_seq
+                )
+            } else {
+                detail
+            };
             let p = problem(d.kind.code(), path, d.offset, d.expected_seq, torn, end - d.offset, detail);
             report(&mut on, &mut sum, p, &mut stopped);
             let Some(resync) = d.resync_at.filter(|_| !stopped) else { break };
@@ -189,6 +226,20 @@ pub fn scan_dir(
         sum.chain_head = hex(&link);
     }
     Ok(sum)
+}
+
+enum Held {
+    Owned(Vec<u8>),
+    Mapped(Mapped),
+}
+
+impl Held {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Held::Owned(b) => b,
+            Held::Mapped(m) => m.bytes(),
+        }
+    }
 }
 
 fn report(on: &mut impl FnMut(ScanItem<'_>) -> bool, sum: &mut ReadSummary, p: Problem, stopped: &mut bool) {
@@ -247,6 +298,9 @@ pub struct Tailer {
     cursor: Cursor,
     /// Records below this sequence are verified but not visited.
     visit_from: u64,
+    /// The last poll stopped before a torn tail (an append in progress, or a torn
+    /// write the next writer will cut).
+    torn_tail: bool,
 }
 
 impl Tailer {
@@ -260,7 +314,17 @@ impl Tailer {
             offset: 0,
             cursor: Cursor { next_seq: 0, prev_link: GENESIS_LINK },
             visit_from: from_seq.max(1),
+            torn_tail: false,
         }
+    }
+
+    /// Did the last poll stop before a torn tail?
+    pub fn stopped_at_torn_tail(&self) -> bool {
+        self.torn_tail
+    }
+
+    fn later_segment_exists(&self, first_seq: u64) -> Result<bool> {
+        Ok(list_segments(&self.dir)?.iter().any(|(s, _)| *s > first_seq))
     }
 
     /// Next sequence this tailer expects.
@@ -269,7 +333,7 @@ impl Tailer {
     }
 
     fn open_segment(&mut self, first_seq: u64, path: PathBuf, continuing: bool) -> Result<()> {
-        let f = fs::File::open(&path).map_err(Error::io("open", &path))?;
+        let (f, _) = open_regular(&path, segment_file_bytes_max(self.body_max), first_seq)?;
         let mut hb = [0u8; SEGMENT_HEADER_BYTES];
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut hb, 0).map_err(Error::io("read segment header", &path))?;
         let header = SegmentHeader::decode(&hb).map_err(|e| super::recovery::header_error(&path, e, first_seq))?;
@@ -285,6 +349,7 @@ impl Tailer {
     /// records were visited.
     pub fn poll(&mut self, mut visit: impl FnMut(&RecordRef<'_>)) -> Result<u64> {
         let mut visited = 0;
+        self.torn_tail = false;
         if self.file.is_none() {
             let segments = list_segments(&self.dir)?;
             let Some((seq, path)) =
@@ -312,7 +377,7 @@ impl Tailer {
                     let mut bytes = vec![0u8; chunk as usize];
                     std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at).map_err(Error::io("read", &path))?;
                     let visit_from = self.visit_from;
-                    let outcome = scan_frames(&bytes, 0, &mut self.cursor, self.body_max, |_, r| {
+                    let outcome = scan_frames_in(&bytes, 0, at, &mut self.cursor, self.body_max, |_, r| {
                         if r.seq >= visit_from {
                             visited += 1;
                             visit(r);
@@ -326,12 +391,17 @@ impl Tailer {
                 match outcome {
                     ScanOutcome::Clean => self.offset += scanned,
                     ScanOutcome::Damaged(d) if at + scanned < len => self.offset += d.offset,
-                    ScanOutcome::Damaged(d) if d.is_torn_tail() => {
+                    // An append in progress, or a torn write the next writer cuts — but
+                    // only at the end of the last segment: a later segment means this
+                    // one is sealed, and damage in it is corruption.
+                    ScanOutcome::Damaged(d) if d.is_torn_tail() && !self.later_segment_exists(first_seq)? => {
                         self.offset += d.offset;
+                        self.torn_tail = true;
                         return Ok(visited);
                     }
                     ScanOutcome::Damaged(d) => {
-                        return Err(super::recovery::damage_error(&path, at, &d, "(found while tailing)"));
+                        let sealed = !d.is_torn_tail() || self.later_segment_exists(first_seq)?;
+                        return Err(super::recovery::refusal(&path, at, &d, sealed));
                     }
                 }
             }

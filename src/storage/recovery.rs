@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::Serialize;
 
-use super::dir::{segment_path, sync_dir, write_evidence};
+use super::dir::{create_first_segment, listing, open_regular, segment_path, sync_dir, write_evidence};
 use super::error::{Error, Result};
+use super::history::check_history;
 use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
-    Cursor, Damage, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError,
-    find_next_frame, hex, scan_frames,
+    Action, Cursor, Damage, Evidence, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    SegmentHeaderError, classify, find_next_frame, hex, scan_frames,
 };
 
 /// One repair made while opening, with the evidence file that keeps what was cut.
@@ -56,9 +57,10 @@ pub(crate) struct Mapped {
 }
 
 impl Mapped {
-    pub fn open(path: &Path) -> Result<Self> {
-        let f = File::open(path).map_err(Error::io("open", path))?;
-        let len = f.metadata().map_err(Error::io("stat", path))?.len();
+    /// Map a segment named for `seq`, refusing anything but a regular file of at
+    /// most `bytes_max` bytes.
+    pub fn open(path: &Path, bytes_max: u64, seq: u64) -> Result<Self> {
+        let (f, len): (File, u64) = open_regular(path, bytes_max, seq)?;
         if len == 0 {
             return Ok(Mapped { map: None });
         }
@@ -77,8 +79,16 @@ impl Mapped {
 /// A last segment whose header never made it to disk whole, and which holds no
 /// intact frame, is the trace of a crash during rotation.
 pub(crate) fn is_torn_creation(bytes: &[u8], err: &SegmentHeaderError, body_max: u32) -> bool {
-    !matches!(err, SegmentHeaderError::UnsupportedVersion { .. })
-        && find_next_frame(bytes, SEGMENT_HEADER_BYTES.min(bytes.len()), body_max, 1).is_none()
+    classify(header_evidence(bytes, err, body_max, false)) == Action::SetAsideTornSegment
+}
+
+/// The decision-table evidence for a segment header that does not decode.
+pub(crate) fn header_evidence(bytes: &[u8], err: &SegmentHeaderError, body_max: u32, sealed: bool) -> Evidence {
+    Evidence::Header {
+        unsupported_version: matches!(err, SegmentHeaderError::UnsupportedVersion { .. }),
+        sealed,
+        intact_frame_after: find_next_frame(bytes, SEGMENT_HEADER_BYTES.min(bytes.len()), body_max, 1).is_some(),
+    }
 }
 
 pub(crate) fn header_error(path: &Path, err: SegmentHeaderError, expected_seq: u64) -> Error {
@@ -127,6 +137,28 @@ pub(crate) fn cut_torn_tail(path: &Path, bytes_from_offset: &[u8], offset: u64, 
     })
 }
 
+/// The error for damage that recovery refuses (rows R4 to R7 of FORMAT.md §6).
+pub(crate) fn refusal(path: &Path, base: u64, d: &Damage, sealed: bool) -> Error {
+    if classify(d.evidence(sealed)) == Action::RefuseRotten {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        return Error::Corruption {
+            segment: path.to_path_buf(),
+            offset: base + d.offset,
+            seq: d.expected_seq,
+            detail: format!(
+                "{}: a complete record that fails its checksum with no sign of a torn write (no zeroed \
+                 sector): it may have been acknowledged, so it is not cut silently. If it is known to be \
+                 lost, cut it and everything after it with `fencelog repair --dir {} --cut-from {}` \
+                 (the cut bytes are kept as evidence)",
+                d.kind.code(),
+                dir.display(),
+                d.expected_seq
+            ),
+        };
+    }
+    damage_error(path, base, d, if sealed { "in a sealed segment (later segments exist)" } else { "" })
+}
+
 pub(crate) fn damage_error(path: &Path, base: u64, d: &Damage, what: &str) -> Error {
     let resync = match d.resync_at {
         Some(o) => format!("; intact records follow at byte {}", base + o),
@@ -155,13 +187,16 @@ pub(crate) fn create_segment(dir: &Path, cursor: &Cursor) -> Result<PathBuf> {
 /// Recover the directory for writing. The caller holds the append lock.
 pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenReport)> {
     let body_max = opts.body_max();
+    let bytes_max = opts.segment_file_bytes_max();
     let mut repairs = Vec::new();
-    let mut segments = super::dir::list_segments(dir)?;
+    let found = listing(dir)?;
+    found.refuse_odd_names(dir)?;
+    let mut segments = found.segments.clone();
 
-    // Decision: a last segment with a damaged header and no intact frame was torn
-    // during creation → set aside. (Repeat: a crash loop could leave several.)
+    // R8: a last segment with a damaged header and no intact frame was torn during
+    // creation → set aside. (Repeat: a crash loop could leave several.)
     while let Some((seq, path)) = segments.last().cloned() {
-        let map = Mapped::open(&path)?;
+        let map = Mapped::open(&path, bytes_max, seq)?;
         match SegmentHeader::decode(map.bytes()) {
             Err(e) if is_torn_creation(map.bytes(), &e, body_max) => {
                 drop(map);
@@ -173,13 +208,32 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     }
 
     if segments.is_empty() {
+        found.refuse_lost_history(dir)?;
+        if !opts.create {
+            return Err(Error::NotALogDirectory {
+                path: dir.into(),
+                detail: format!("it holds no log; create one with `fencelog init --dir {}`", dir.display()),
+            });
+        }
+        if let Some(name) = &found.foreign {
+            return Err(Error::NotALogDirectory {
+                path: dir.into(),
+                detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
+            });
+        }
         let cursor = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
-        let path = create_segment(dir, &cursor)?;
+        let path = create_first_segment(dir, &SegmentHeader { first_seq: 1, prev_link: GENESIS_LINK }.encode())?;
+        super::dir::create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))?;
         let tail = TailState { segment: path, segment_first_seq: 1, segment_len: SEGMENT_HEADER_BYTES as u64, cursor };
         let report =
             OpenReport { segments: 1, records_verified: 0, last_seq: 0, chain_head: hex(&GENESIS_LINK), repairs };
         return Ok((tail, report));
     }
+
+    // The whole history, or nothing: every segment from genesis is present and
+    // continues the one before (headers and seals: cheap, even when only the last
+    // segment is verified below).
+    check_history(dir, &segments, body_max)?;
 
     let start = match opts.verify_on_open {
         VerifyOnOpen::Full => 0,
@@ -190,7 +244,7 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     let mut tail = None;
     for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
         let is_last = i + 1 == segments.len();
-        let map = Mapped::open(path)?;
+        let map = Mapped::open(path, bytes_max, *name_seq)?;
         let bytes = map.bytes();
         let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
         let header = SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
@@ -199,14 +253,11 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         let mut len = bytes.len() as u64;
         match scan_frames(bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| records += 1) {
             ScanOutcome::Clean => {}
-            ScanOutcome::Damaged(d) if is_last && d.is_torn_tail() => {
+            ScanOutcome::Damaged(d) if classify(d.evidence(!is_last)) == Action::CutTornTail => {
                 repairs.push(cut_torn_tail(path, &bytes[d.offset as usize..], d.offset, &d)?);
                 len = d.offset;
             }
-            ScanOutcome::Damaged(d) => {
-                let what = if is_last { "" } else { "in a sealed segment (later segments exist)" };
-                return Err(damage_error(path, 0, &d, what));
-            }
+            ScanOutcome::Damaged(d) => return Err(refusal(path, 0, &d, !is_last)),
         }
         cursor = Some(c);
         if is_last {

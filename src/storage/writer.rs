@@ -5,7 +5,7 @@
 //! syncs once, releases the lock and completes every request. No sleep on the path:
 //! the group is whatever arrived while the previous sync ran.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,16 +14,17 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::dir::{create_dir_private, segment_path};
+use super::dir::{check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path};
 use super::error::{Error, Result};
 use super::lock::AppendLock;
 use super::options::LogOptions;
 use super::recovery::{
-    OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, damage_error, header_error,
-    is_torn_creation, recover, set_aside_torn_segment,
+    OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, header_error, is_torn_creation,
+    recover, refusal, set_aside_torn_segment,
 };
 use crate::format::{
-    ChainLink, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, encode_frame, frame_bytes, scan_frames,
+    Action, ChainLink, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, classify, encode_frame, frame_bytes,
+    scan_frames_in,
 };
 
 /// An acknowledged (synced) append.
@@ -90,11 +91,7 @@ impl Log {
             let _held = lock.acquire(opts.lock_wait_ms_max)?;
             recover(&dir, &opts)?
         };
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&tail.segment)
-            .map_err(Error::io("open", &tail.segment))?;
+        let (file, _) = open_regular_rw(&tail.segment, opts.segment_file_bytes_max(), tail.segment_first_seq)?;
         let writer_id = opts.writer_id.unwrap_or_else(uuid::Uuid::new_v4);
         let shared = Arc::new(Shared {
             poisoned: Mutex::new(None),
@@ -291,23 +288,23 @@ impl Locked<'_> {
     }
 }
 
+/// The directory exists (created 0700 if allowed) and only its owner can write to
+/// it. Whether it holds a log is decided by recovery, under the lock, from one
+/// listing.
 fn prepare_dir(dir: &Path, create: bool) -> Result<()> {
     if !dir.exists() {
         if !create {
-            return Err(Error::NotALogDirectory { path: dir.into(), detail: "it does not exist".into() });
+            return Err(Error::NotALogDirectory {
+                path: dir.into(),
+                detail: format!("it does not exist; create a log with `fencelog init --dir {}`", dir.display()),
+            });
         }
         create_dir_private(dir)?;
         super::dir::sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
     } else if !dir.is_dir() {
         return Err(Error::NotALogDirectory { path: dir.into(), detail: "it is not a directory".into() });
-    } else if let Some(name) = super::dir::foreign_entry(dir)? {
-        // Refuse to turn an unrelated, non-empty directory into a log.
-        return Err(Error::NotALogDirectory {
-            path: dir.into(),
-            detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
-        });
     }
-    create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))
+    check_dir_mode(dir)
 }
 
 struct Writer {
@@ -407,15 +404,13 @@ impl Writer {
                 let mut bytes = vec![0u8; (len - base) as usize];
                 self.file.read_exact_at(&mut bytes, base).map_err(Error::io("read", &path))?;
                 let mut adopted = 0u64;
-                match scan_frames(&bytes, 0, &mut self.tail.cursor, body_max, |_, _| adopted += 1) {
+                match scan_frames_in(&bytes, 0, base, &mut self.tail.cursor, body_max, |_, _| adopted += 1) {
                     ScanOutcome::Clean => self.tail.segment_len = len,
-                    ScanOutcome::Damaged(d) if d.is_torn_tail() => {
+                    ScanOutcome::Damaged(d) if classify(d.evidence(false)) == Action::CutTornTail => {
                         cut_torn_tail(&path, &bytes[d.offset as usize..], base + d.offset, &d)?;
                         self.tail.segment_len = base + d.offset;
                     }
-                    ScanOutcome::Damaged(d) => {
-                        return Err(damage_error(&path, base, &d, "(found while catching up)"));
-                    }
+                    ScanOutcome::Damaged(d) => return Err(refusal(&path, base, &d, false)),
                 }
                 self.shared.adopted.fetch_add(adopted, Ordering::Relaxed);
             }
@@ -428,7 +423,9 @@ impl Writer {
             if !next.exists() {
                 return Ok(());
             }
-            let bytes = fs::read(&next).map_err(Error::io("read", &next))?;
+            let (f, next_len) = open_regular(&next, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?;
+            let mut bytes = vec![0u8; next_len as usize];
+            f.read_exact_at(&mut bytes, 0).map_err(Error::io("read", &next))?;
             let header = match SegmentHeader::decode(&bytes) {
                 Ok(h) => h,
                 Err(e) if is_torn_creation(&bytes, &e, body_max) => {
@@ -443,7 +440,7 @@ impl Writer {
     }
 
     fn switch_to(&mut self, path: PathBuf, len: u64) -> Result<()> {
-        self.file = fs::OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io("open", &path))?;
+        self.file = open_regular_rw(&path, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?.0;
         self.tail.segment_first_seq = self.tail.cursor.next_seq;
         self.tail.segment = path;
         self.tail.segment_len = len;

@@ -1,0 +1,146 @@
+//! Creating a log on purpose (`init`) and cutting damage on purpose (`repair`).
+//! Recovery never cuts a record that may have been acknowledged; `repair` does,
+//! only when asked, and keeps every byte it cuts as evidence.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::dir::{EVIDENCE_INFIX, sync_dir, write_evidence};
+use super::error::{Error, Result};
+use super::lock::AppendLock;
+use super::options::LogOptions;
+use super::reader::{ScanItem, scan_dir, verify_dir};
+use super::writer::Log;
+
+/// What `init` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct InitReport {
+    pub dir: PathBuf,
+    pub last_seq: u64,
+    pub chain_head: String,
+}
+
+/// Create a log in `dir` (missing or empty; never among other files). On a
+/// directory that already holds a log, report it and change nothing.
+pub fn init(dir: &Path, opts: LogOptions) -> Result<InitReport> {
+    let log = Log::open(dir, LogOptions { create: true, ..opts })?;
+    let r = log.open_report().clone();
+    log.close()?;
+    Ok(InitReport { dir: dir.to_path_buf(), last_seq: r.last_seq, chain_head: r.chain_head })
+}
+
+/// One cut made by `repair`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cut {
+    pub segment: PathBuf,
+    pub offset: u64,
+    pub bytes: u64,
+    pub evidence: PathBuf,
+}
+
+/// What `repair` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RepairReport {
+    pub dir: PathBuf,
+    pub cut_from_seq: u64,
+    /// The first damage found (kind, segment, offset, sequence).
+    pub damage: super::reader::Problem,
+    pub cuts: Vec<Cut>,
+    /// The log after the cut.
+    pub last_seq: u64,
+    pub chain_head: String,
+    pub intact: bool,
+}
+
+/// Cut the log from record `cut_from_seq` on: the bytes from that record to the end
+/// of its segment go to an evidence file, and every later segment is renamed to an
+/// evidence name, whole. Only a damaged log is repaired, and only from the first
+/// damaged record or earlier (cutting after the damage would leave it in place).
+pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<RepairReport> {
+    super::history::check_whole_history(dir, opts.body_max()).or_else(|e| match e {
+        Error::Corruption { .. } => Ok(()), // what repair is for
+        other => Err(other),
+    })?;
+    let lock = AppendLock::open(dir)?;
+    let _held = lock.acquire(opts.lock_wait_ms_max)?;
+    let mut at: Option<(PathBuf, u64)> = None;
+    let mut damage = None;
+    scan_dir(dir, 1, opts.body_max(), |item| match item {
+        ScanItem::Record { rec, segment, offset } => {
+            if rec.seq == cut_from_seq {
+                at = Some((segment.to_path_buf(), offset));
+            }
+            true
+        }
+        ScanItem::Damage(p) => {
+            damage = Some(p.clone());
+            false
+        }
+    })?;
+    let Some(damage) = damage else {
+        return Err(Error::InvalidOption {
+            detail: "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
+        });
+    };
+    if cut_from_seq == 0 || cut_from_seq > damage.seq {
+        return Err(Error::InvalidOption {
+            detail: format!(
+                "the first damage is at sequence {} ({} in {} at byte {}); cut from {} or earlier",
+                damage.seq,
+                damage.kind,
+                damage.segment.display(),
+                damage.offset,
+                damage.seq
+            ),
+        });
+    }
+    let (segment, offset) = if cut_from_seq == damage.seq {
+        (damage.segment.clone(), damage.offset)
+    } else {
+        at.ok_or_else(|| Error::InvalidOption { detail: format!("record {cut_from_seq} was not found") })?
+    };
+    let mut cuts = Vec::new();
+    let segments = super::dir::listing(dir)?.segments;
+    for (_, path) in segments.iter().filter(|(_, p)| *p > segment) {
+        cuts.push(set_aside_whole(dir, path)?);
+    }
+    if offset == 0 {
+        cuts.push(set_aside_whole(dir, &segment)?);
+    } else {
+        let bytes = std::fs::read(&segment).map_err(Error::io("read", &segment))?;
+        let tail = &bytes[(offset as usize).min(bytes.len())..];
+        let evidence = write_evidence(&segment, "repair-cut", offset, tail)?;
+        let f = std::fs::OpenOptions::new().write(true).open(&segment).map_err(Error::io("open", &segment))?;
+        f.set_len(offset).map_err(Error::io("truncate", &segment))?;
+        f.sync_all().map_err(Error::io("fsync", &segment))?;
+        cuts.push(Cut { segment: segment.clone(), offset, bytes: tail.len() as u64, evidence });
+    }
+    sync_dir(dir)?;
+    drop(_held);
+    tracing::warn!(dir = %dir.display(), cut_from_seq, "repair cut the log; the cut bytes are kept as evidence");
+    let after = verify_dir(dir, opts.body_max())?;
+    Ok(RepairReport {
+        dir: dir.to_path_buf(),
+        cut_from_seq,
+        damage,
+        cuts,
+        last_seq: after.last_seq.unwrap_or(0),
+        chain_head: after.chain_head.clone(),
+        intact: after.is_intact(),
+    })
+}
+
+fn set_aside_whole(dir: &Path, path: &Path) -> Result<Cut> {
+    let bytes = std::fs::metadata(path).map_err(Error::io("stat", path))?.len();
+    let base = format!("{}{EVIDENCE_INFIX}repair-whole-0", path.display());
+    let mut evidence = PathBuf::from(&base);
+    let mut n = 1;
+    while evidence.exists() {
+        evidence = PathBuf::from(format!("{base}.{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &evidence).map_err(Error::io("rename to evidence", path))?;
+    sync_dir(dir)?;
+    Ok(Cut { segment: path.to_path_buf(), offset: 0, bytes, evidence })
+}

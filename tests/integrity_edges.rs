@@ -1,0 +1,451 @@
+//! Integrity at the edges (issue 7): a partial, tampered, swapped or oversized log
+//! is refused, never answered from. Each test works on real files through the real
+//! CLI (separate processes) or the embedded API, and opens with what it proves.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelog::ledger::{Ledger, LedgerOptions};
+use fencelog::model::{Event, Txn};
+use fencelog::storage::{Log, LogOptions, segment_path};
+use serde_json::Value;
+
+const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+
+fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
+    let out = Command::new(FENCELOG).args(args).env("FENCELOG_DIR", dir).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    (out.status.code().unwrap_or(-1), serde_json::from_str(s.trim()).unwrap_or(Value::Null))
+}
+
+fn code_of(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
+
+/// A log with `n` notes spread over small segments, written by the embedded ledger
+/// (the first a claim by this test process); returns the directory.
+fn small_segment_log(n: u64) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let mut opts = LedgerOptions::default();
+    opts.log.segment_bytes_max = 600;
+    let l = Ledger::open(d.path(), opts).unwrap();
+    let me = fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap();
+    let claim =
+        Event::Claim { subject: "home/a".into(), owner: me, stale_after_ms: 60_000, lock: None, previous: None };
+    l.submit(Some(("req-claim".into(), [1; 32])), |_, t, w| Ok(Txn::new(t, w, vec![claim.clone()]))).unwrap();
+    for i in 1..n {
+        let note = Event::Note { subject: "home/a".into(), generation: 1, text: format!("note {i}") };
+        l.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![note.clone()]))).unwrap();
+    }
+    drop(l);
+    d
+}
+
+fn init(dir: &Path) {
+    let (code, v) = fl(dir, &["init", "--dir", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{v}");
+}
+
+/// Proves: deleting `LOCK` under a running writer cannot let a second writer in:
+/// two concurrent appending processes, with `LOCK` removed again and again, end
+/// with a dense, intact chain holding every record both acknowledged.
+#[test]
+fn a_deleted_lock_file_cannot_split_mutual_exclusion_between_writers() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("log");
+    let dir_s = dir.to_str().unwrap();
+    init(&dir);
+    let spawn = || {
+        Command::new(FENCELOG)
+            .args(["demo", "--dir", dir_s, "--records", "3000", "--appenders", "4"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        let _ = fs::remove_file(dir.join("LOCK"));
+        let _ = fs::write(dir.join("LOCK"), b""); // a fresh inode, as a new writer would create
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let (code, v) = fl(&dir, &["inspect", "verify", dir_s, "--json"]);
+    assert_eq!((code, v["status"].as_str(), v["records"].as_u64()), (0, Some("intact"), Some(6000)), "{v}");
+}
+
+/// Proves: a log whose first segment is gone is CORRUPTION (exit 1) for writers and
+/// readers alike, naming the missing segment — never a fresh start that hands out
+/// generation 1 again; and a log whose segments are all gone while its snapshots
+/// remain is CORRUPTION too.
+#[test]
+fn a_missing_first_segment_or_all_segments_is_corruption_for_every_command() {
+    let d = small_segment_log(30);
+    let dir = d.path();
+    let dir_s = dir.to_str().unwrap();
+    assert!(common::segment_files(dir).len() >= 3);
+    let snap = Ledger::open(dir, LedgerOptions::default()).unwrap().snapshot_now().unwrap();
+    assert!(snap.exists());
+    fs::remove_file(segment_path(dir, 1)).unwrap();
+    for args in [
+        vec!["claim", "--subject", "home/a", "--pid", "1"],
+        vec!["state"],
+        vec!["request", "show", "req-claim"],
+        vec!["note", "--subject", "home/a", "--generation", "1", "--text", "zombie"],
+    ] {
+        let (code, v) = fl(dir, &args);
+        assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{args:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("00000000000000000001.seg"), "{v}");
+    }
+    assert_eq!(fl(dir, &["inspect", "verify", dir_s]).0, 1);
+    for s in common::segment_files(dir) {
+        fs::remove_file(s).unwrap();
+    }
+    let (code, v) = fl(dir, &["claim", "--subject", "home/a", "--pid", "1"]);
+    assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("snapshots/"), "{v}");
+    assert!(common::segment_files(dir).is_empty(), "nothing was created");
+    assert_eq!(fl(dir, &["state"]).0, 1);
+}
+
+/// Proves: three stray bytes after a sealed segment make `request show` refuse
+/// (CORRUPTION, exit 1) instead of answering `never_committed` for a committed
+/// request, and writers report the same CORRUPTION (not WRITER_POISONED).
+#[test]
+fn stray_bytes_after_a_sealed_segment_are_corruption_for_readers_and_writers() {
+    let d = small_segment_log(30);
+    let dir = d.path();
+    assert_eq!(fl(dir, &["request", "show", "req-claim"]).1["status"], "committed");
+    let first = segment_path(dir, 1);
+    let mut b = fs::read(&first).unwrap();
+    b.extend_from_slice(b"xyz");
+    fs::write(&first, &b).unwrap();
+    for args in [
+        vec!["request", "show", "req-claim"],
+        vec!["state"],
+        vec!["heartbeat", "--subject", "home/a", "--generation", "1"],
+    ] {
+        let (code, v) = fl(dir, &args);
+        assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{args:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("00000000000000000001.seg"), "{v}");
+    }
+}
+
+/// Proves: read commands never write, lock or create: a missing directory and an
+/// empty one are NOT_A_LOG (exit 2) and stay as they were; mutations there are
+/// NOT_A_LOG with the hint to run `init`; a writer stopped while holding the lock
+/// does not block `state`.
+#[test]
+fn read_commands_never_create_lock_or_write_and_mutations_ask_for_init() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("missing");
+    for args in [vec!["state"], vec!["request", "show", "r"]] {
+        let (code, v) = fl(&missing, &args);
+        assert_eq!((code, code_of(&v)), (2, "NOT_A_LOG"), "{v}");
+        assert!(!missing.exists());
+    }
+    let empty = d.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    fs::set_permissions(&empty, fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(fl(&empty, &["state"]).0, 2);
+    let (code, v) = fl(&empty, &["claim", "--subject", "a", "--pid", "1"]);
+    assert_eq!((code, code_of(&v)), (2, "NOT_A_LOG"), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("fencelog init --dir"), "{v}");
+    assert_eq!(fs::read_dir(&empty).unwrap().count(), 0, "nothing was created");
+    let (code, v) = fl(&missing, &["claim", "--subject", "a", "--pid", "1"]);
+    assert_eq!((code, code_of(&v)), (2, "NOT_A_LOG"), "{v}");
+    assert!(!missing.exists(), "a typo never creates a log");
+
+    init(&empty);
+    let before = common::hash_tree(&empty);
+    let holder = fs::File::open(&empty).unwrap();
+    fs4::FileExt::lock(&holder).unwrap(); // a writer holding the append lock, stopped
+    let start = Instant::now();
+    let (code, v) = fl(&empty, &["state"]);
+    assert_eq!((code, v["last_seq"].as_u64()), (0, Some(0)), "{v}");
+    assert!(start.elapsed() < Duration::from_secs(5), "state waited for the lock");
+    assert_eq!(common::hash_tree(&empty), before, "state changed nothing");
+}
+
+/// Proves: on a torn tail, read commands answer from the intact prefix and say
+/// `torn_tail: true`, and leave the bytes for the next writer to cut.
+#[test]
+fn a_torn_tail_is_answered_from_the_intact_prefix_and_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    init(dir);
+    let sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    assert_eq!(fl(dir, &["claim", "--subject", "t/a", "--pid", &pid]).0, 0);
+    let seg = segment_path(dir, 1);
+    let mut b = fs::read(&seg).unwrap();
+    b.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3, 4, 5, 6]); // half a frame
+    fs::write(&seg, &b).unwrap();
+    let before = common::hash_tree(dir);
+    let (code, v) = fl(dir, &["state"]);
+    assert_eq!((code, v["torn_tail"].as_bool(), v["last_seq"].as_u64()), (0, Some(true), Some(1)), "{v}");
+    assert_eq!(common::hash_tree(dir), before);
+    let (code, _) = fl(dir, &["heartbeat", "--subject", "t/a", "--generation", "1"]);
+    assert_eq!(code, 0, "the next writer cuts the torn tail");
+    assert_eq!(fl(dir, &["state"]).1["torn_tail"], false);
+    drop(sleeper);
+}
+
+/// Proves: a complete last record that fails its checksum with no zeroed sector is
+/// rot, not a torn write: refused (CORRUPTION, exit 1, naming `repair`), never cut
+/// silently; `repair --cut-from SEQ` cuts it on purpose and keeps the bytes; a last
+/// record whose sector was zeroed (a torn write) is cut on open.
+#[test]
+fn a_rotten_last_record_is_refused_until_repair_and_a_zeroed_sector_is_torn() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let dir_s = dir.to_str().unwrap();
+    init(dir);
+    let log = Log::open(dir, LogOptions::default()).unwrap();
+    for i in 0..3 {
+        log.append(format!("record {i} {}", "x".repeat(600)).as_bytes()).unwrap();
+    }
+    drop(log);
+    let seg = segment_path(dir, 1);
+    let good = fs::read(&seg).unwrap();
+    let mut rotten = good.clone();
+    let n = rotten.len();
+    rotten[n - 10] ^= 0x04;
+    fs::write(&seg, &rotten).unwrap();
+    let err = Log::open(dir, LogOptions::default()).err().expect("refused");
+    assert_eq!(err.code(), "CORRUPTION");
+    assert!(err.to_string().contains("--cut-from 3"), "{err}");
+    assert_eq!(fs::read(&seg).unwrap(), rotten, "nothing was cut");
+    assert_eq!(fl(dir, &["inspect", "verify", dir_s]).0, 1);
+    let (code, v) = fl(dir, &["repair", "--dir", dir_s, "--cut-from", "4"]);
+    assert_eq!((code, code_of(&v)), (2, "INVALID_OPTION"), "cannot cut after the damage: {v}");
+    let (code, v) = fl(dir, &["repair", "--dir", dir_s, "--cut-from", "3"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["last_seq"].as_u64(), v["intact"].as_bool()), (Some(2), Some(true)), "{v}");
+    let evidence = v["cuts"][0]["evidence"].as_str().unwrap();
+    let cut_at = v["cuts"][0]["offset"].as_u64().unwrap() as usize;
+    assert_eq!(fs::read(evidence).unwrap(), &rotten[cut_at..], "the cut bytes are kept");
+    assert_eq!(fl(dir, &["repair", "--dir", dir_s, "--cut-from", "3"]).0, 2, "an intact log is not repaired");
+
+    // A torn write: the last record's final sector never reached the disk.
+    let mut torn = good.clone();
+    let sector_start = (n - 1) / 512 * 512;
+    assert!(n - sector_start >= 16);
+    torn[sector_start..].fill(0);
+    fs::write(&seg, &torn).unwrap();
+    let log = Log::open(dir, LogOptions::default()).unwrap();
+    assert_eq!(log.open_report().repairs.len(), 1, "cut as torn");
+    assert_eq!(log.open_report().last_seq, 2);
+}
+
+/// Proves: a transaction larger than 1 MiB, accepted on append, decodes on replay
+/// (one limit for both); a record whose payload does not decode is CORRUPTION for
+/// the ledger, never skipped.
+#[test]
+fn large_transactions_replay_and_undecodable_records_are_corruption() {
+    let big = Txn::new(
+        1,
+        uuid::Uuid::nil(),
+        vec![Event::Note { subject: "s".into(), generation: 1, text: "y".repeat(3 << 20) }],
+    );
+    let bytes = fencelog::model::encode_txn(&big);
+    assert!(bytes.len() > 1 << 20);
+    assert_eq!(fencelog::model::decode_txn(&bytes).unwrap(), big);
+
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"\xff\xff\xff not a transaction").unwrap();
+    drop(log);
+    let err = Ledger::open(d.path(), LedgerOptions::default()).err().expect("refused");
+    assert_eq!(err.code(), "CORRUPTION", "{err}");
+    let (code, v) = fl(d.path(), &["state"]);
+    assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{v}");
+}
+
+/// Proves: segments are read only if they are regular files of bounded size: a
+/// symlink to /dev/zero, a FIFO and a 2 GiB sparse file are refused at once (exit
+/// 1), with no memory or evidence in proportion to their claimed size.
+#[test]
+fn non_regular_and_oversized_segments_are_refused_unread() {
+    let d = small_segment_log(20);
+    let dir = d.path();
+    let last = common::segment_files(dir).pop().unwrap();
+    let saved = fs::read(&last).unwrap();
+    let run = |what: &str| {
+        let mut child = Command::new(FENCELOG)
+            .args(["state", "--dir", dir.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(20) {
+                child.kill().unwrap();
+                panic!("{what}: state hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((out.status.code(), code_of(&v)), (Some(1), "CORRUPTION"), "{what}: {v}");
+        v
+    };
+    fs::remove_file(&last).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &last).unwrap();
+    assert!(run("symlink")["error"]["message"].as_str().unwrap().contains("symbolic link"));
+    fs::remove_file(&last).unwrap();
+    let c = std::ffi::CString::new(last.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    assert!(run("fifo")["error"]["message"].as_str().unwrap().contains("not a regular file"));
+    fs::remove_file(&last).unwrap();
+    fs::write(&last, &saved).unwrap();
+    fs::OpenOptions::new().write(true).open(&last).unwrap().set_len(2 << 30).unwrap();
+    assert!(run("sparse")["error"]["message"].as_str().unwrap().contains("refused unread"));
+    let (code, _) = fl(dir, &["heartbeat", "--subject", "home/a", "--generation", "1"]);
+    assert_eq!(code, 1);
+    assert!(!fs::read_dir(dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains("evidence")));
+}
+
+/// Proves: entries named like segments with invalid names are reported (inspector)
+/// and refused (commands), never skipped; a group-writable log directory is refused
+/// with the `chmod 700` command, and the inspector warns but reads it.
+#[test]
+fn odd_segment_names_and_unsafe_permissions_are_refused() {
+    let d = small_segment_log(5);
+    let dir = d.path();
+    let dir_s = dir.to_str().unwrap();
+    for odd in ["99999999999999999999.seg", "000001.seg"] {
+        fs::write(dir.join(odd), b"").unwrap();
+        let (code, v) = fl(dir, &["state"]);
+        assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{odd}: {v}");
+        let (code, v) = fl(dir, &["inspect", "verify", dir_s, "--json"]);
+        assert_eq!((code, v["problems"][0]["kind"].as_str()), (1, Some("odd_segment_name")), "{odd}: {v}");
+        fs::remove_file(dir.join(odd)).unwrap();
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let non_utf8 = dir.join(std::ffi::OsStr::from_bytes(b"\xff\xfe.seg"));
+    fs::write(&non_utf8, b"").unwrap();
+    assert_eq!(fl(dir, &["state"]).0, 1);
+    fs::remove_file(&non_utf8).unwrap();
+
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o770)).unwrap();
+    let (code, v) = fl(dir, &["heartbeat", "--subject", "home/a", "--generation", "1"]);
+    assert_eq!((code, code_of(&v)), (1, "UNSAFE_PERMISSIONS"), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("chmod 700"), "{v}");
+    let out = Command::new(FENCELOG).args(["inspect", "verify", dir_s]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chmod 700"));
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+/// Proves: a full disk (here: a file-size limit, so the evidence write fails with
+/// EFBIG as it would with ENOSPC) during recovery leaves nothing behind, however
+/// often it is retried; with room, the same recovery succeeds and keeps the bytes.
+#[test]
+fn a_full_disk_during_recovery_leaves_no_partial_evidence() {
+    use std::os::unix::process::CommandExt;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    init(dir);
+    let seg = segment_path(dir, 1);
+    let mut b = fs::read(&seg).unwrap();
+    b.extend_from_slice(&(1_000_000u32).to_le_bytes());
+    b.extend_from_slice(&[7u8; 200_000]); // a torn frame of 200 KB
+    fs::write(&seg, &b).unwrap();
+    for _ in 0..3 {
+        let mut c = Command::new(FENCELOG);
+        c.args(["claim", "--dir", dir.to_str().unwrap(), "--subject", "a", "--pid", "1"]);
+        unsafe {
+            c.pre_exec(|| {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let lim = libc::rlimit { rlim_cur: 64 * 1024, rlim_max: 64 * 1024 };
+                libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+                Ok(())
+            });
+        }
+        let out = c.output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((out.status.code(), code_of(&v)), (Some(1), "IO_ERROR"), "{v}");
+        let names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(!names.iter().any(|n| n.contains("evidence")), "{names:?}");
+        assert_eq!(fs::read(&seg).unwrap(), b, "the segment is untouched");
+    }
+    let (code, v) = fl(dir, &["claim", "--subject", "a", "--pid", "1"]);
+    assert_eq!(code, 0, "{v}");
+    let evidence: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("evidence"))
+        .collect();
+    assert_eq!(evidence.len(), 1);
+    assert_eq!(fs::metadata(&evidence[0]).unwrap().len(), 200_004);
+}
+
+/// Proves: a snapshot edited with its CRC recomputed is not adopted (no checkpoint
+/// record vouches for its digest): the ledger replays the log instead, and `inspect
+/// verify` reports `snapshot_mismatch` (exit 1).
+#[test]
+fn a_tampered_snapshot_is_not_adopted_and_verify_reports_it() {
+    let d = small_segment_log(10);
+    let dir = d.path();
+    let path = Ledger::open(dir, LedgerOptions::default()).unwrap().snapshot_now().unwrap();
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    assert!(l.open_report().snapshot_seq.is_some(), "{:?}", l.open_report());
+    drop(l);
+    assert_eq!(fl(dir, &["inspect", "verify", dir.to_str().unwrap()]).0, 0);
+    // Forge: generation 1 → 5, re-encode, recompute the CRC.
+    let bytes = fs::read(&path).unwrap();
+    let (head, body) = bytes.split_at(60);
+    let (mut p, _): (fencelog::model::Projection, usize) =
+        bincode::serde::decode_from_slice(body, bincode::config::standard()).unwrap();
+    p.subjects.get_mut("home/a").unwrap().generation = 5;
+    let body = bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap();
+    let mut forged = head[..48].to_vec();
+    forged.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    forged.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    forged.extend_from_slice(&body);
+    fs::write(&path, &forged).unwrap();
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let r = l.open_report().clone();
+    assert_eq!(r.snapshot_seq, None, "{r:?}");
+    assert!(r.snapshot_warnings.iter().any(|w| w.contains("checkpoint")), "{r:?}");
+    assert_eq!(l.projection().subject("home/a").unwrap().generation, 1);
+    drop(l);
+    let (code, v) = fl(dir, &["inspect", "verify", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 1, "{v}");
+    assert!(v["problems"].as_array().unwrap().iter().any(|p| p["kind"] == "snapshot_mismatch"), "{v}");
+}
+
+/// Proves: `inspect head` prints {seq, chain_head, time_ms}; `verify --expect-head`
+/// passes for a kept head and fails with `head_mismatch` for another, and with
+/// `log_shorter_than_pinned` once the log is cut before the pinned sequence.
+#[test]
+fn pinned_heads_detect_rewrites_and_truncation() {
+    let d = small_segment_log(6);
+    let dir = d.path();
+    let dir_s = dir.to_str().unwrap();
+    let (code, h) = fl(dir, &["inspect", "head", dir_s, "--json", "--at", "5"]);
+    assert_eq!((code, h["seq"].as_u64()), (0, Some(5)), "{h}");
+    assert!(h["time_ms"].as_u64().is_some());
+    let pin = format!("5:{}", h["chain_head"].as_str().unwrap());
+    assert_eq!(fl(dir, &["inspect", "verify", dir_s, "--expect-head", &pin]).0, 0);
+    let wrong = format!("5:{}", "0".repeat(64));
+    let (code, v) = fl(dir, &["inspect", "verify", dir_s, "--json", "--expect-head", &wrong]);
+    assert_eq!((code, v["problems"][0]["kind"].as_str()), (1, Some("head_mismatch")), "{v}");
+    let (code, v) =
+        fl(dir, &["inspect", "verify", dir_s, "--json", "--expect-head", &format!("99:{}", "a".repeat(64))]);
+    assert_eq!((code, v["problems"][0]["kind"].as_str()), (1, Some("log_shorter_than_pinned")), "{v}");
+    let (code, _) = fl(dir, &["inspect", "verify", dir_s, "--expect-head", "5:nothex"]);
+    assert_eq!(code, 2, "a malformed pin is a usage error");
+}

@@ -449,3 +449,53 @@ fn pinned_heads_detect_rewrites_and_truncation() {
     let (code, _) = fl(dir, &["inspect", "verify", dir_s, "--expect-head", "5:nothex"]);
     assert_eq!(code, 2, "a malformed pin is a usage error");
 }
+
+/// Proves: timed-out lock waits never leave a description that later "holds" the
+/// lock for someone else. A second process holds the append lock and is stopped:
+/// twenty appends of this process time out, each naming the holder's pid; once the
+/// holder is gone, this process takes the lock, and while it holds it a third
+/// process cannot take it (the abandoned waiters released only their own
+/// descriptions); afterwards it can.
+#[test]
+fn abandoned_lock_waits_never_release_a_lock_another_caller_holds() {
+    use std::io::BufRead;
+    const TORTURE: &str = env!("CARGO_BIN_EXE_fencelog-torture");
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let log = Log::open(dir, LogOptions { lock_wait_ms_max: 100, ..LogOptions::default() }).unwrap();
+    log.append(b"first").unwrap();
+    let lock = |wait_ms: &str, hold_ms: &str| {
+        Command::new(TORTURE)
+            .args(["lock", dir.to_str().unwrap(), wait_ms, hold_ms])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut holder = lock("5000", "60000");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "HELD");
+    let pid = holder.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    for _ in 0..20 {
+        match log.append(b"blocked") {
+            Err(fencelog::storage::Error::LockTimeout { holder_pid, .. }) => assert_eq!(holder_pid, Some(pid as u32)),
+            other => panic!("expected LOCK_TIMEOUT, got {other:?}"),
+        }
+    }
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    holder.wait().unwrap();
+    let me = std::process::id().to_string();
+    log.with_lock(|_| {
+        for _ in 0..5 {
+            let out = lock("50", "0").wait_with_output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            assert_eq!((out.status.code(), said), (Some(3), format!("TIMEOUT {me}")), "the lock was let go under us");
+        }
+    })
+    .unwrap();
+    let out = lock("2000", "0").wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(log.append(b"after").unwrap().first_seq, 2, "the writer is not poisoned");
+}

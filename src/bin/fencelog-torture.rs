@@ -5,6 +5,11 @@
 //! usage: `fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]`
 //! COUNT 0 means forever.
 //!
+//! usage: `fencelog-torture lock DIR WAIT_MS HOLD_MS`
+//! Takes the append lock of an existing log (waiting at most WAIT_MS), prints `HELD`
+//! and holds it for HOLD_MS; exits 3 printing `TIMEOUT <holder pid or ?>` if the lock
+//! could not be had in time.
+//!
 //! usage: `fencelog-torture ledger DIR TAG THREADS OPS SUBJECTS`
 //! THREADS threads share one ledger (its group commit) and run OPS transactions each
 //! (0: forever) on SUBJECTS shared subjects: claim (over a dead owner with its
@@ -22,6 +27,9 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("ledger") {
         return ledger(&args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some("lock") {
+        return hold_lock(&args[2..]);
     }
     if args.len() < 4 {
         eprintln!("usage: fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]");
@@ -59,6 +67,30 @@ fn main() {
             });
         }
     });
+}
+
+fn hold_lock(args: &[String]) {
+    let [dir, wait_ms, hold_ms] = args else {
+        eprintln!("usage: fencelog-torture lock DIR WAIT_MS HOLD_MS");
+        std::process::exit(2);
+    };
+    let opts = LogOptions { create: false, lock_wait_ms_max: wait_ms.parse().expect("WAIT_MS"), ..Default::default() };
+    let hold = std::time::Duration::from_millis(hold_ms.parse().expect("HOLD_MS"));
+    let timeout = |e: fencelog::storage::Error| -> ! {
+        if let fencelog::storage::Error::LockTimeout { holder_pid, .. } = e {
+            println!("TIMEOUT {}", holder_pid.map_or("?".into(), |p| p.to_string()));
+            std::process::exit(3);
+        }
+        eprintln!("failed: {e}");
+        std::process::exit(1);
+    };
+    let log = Log::open(dir, opts).unwrap_or_else(|e| timeout(e));
+    log.with_lock(|_| {
+        println!("HELD");
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(hold);
+    })
+    .unwrap_or_else(|e| timeout(e));
 }
 
 /// The opened log or ledger, or exit 1 saying why.

@@ -51,11 +51,13 @@ fn init(dir: &Path) {
     assert_eq!(code, 0, "{v}");
 }
 
-/// Proves: deleting `LOCK` under a running writer cannot let a second writer in:
-/// two concurrent appending processes, with `LOCK` removed again and again, end
-/// with a dense, intact chain holding every record both acknowledged.
+/// Proves, across real processes: two concurrent appending processes, with `LOCK`
+/// removed and recreated again and again (a fresh inode each time, as a new writer
+/// would create), end with a dense, intact chain holding every record both
+/// acknowledged. (The deterministic proof that the old lock failed is
+/// `a_deleted_lock_file_does_not_let_a_second_writer_in_beside_the_holder`.)
 #[test]
-fn a_deleted_lock_file_cannot_split_mutual_exclusion_between_writers() {
+fn two_writer_processes_with_lock_deleted_repeatedly_keep_one_intact_chain() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("log");
     let dir_s = dir.to_str().unwrap();
@@ -498,4 +500,31 @@ fn abandoned_lock_waits_never_release_a_lock_another_caller_holds() {
     let out = lock("2000", "0").wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(log.append(b"after").unwrap().first_seq, 2, "the writer is not poisoned");
+}
+/// Proves: mutual exclusion survives `LOCK` being deleted under a live writer. A
+/// writer holds the append lock; `LOCK` is removed and a second writer (another
+/// open file description, as another process would have) tries to append: it must
+/// wait and time out, not append beside the holder — before the fix it appended,
+/// and the holder's next write overwrote that acknowledged record.
+#[test]
+fn a_deleted_lock_file_does_not_let_a_second_writer_in_beside_the_holder() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LogOptions { lock_wait_ms_max: 200, ..LogOptions::default() };
+    let a = Log::open(d.path(), opts.clone()).unwrap();
+    a.append(b"one").unwrap();
+    let _ = fs::remove_file(d.path().join("LOCK"));
+    let b = Log::open(d.path(), opts.clone()).unwrap();
+    let (theirs, mine) = a
+        .with_lock(|l| {
+            let head = l.head();
+            let theirs = b.append(b"theirs");
+            (theirs, l.append_if_head(head, vec![b"mine".to_vec()]))
+        })
+        .unwrap();
+    assert!(matches!(theirs, Err(fencelog::storage::Error::LockTimeout { .. })), "{theirs:?}");
+    assert_eq!(mine.unwrap().first_seq, 2);
+    assert_eq!(b.append(b"later").unwrap().first_seq, 3);
+    drop((a, b));
+    let got: Vec<Vec<u8>> = common::records(d.path()).into_iter().map(|(_, p)| p).collect();
+    assert_eq!(got, vec![b"one".to_vec(), b"mine".to_vec(), b"later".to_vec()]);
 }

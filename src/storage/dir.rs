@@ -31,8 +31,9 @@ pub struct Listing {
     /// large for a sequence, a wrong width, a name that is not UTF-8): a renamed or
     /// planted segment. Never skipped silently.
     pub odd_segment_names: Vec<String>,
-    /// Entries that only a log that held records leaves behind: snapshot files, the
-    /// legacy `LOCK` file, evidence of cut records. With no segment beside them, the
+    /// Entries that only a log leaves behind: the `snapshots/` directory (created
+    /// right after the first segment), the legacy `LOCK` file, evidence of cut
+    /// records. With no segment beside them, the
     /// log's history is gone, not absent.
     pub log_traces: Vec<String>,
     /// The first entry that belongs to no log, if any.
@@ -56,11 +57,8 @@ pub fn listing(dir: &Path) -> Result<Listing> {
         } else if name == LOCK_FILE || is_trace_of_records(&name) {
             out.log_traces.push(name);
         } else if name == SNAPSHOT_DIR {
-            let snaps = fs::read_dir(entry.path()).into_iter().flatten().filter_map(|e| e.ok());
-            let mut names = snaps.map(|e| e.file_name().to_string_lossy().into_owned());
-            if let Some(snap) = names.find(|n| n.ends_with(".snap")) {
-                out.log_traces.push(format!("{SNAPSHOT_DIR}/{snap}"));
-            }
+            // Created right after the first segment: it marks a log that existed.
+            out.log_traces.push(format!("{SNAPSHOT_DIR}/"));
         } else if !name.contains(EVIDENCE_INFIX) && !is_segment_temp(&name) && out.foreign.is_none() {
             out.foreign = Some(name);
         }

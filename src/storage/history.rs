@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use super::dir::{open_regular, segment_path};
 use super::error::{Error, Result};
-use super::recovery::{check_header_continuity, header_error};
+use super::recovery::{check_header_continuity, header_error, refusal};
 use crate::format::{
-    BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SegmentHeader, decode_frame, hex,
-    segment_file_bytes_max,
+    BODY_FIXED_BYTES, ChainLink, Cursor, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    decode_frame, hex, scan_frames, segment_file_bytes_max,
 };
 
 /// For readers, which take no lock: the directory is a log (else `NOT_A_LOG`), is
@@ -92,25 +92,14 @@ fn read_header(f: &File, len: u64) -> std::result::Result<SegmentHeader, crate::
 fn seal(prev: Option<(&Path, File, u64)>, next: Option<&SegmentHeader>, body_max: u32) -> Result<()> {
     let (Some((path, file, len)), Some(next)) = (prev, next) else { return Ok(()) };
     let want_seq = next.first_seq - 1;
-    let body_max_u = body_max;
-    // Damage inside the segment is named exactly (segment, offset, sequence) by a
-    // full scan of it; only on this failure path is the segment read whole.
-    let damage_in = |file: &File| -> Result<()> {
-        let mut bytes = vec![0u8; len as usize];
-        file.read_exact_at(&mut bytes, 0).map_err(Error::io("read", path))?;
-        let h = SegmentHeader::decode(&bytes).map_err(|e| header_error(path, e, 0))?;
-        let mut c = crate::format::Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
-        match crate::format::scan_frames(&bytes, SEGMENT_HEADER_BYTES, &mut c, body_max_u, |_, _| {}) {
-            crate::format::ScanOutcome::Damaged(d) => Err(super::recovery::refusal(path, 0, &d, true)),
-            crate::format::ScanOutcome::Clean => Ok(()),
-        }
-    };
     let refuse = |offset: u64, seq: u64, detail: String| {
         Err(Error::Corruption { segment: path.to_path_buf(), offset, seq, detail })
     };
     let found = last_record(&file, len, path, body_max)?;
     if found.as_ref().is_none_or(|l| l.seq != want_seq || l.link != next.prev_link) {
-        damage_in(&file)?;
+        // Damage inside the segment is named exactly (segment, offset, sequence) by
+        // a full scan of it; only on this failure path is the segment read whole.
+        damage_in(&file, len, path, body_max)?;
     }
     let Some(last) = found else {
         return refuse(
@@ -152,6 +141,18 @@ fn seal(prev: Option<(&Path, File, u64)>, next: Option<&SegmentHeader>, body_max
         );
     }
     Ok(())
+}
+
+/// Scan a whole sealed segment; the first damage is refused with its location.
+fn damage_in(file: &File, len: u64, path: &Path, body_max: u32) -> Result<()> {
+    let mut bytes = vec![0u8; len as usize];
+    file.read_exact_at(&mut bytes, 0).map_err(Error::io("read", path))?;
+    let h = SegmentHeader::decode(&bytes).map_err(|e| header_error(path, e, 0))?;
+    let mut c = Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
+    match scan_frames(&bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| {}) {
+        ScanOutcome::Damaged(d) => Err(refusal(path, 0, &d, true)),
+        ScanOutcome::Clean => Ok(()),
+    }
 }
 
 struct LastRecord {

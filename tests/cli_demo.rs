@@ -53,3 +53,19 @@ fn verify_exit_codes_distinguish_damaged_missing_and_usage() {
     let (code, v) = run(&["demo", "--bogus"]);
     assert_eq!((code, v["error"]["code"].as_str()), (2, Some("USAGE")), "a usage error still prints one JSON object");
 }
+
+/// Proves: the demo's log is a ledger every command reads (its records are
+/// transactions, not raw payloads), and two demos may run on one log.
+#[test]
+fn the_demo_log_is_a_ledger_that_state_and_inspect_read() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("data");
+    let dir_s = dir.to_str().unwrap();
+    assert_eq!(run(&["demo", "--dir", dir_s, "--records", "40", "--appenders", "4"]).0, 0);
+    let (code, v) = run(&["state", "--dir", dir_s]);
+    assert_eq!((code, v["last_seq"].as_u64()), (0, Some(40)), "{v}");
+    assert_eq!(v["subjects"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(run(&["audit", dir_s, "--format", "json"]).0, 0);
+    let (code, v) = run(&["demo", "--dir", dir_s, "--records", "10", "--payload-bytes", "5000"]);
+    assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_INPUT")), "validated before allocating");
+}

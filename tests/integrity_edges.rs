@@ -528,3 +528,95 @@ fn a_deleted_lock_file_does_not_let_a_second_writer_in_beside_the_holder() {
     let got: Vec<Vec<u8>> = common::records(d.path()).into_iter().map(|(_, p)| p).collect();
     assert_eq!(got, vec![b"one".to_vec(), b"mine".to_vec(), b"later".to_vec()]);
 }
+
+/// Proves (review findings): a gap before a last segment torn while being created
+/// is CORRUPTION, not a torn segment to set aside (which would re-issue the missing
+/// sequences); `init` refuses it too.
+#[test]
+fn a_gap_before_a_torn_last_segment_is_corruption_not_a_torn_creation() {
+    let d = small_segment_log(30);
+    let dir = d.path();
+    let segs = common::segment_files(dir);
+    assert!(segs.len() >= 3);
+    fs::remove_file(&segs[segs.len() - 2]).unwrap();
+    fs::write(&segs[segs.len() - 1], b"").unwrap(); // torn while being created
+    for args in [vec!["state"], vec!["heartbeat", "--subject", "home/a", "--generation", "1"]] {
+        let (code, v) = fl(dir, &args);
+        assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{args:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("are missing"), "{v}");
+    }
+    let (code, v) = fl(dir, &["init", "--dir", dir.to_str().unwrap()]);
+    assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{v}");
+    let (code, v) = fl(dir, &["inspect", "verify", dir.to_str().unwrap(), "--json"]);
+    assert_eq!((code, v["status"].as_str()), (1, Some("corrupt")), "{v}");
+}
+
+/// Proves (review findings): tails that cannot hold a record are torn whatever
+/// their length (10 zero bytes); a rotten last record is named as such by read
+/// commands, with the `repair` command; a segment named for sequence 0 is an odd
+/// name; a pin at sequence 0 is the genesis head; a log directory reached through
+/// a symlink works for writers; `repair` refuses what a cut cannot mend.
+#[test]
+fn review_findings_short_tails_rot_names_zero_segment_pins_symlinks_and_repair_limits() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("log");
+    let dir_s = dir.to_str().unwrap();
+    init(&dir);
+    let sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    assert_eq!(fl(&dir, &["claim", "--subject", "r/a", "--pid", &pid]).0, 0);
+    let seg = segment_path(&dir, 1);
+    let good = fs::read(&seg).unwrap();
+
+    let mut short = good.clone();
+    short.extend_from_slice(&[0u8; 10]);
+    fs::write(&seg, &short).unwrap();
+    assert_eq!(fl(&dir, &["state"]).1["torn_tail"], true);
+    assert_eq!(fl(&dir, &["heartbeat", "--subject", "r/a", "--generation", "1"]).0, 0, "cut as torn");
+
+    let mut rotten = fs::read(&seg).unwrap();
+    let n = rotten.len();
+    rotten[n - 5] ^= 0x10;
+    fs::write(&seg, &rotten).unwrap();
+    let (code, v) = fl(&dir, &["state"]);
+    assert_eq!(code, 1, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("--cut-from 2") && !msg.contains("sealed"), "{msg}");
+    fs::write(&seg, &good).unwrap();
+
+    fs::write(dir.join("00000000000000000000.seg"), b"").unwrap();
+    let (code, v) = fl(&dir, &["inspect", "verify", dir_s, "--json"]);
+    assert_eq!((code, v["problems"][0]["kind"].as_str()), (1, Some("odd_segment_name")), "{v}");
+    assert_eq!(fl(&dir, &["state"]).0, 1);
+    fs::remove_file(dir.join("00000000000000000000.seg")).unwrap();
+
+    let (_, h) = fl(&dir, &["inspect", "head", dir_s, "--json", "--at", "0"]);
+    let pin = format!("0:{}", h["chain_head"].as_str().unwrap());
+    assert_eq!(fl(&dir, &["inspect", "verify", dir_s, "--expect-head", &pin]).0, 0);
+
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let (code, v) = fl(&link, &["heartbeat", "--subject", "r/a", "--generation", "1"]);
+    assert_eq!(code, 0, "{v}");
+
+    fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(2 << 30).unwrap();
+    let (code, v) = fl(&dir, &["repair", "--dir", dir_s, "--cut-from", "1"]);
+    assert_eq!(code, 2, "{v}");
+    assert!(seg.exists(), "nothing was moved");
+    drop(sleeper);
+}
+
+/// Proves (review finding): a snapshot file of 1 GiB that is not a snapshot is
+/// refused from its header: `state` stays small (max RSS of the child < 200 MB).
+#[test]
+fn a_huge_bogus_snapshot_is_refused_without_reading_it() {
+    let d = small_segment_log(5);
+    let dir = d.path();
+    let snap = dir.join("snapshots").join(format!("{:020}.snap", 3));
+    fs::File::create(&snap).unwrap().set_len(1 << 30).unwrap();
+    let out = Command::new(FENCELOG).args(["state", "--dir", dir.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) }, 0);
+    assert!(ru.ru_maxrss < 200 * 1024, "a child used {} KiB", ru.ru_maxrss);
+}

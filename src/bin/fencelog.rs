@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity, intent_digest};
 use fencelog::model::{Event, LeaseMode, LockIntent, Outcome, Projection, Refusal, Txn, validate_subject};
-use fencelog::storage::{Log, LogOptions, verify_dir};
+use fencelog::storage::{LogOptions, verify_dir};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -156,7 +156,9 @@ enum Cmd {
         #[arg(long)]
         subject: Option<String>,
     },
-    /// Append records from concurrent appenders, then verify the log (raw storage demo).
+    /// Commit transactions from concurrent appenders through the ledger (each claims
+    /// `demo/<pid>/appender-N`, then writes notes), then verify the log. Creates DIR if it
+    /// is missing or empty.
     Demo {
         #[command(flatten)]
         dir: Dir,
@@ -635,32 +637,33 @@ fn state(dir: &Dir, only: Option<String>) -> CmdResult {
 }
 
 fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> CmdResult {
-    let opts = LogOptions::default();
-    let log = Log::open(&dir, opts.clone())?;
-    let report = log.open_report().clone();
-    let started = Instant::now();
-    let appenders = appenders.clamp(1, 1024);
+    use fencelog::model::TEXT_BYTES_MAX;
+    if payload_bytes > TEXT_BYTES_MAX {
+        return Err(Fail::Usage("INVALID_INPUT".into(), format!("--payload-bytes is at most {TEXT_BYTES_MAX}")));
+    }
+    // The demo creates its data directory on purpose (it is the README's first
+    // command); it writes ledger transactions, so the log it leaves is a ledger that
+    // every other command reads.
+    let mut opts = LedgerOptions::default();
+    opts.log.create = true;
+    let ledger = Ledger::open(&dir, opts.clone())?;
+    let report = ledger.open_report().storage.clone();
+    let appenders = appenders.clamp(1, 1024).min(records.max(1));
     let (per, extra) = (records / appenders, records % appenders);
-    std::thread::scope(|s| -> Result<(), fencelog::storage::Error> {
+    let started = Instant::now();
+    std::thread::scope(|s| -> Result<(), Fail> {
         let handles: Vec<_> = (0..appenders)
             .map(|t| {
-                let log = &log;
-                s.spawn(move || {
-                    for i in 0..per + u64::from(t < extra) {
-                        let mut payload = format!("demo appender {t} record {i} ").into_bytes();
-                        payload.resize(payload_bytes.max(payload.len()), b'.');
-                        log.append(&payload)?;
-                    }
-                    Ok(())
-                })
+                let ledger = &ledger;
+                s.spawn(move || demo_appender(ledger, t, per + u64::from(t < extra), payload_bytes))
             })
             .collect();
         handles.into_iter().try_for_each(|h| h.join().expect("appender thread"))
     })?;
     let elapsed = started.elapsed();
-    let head = log.head();
-    log.close()?;
-    let summary = verify_dir(&dir, opts.body_max())?;
+    let head = ledger.projection().last_seq;
+    drop(ledger);
+    let summary = verify_dir(&dir, opts.log.body_max())?;
     let code = if summary.is_intact() { 0 } else { 1 };
     Ok((
         json!({
@@ -670,4 +673,37 @@ fn demo(dir: PathBuf, records: u64, appenders: u64, payload_bytes: usize) -> Cmd
         }),
         code,
     ))
+}
+
+/// One demo appender: claim `demo/<pid>/appender-T` for this process (over a dead
+/// owner, with its death evidence, should a pid come round again), then write
+/// notes under that generation until `count` transactions are committed. Subjects
+/// are per process, so demos may run side by side on one log.
+fn demo_appender(ledger: &Ledger, t: u64, count: u64, payload_bytes: usize) -> Result<(), Fail> {
+    if count == 0 {
+        return Ok(());
+    }
+    let subject = format!("demo/{}/appender-{t}", std::process::id());
+    let me = identity::probe(std::process::id(), uuid::Uuid::new_v4())
+        .ok_or_else(|| Fail::Usage("NO_SUCH_PROCESS".into(), "cannot read this process's identity".into()))?;
+    let claimed = ledger.submit(None, |p, now_ms, writer| {
+        let previous = p
+            .subject(&subject)
+            .and_then(|s| s.owner.as_ref())
+            .and_then(|o| identity::death_of(&o.identity))
+            .and_then(|reason| p.dead_owner(&subject, reason));
+        let claim =
+            Event::Claim { subject: subject.clone(), owner: me.clone(), stale_after_ms: 60_000, lock: None, previous };
+        Ok(Txn::new(now_ms, writer, vec![claim]))
+    })?;
+    let Some(Outcome::Claimed { generation, .. }) = claimed.outcomes.first().cloned() else {
+        unreachable!("a committed claim reports Claimed")
+    };
+    for i in 1..count {
+        let mut text = format!("demo appender {t} record {i} ");
+        text.extend(std::iter::repeat_n('.', payload_bytes.saturating_sub(text.len())));
+        let note = Event::Note { subject: subject.clone(), generation, text };
+        ledger.submit(None, |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![note.clone()])))?;
+    }
+    Ok(())
 }

@@ -98,6 +98,10 @@ pub fn classify(e: Evidence) -> Action {
 /// the region cut at every multiple of [`SECTOR_BYTES`] (as etcd's WAL judges a torn
 /// entry), so a piece is zero exactly when its sector's write did not persist.
 pub fn has_zeroed_sector(region: &[u8], file_offset: u64) -> bool {
+    // Zeros to the end of the file are never a record (a frame's length is ≥ 72).
+    if !region.is_empty() && region.iter().all(|&b| b == 0) {
+        return true;
+    }
     let mut at = 0usize;
     while at < region.len() {
         let sector_end = ((file_offset + at as u64) / SECTOR_BYTES + 1) * SECTOR_BYTES;
@@ -168,6 +172,7 @@ mod tests {
         let mut tail = vec![7u8; 600];
         tail[524..].fill(0); // the last, partial piece 1024..1100
         assert!(has_zeroed_sector(&tail, 500));
+        assert!(has_zeroed_sector(&[0u8; 10], 3), "zeros to the end are never a record");
         let mut unaligned = vec![7u8; 600];
         unaligned[100..400].fill(0); // 300 zeros, but not filling any piece
         assert!(!has_zeroed_sector(&unaligned, 500));

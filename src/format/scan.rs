@@ -3,7 +3,7 @@
 //! every reader; the caller decides what a damage means (FORMAT.md §5).
 
 use super::classify::{Action, Evidence, classify, has_zeroed_sector};
-use super::frame::{ChainLink, FrameError, RecordRef, decode_frame};
+use super::frame::{BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, RecordRef, decode_frame};
 
 /// Where verification stands: the sequence the next record must carry and the link
 /// it must follow from.
@@ -125,6 +125,15 @@ pub fn scan_frames_in(
             Err(FrameError::LengthOutOfRange { .. }) => DamageKind::LengthOutOfRange,
             Err(FrameError::Checksum { .. }) => DamageKind::Checksum,
             Err(FrameError::Malformed) => DamageKind::Malformed,
+        };
+        // Fewer bytes than the smallest frame cannot hold a complete (possibly
+        // acknowledged) record, whatever their length field says: incomplete.
+        let kind = if buf.len() - at < FRAME_HEADER_BYTES + BODY_FIXED_BYTES
+            && matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
+        {
+            DamageKind::Incomplete
+        } else {
+            kind
         };
         let resync_at = find_next_frame(buf, at + 1, body_max, cursor.next_seq).map(|o| o as u64);
         let zeroed_sector = resync_at.is_none() && has_zeroed_sector(&buf[at..], file_offset + at as u64);

@@ -142,7 +142,8 @@ fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Re
                             path.clone(),
                             l.seq,
                             format!(
-                                "the snapshot at sequence {} is not the state a replay of the log gives there                                  (snapshot blake3 {}, replay {}); a writer would not adopt it",
+                                "the snapshot at sequence {} is not the state a replay of the log gives there \
+                                 (snapshot blake3 {}, replay {}); a writer would not adopt it",
                                 l.seq,
                                 hex(&l.digest),
                                 hex(&snapshot::digest_of(&body))
@@ -163,6 +164,7 @@ fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Re
             }
         }
     }
+    links.insert(0, hex(&crate::format::GENESIS_LINK)); // the head of the empty log
     for pin in pins {
         match links.get(&pin.seq) {
             Some(h) if *h == pin.head => {}
@@ -300,7 +302,12 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
     }
     writeln!(out, "chain head {}", s.chain_head)?;
     for p in &s.problems {
-        let what = if p.torn_tail { "torn tail: recovery would truncate it" } else { "corruption: recovery refuses" };
+        let what = match p.kind.as_str() {
+            _ if p.torn_tail => "torn tail: recovery would truncate it",
+            "snapshot_mismatch" | "snapshot_damaged" => "snapshot: a writer would not adopt it",
+            "head_mismatch" | "log_shorter_than_pinned" => "the log does not hold a pinned head",
+            _ => "corruption: recovery refuses",
+        };
         writeln!(
             out,
             "problem: {} at segment {} byte {} (sequence {}), {} bytes: {} [{what}]",

@@ -15,8 +15,9 @@ const MAGIC: &[u8; 8] = b"FLSNAP01";
 const HEADER_BYTES: usize = 8 + 8 + 32 + 8 + 4;
 /// Snapshots kept on disk (the newest ones).
 pub const SNAPSHOTS_KEPT: usize = 2;
-/// Largest snapshot body read back (bounds memory on a corrupt length).
-const SNAPSHOT_BYTES_MAX: u64 = 4 << 30;
+/// Largest snapshot file read back: a projection holds bounded state (every
+/// retained set has a limit), far below this.
+const SNAPSHOT_BYTES_MAX: u64 = 1 << 30;
 /// A temp file older than this was left by a writer that crashed mid-snapshot.
 const TEMP_ABANDONED_AFTER_MS: u64 = 10 * 60 * 1000;
 
@@ -127,20 +128,37 @@ fn list(sdir: &Path) -> Vec<(u64, PathBuf)> {
 /// Read and check one snapshot file (a regular file, never through a symlink, of
 /// bounded size).
 pub fn read_one(path: &Path) -> Result<Loaded, String> {
+    use std::os::unix::fs::FileExt;
     let (f, len) = crate::storage::open_regular(path, SNAPSHOT_BYTES_MAX, 0).map_err(|e| e.to_string())?;
-    let mut b = vec![0u8; len as usize];
-    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 0).map_err(|e| e.to_string())?;
-    if b.len() < HEADER_BYTES || &b[..8] != MAGIC {
+    // The header first: a file that is not a snapshot, or whose length disagrees
+    // with its header, is refused before anything in proportion to it is read.
+    let mut h = [0u8; HEADER_BYTES];
+    if len < HEADER_BYTES as u64 || f.read_exact_at(&mut h, 0).is_err() || &h[..8] != MAGIC {
         return Err("not a snapshot (bad magic or short)".into());
     }
-    let seq = u64::from_le_bytes(b[8..16].try_into().expect("8"));
-    let head: ChainLink = b[16..48].try_into().expect("32");
-    let body_len = u64::from_le_bytes(b[48..56].try_into().expect("8")) as usize;
-    let crc = u32::from_le_bytes(b[56..60].try_into().expect("4"));
-    let body = &b[HEADER_BYTES..];
-    if body.len() != body_len || crc32fast::hash(body) != crc {
-        return Err("checksum or length mismatch".into());
+    let seq = u64::from_le_bytes(h[8..16].try_into().expect("8"));
+    let head: ChainLink = h[16..48].try_into().expect("32");
+    let body_len = u64::from_le_bytes(h[48..56].try_into().expect("8"));
+    let crc = u32::from_le_bytes(h[56..60].try_into().expect("4"));
+    if body_len != len - HEADER_BYTES as u64 {
+        return Err(format!("the header says {body_len} body bytes but the file holds {}", len - HEADER_BYTES as u64));
     }
+    // Then the checksum, in bounded chunks; only a body that passes it is held whole.
+    let mut hasher = crc32fast::Hasher::new();
+    let mut chunk = vec![0u8; (1 << 20).min(body_len as usize)];
+    let mut at = HEADER_BYTES as u64;
+    while at < len {
+        let n = chunk.len().min((len - at) as usize);
+        f.read_exact_at(&mut chunk[..n], at).map_err(|e| e.to_string())?;
+        hasher.update(&chunk[..n]);
+        at += n as u64;
+    }
+    if hasher.finalize() != crc {
+        return Err("checksum mismatch".into());
+    }
+    let mut body = vec![0u8; body_len as usize];
+    f.read_exact_at(&mut body, HEADER_BYTES as u64).map_err(|e| e.to_string())?;
+    let body = &body[..];
     let (p, _): (Projection, usize) =
         bincode::serde::decode_from_slice(body, bincode::config::standard()).map_err(|e| e.to_string())?;
     if p.last_seq != seq {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Error, Result};
 
-/// Legacy: earlier builds locked this file; it is no longer created (the append
-/// lock is on the directory, see `lock.rs`) but its presence marks a log.
+/// Earlier builds locked only this file; it is still locked, second, after the
+/// directory (see `lock.rs`), so old and new writers exclude each other.
 pub const LOCK_FILE: &str = "LOCK";
 pub const SNAPSHOT_DIR: &str = "snapshots";
 const SEGMENT_SUFFIX: &str = ".seg";
@@ -127,7 +127,12 @@ fn is_segment_temp(name: &str) -> bool {
 /// The first sequence named by a segment file name (`<20 digits>.seg`).
 fn segment_seq(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
-    if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) { stem.parse().ok() } else { None }
+    // Sequences start at 1: a segment named for 0 is no segment.
+    if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) {
+        stem.parse().ok().filter(|&s| s > 0)
+    } else {
+        None
+    }
 }
 
 /// Refuse a log directory that other users could write to: whoever can create,

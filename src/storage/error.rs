@@ -10,9 +10,7 @@ pub enum Error {
     #[error("I/O error: {op} {path}: {source}")]
     Io { op: &'static str, path: PathBuf, source: Arc<std::io::Error> },
 
-    #[error(
-        "corruption in segment {segment} at byte {offset} (sequence {seq}): {detail}; the log refuses to open for writing"
-    )]
+    #[error("corruption in segment {segment} at byte {offset} (sequence {seq}): {detail}")]
     Corruption { segment: PathBuf, offset: u64, seq: u64, detail: String },
 
     #[error("{segment}: {detail}")]

@@ -68,11 +68,14 @@ pub(crate) fn check_history(dir: &Path, segments: &[(u64, PathBuf)], body_max: u
         let (file, len) = open_regular(path, bytes_max, *seq)?;
         let header = match read_header(&file, len) {
             Ok(h) => h,
-            Err(_) if is_last => return Ok(()),
+            // The last segment may be torn while being created (recovery sets it
+            // aside); its name still says where it must start, so the segment before
+            // it must end right there — else records are missing.
+            Err(_) if is_last => return seal(prev, *seq, None, body_max),
             Err(e) => return Err(header_error(path, e, *seq)),
         };
         check_header_continuity(path, *seq, &header, None, i == 0)?;
-        seal(prev, Some(&header), body_max)?;
+        seal(prev, header.first_seq, Some(&header.prev_link), body_max)?;
         prev = Some((path.as_path(), file, len));
     }
     Ok(())
@@ -87,71 +90,60 @@ fn read_header(f: &File, len: u64) -> std::result::Result<SegmentHeader, crate::
     SegmentHeader::decode(&hb[..n])
 }
 
-/// The sealed segment `prev` must end with the record just before `next` starts,
-/// linked to it. With `next` unknown (its header is torn), nothing is checked here.
-fn seal(prev: Option<(&Path, File, u64)>, next: Option<&SegmentHeader>, body_max: u32) -> Result<()> {
-    let (Some((path, file, len)), Some(next)) = (prev, next) else { return Ok(()) };
-    let want_seq = next.first_seq - 1;
-    let refuse = |offset: u64, seq: u64, detail: String| {
-        Err(Error::Corruption { segment: path.to_path_buf(), offset, seq, detail })
+/// The sealed segment `prev` must end with the record just before `next_first_seq`,
+/// and that record's link must be `next_link` (when the next header is readable).
+fn seal(
+    prev: Option<(&Path, File, u64)>,
+    next_first_seq: u64,
+    next_link: Option<&ChainLink>,
+    body_max: u32,
+) -> Result<()> {
+    let Some((path, file, len)) = prev else { return Ok(()) };
+    let want_seq = next_first_seq - 1;
+    let fits = |l: &LastRecord| l.seq == want_seq && next_link.is_none_or(|n| *n == l.link);
+    // Fast: find the last record from the end. If that fails or does not fit, the
+    // whole segment is scanned: damage is then named exactly, and the scan's own
+    // last record is the truth (a payload may imitate a frame).
+    let last = match last_record(&file, len, path, body_max)? {
+        Some(l) if fits(&l) => l,
+        _ => scan_segment(&file, len, path, body_max)?,
     };
-    let found = last_record(&file, len, path, body_max)?;
-    if found.as_ref().is_none_or(|l| l.seq != want_seq || l.link != next.prev_link) {
-        // Damage inside the segment is named exactly (segment, offset, sequence) by
-        // a full scan of it; only on this failure path is the segment read whole.
-        damage_in(&file, len, path, body_max)?;
-    }
-    let Some(last) = found else {
-        return refuse(
-            len,
-            want_seq,
-            format!(
-                "this sealed segment does not end with a complete record (the next segment starts at sequence \
-                 {}): stray bytes after its last record, or its last record is damaged",
-                next.first_seq
-            ),
-        );
+    let refuse = |detail: String| {
+        Err(Error::Corruption { segment: path.to_path_buf(), offset: last.offset, seq: last.seq, detail })
     };
     if last.seq != want_seq {
-        return refuse(
-            last.offset,
+        return refuse(format!(
+            "this sealed segment ends with record {} but the next segment starts at {next_first_seq}: {}",
             last.seq,
-            format!(
-                "this sealed segment ends with record {} but the next segment starts at {}: {}",
-                last.seq,
-                next.first_seq,
-                if last.seq < want_seq {
-                    format!("records {}..={want_seq} are missing (a segment was deleted)", last.seq + 1)
-                } else {
-                    "the segments overlap (a segment was replaced)".into()
-                }
-            ),
-        );
+            if last.seq < want_seq {
+                format!("records {}..={want_seq} are missing (a segment was deleted)", last.seq + 1)
+            } else {
+                "the segments overlap (a segment was replaced)".into()
+            }
+        ));
     }
-    if last.link != next.prev_link {
-        return refuse(
-            last.offset,
-            last.seq,
-            format!(
-                "the next segment's header carries chain link {} but this segment's last record has {}: a \
-                 segment was replaced",
-                hex(&next.prev_link),
-                hex(&last.link)
-            ),
-        );
+    if let Some(n) = next_link.filter(|n| **n != last.link) {
+        return refuse(format!(
+            "the next segment's header carries chain link {} but this segment's last record has {}: a segment \
+             was replaced",
+            hex(n),
+            hex(&last.link)
+        ));
     }
     Ok(())
 }
 
-/// Scan a whole sealed segment; the first damage is refused with its location.
-fn damage_in(file: &File, len: u64, path: &Path, body_max: u32) -> Result<()> {
+/// Scan a whole sealed segment: the first damage is refused with its location;
+/// otherwise its last record (for a segment with none, the record before it).
+fn scan_segment(file: &File, len: u64, path: &Path, body_max: u32) -> Result<LastRecord> {
     let mut bytes = vec![0u8; len as usize];
     file.read_exact_at(&mut bytes, 0).map_err(Error::io("read", path))?;
     let h = SegmentHeader::decode(&bytes).map_err(|e| header_error(path, e, 0))?;
     let mut c = Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
-    match scan_frames(&bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| {}) {
+    let mut offset = len;
+    match scan_frames(&bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |o, _| offset = o) {
         ScanOutcome::Damaged(d) => Err(refusal(path, 0, &d, true)),
-        ScanOutcome::Clean => Ok(()),
+        ScanOutcome::Clean => Ok(LastRecord { offset, seq: c.next_seq - 1, link: c.prev_link }),
     }
 }
 
@@ -161,14 +153,19 @@ struct LastRecord {
     link: ChainLink,
 }
 
+/// Candidate frames checked (CRC) by the fast search before it gives up and the
+/// caller scans the segment: bounds the work a crafted tail can cause.
+const LAST_RECORD_CANDIDATES_MAX: usize = 64;
+
 /// Find the intact frame that ends exactly at the end of a segment: scan back from
 /// the end for a length field that reaches it and a frame that verifies. Reads at
-/// most one largest record's worth.
+/// most one largest record's worth; `None` if not found within the bounds.
 fn last_record(file: &File, len: u64, path: &Path, body_max: u32) -> Result<Option<LastRecord>> {
     let data = len.saturating_sub(SEGMENT_HEADER_BYTES as u64);
     let largest = data.min(FRAME_HEADER_BYTES as u64 + u64::from(body_max));
     let mut window = data.min(LAST_RECORD_PROBE_BYTES);
     let min_frame = FRAME_HEADER_BYTES + BODY_FIXED_BYTES;
+    let mut candidates = 0;
     loop {
         let mut buf = vec![0u8; window as usize];
         file.read_exact_at(&mut buf, len - window).map_err(Error::io("read", path))?;
@@ -177,6 +174,10 @@ fn last_record(file: &File, len: u64, path: &Path, body_max: u32) -> Result<Opti
                 let body_len = u32::from_le_bytes(buf[start..start + 4].try_into().expect("4 bytes")) as usize;
                 if FRAME_HEADER_BYTES + body_len != buf.len() - start {
                     continue;
+                }
+                candidates += 1;
+                if candidates > LAST_RECORD_CANDIDATES_MAX {
+                    return Ok(None);
                 }
                 if let Ok((rec, _)) = decode_frame(&buf[start..], body_max) {
                     return Ok(Some(LastRecord { offset: len - window + start as u64, seq: rec.seq, link: rec.link }));

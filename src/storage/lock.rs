@@ -2,10 +2,11 @@
 //! directory itself, taken for each group commit (or ledger transaction) and
 //! released right after its sync. The wait is bounded.
 //!
-//! Why the directory and not a `LOCK` file: a lock file can be deleted while a
+//! Why the directory and not only a `LOCK` file: a lock file can be deleted while a
 //! writer holds its lock; the next writer then creates and locks a new file, and two
 //! writers append at once, overwriting acknowledged records. The directory cannot
 //! be unlinked while it holds the log, so the lock and the log share one inode.
+//! `LOCK` is still locked second, for writers of earlier builds (they lock only it).
 //!
 //! Why a descriptor per waiter: `flock` belongs to an open file description, and a
 //! description that holds it "re-acquires" it at once. A timed-out wait leaves a
@@ -21,10 +22,22 @@ use std::sync::Mutex;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::dir::LOCK_FILE;
 use super::error::{Error, Result};
 
 pub(crate) struct AppendLock {
-    dir: PathBuf,
+    /// The directory: what excludes every writer of this build.
+    dir: Target,
+    /// The `LOCK` file, taken second: what writers of earlier builds lock, so that
+    /// an old and a new binary appending to one log during an upgrade still exclude
+    /// each other. (Deleting it weakens only that; the directory lock holds.)
+    legacy: Target,
+}
+
+/// One lockable path and a spare description for it.
+struct Target {
+    path: PathBuf,
+    is_dir: bool,
     /// A description that is not locked, kept for the next acquire (opening one
     /// costs a syscall per group commit otherwise).
     spare: Mutex<Option<File>>,
@@ -33,7 +46,8 @@ pub(crate) struct AppendLock {
 /// The lock, held until dropped.
 pub(crate) struct Held<'a> {
     lock: &'a AppendLock,
-    file: Option<File>,
+    dir: Option<File>,
+    legacy: Option<File>,
 }
 
 /// Spin on `try_lock` this long before queueing in the kernel.
@@ -41,42 +55,83 @@ const SPIN_US: u64 = 100;
 
 impl AppendLock {
     pub fn open(dir: &Path) -> Result<Self> {
-        let lock = AppendLock { dir: dir.to_path_buf(), spare: Mutex::new(None) };
-        *lock.spare.lock().expect("spare") = Some(lock.open_description()?);
+        let target = |path: PathBuf, is_dir| Target { path, is_dir, spare: Mutex::new(None) };
+        let lock = AppendLock { dir: target(dir.to_path_buf(), true), legacy: target(dir.join(LOCK_FILE), false) };
+        *lock.dir.spare.lock().expect("spare") = lock.dir.open_description()?;
+        *lock.legacy.spare.lock().expect("spare") = lock.legacy.open_description()?;
         Ok(lock)
     }
 
-    fn open_description(&self) -> Result<File> {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(&self.dir)
-            .map_err(Error::io("open for locking", &self.dir))
+    /// Take the lock within `wait_ms_max`: the directory, then `LOCK`, with one
+    /// deadline for both.
+    pub fn acquire(&self, wait_ms_max: u64) -> Result<Held<'_>> {
+        let deadline = Instant::now() + Duration::from_millis(wait_ms_max);
+        let start = Instant::now();
+        let timeout = |t: &Target| Error::LockTimeout {
+            path: t.path.clone(),
+            waited_ms: start.elapsed().as_millis() as u64,
+            holder_pid: holder_pid(&t.path),
+        };
+        let Acquired::Locked(dir) = self.dir.acquire(deadline)? else { return Err(timeout(&self.dir)) };
+        let mut held = Held { lock: self, dir: Some(dir), legacy: None };
+        match self.legacy.acquire(deadline)? {
+            Acquired::Locked(f) => held.legacy = Some(f),
+            Acquired::Absent => {} // a log being created: `LOCK` comes right after its first segment
+            Acquired::TimedOut => return Err(timeout(&self.legacy)),
+        }
+        Ok(held)
+    }
+}
+
+enum Acquired {
+    Locked(File),
+    /// The target does not exist (only `LOCK` may be absent).
+    Absent,
+    TimedOut,
+}
+
+impl Target {
+    /// A fresh description, or `None` when `LOCK` does not exist (it is created
+    /// with the first segment, never by a lock attempt: its presence marks a log).
+    fn open_description(&self) -> Result<Option<File>> {
+        let mut o = std::fs::OpenOptions::new();
+        if self.is_dir {
+            // The log directory itself may be reached through a symlink the user
+            // chose; files inside it never are.
+            o.read(true).custom_flags(libc::O_DIRECTORY);
+        } else {
+            o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        }
+        match o.open(&self.path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if !self.is_dir && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("open for locking", &self.path)(e)),
+        }
     }
 
     fn try_once(&self, file: &File) -> Result<bool> {
         match fs4::FileExt::try_lock(file) {
             Ok(()) => Ok(true),
             Err(fs4::TryLockError::WouldBlock) => Ok(false),
-            Err(fs4::TryLockError::Error(e)) => Err(Error::io("lock", &self.dir)(e)),
+            Err(fs4::TryLockError::Error(e)) => Err(Error::io("lock", &self.path)(e)),
         }
     }
 
-    /// Take the lock within `wait_ms_max`. Short waits spin on `try_lock`; longer
-    /// ones queue in the kernel (a blocking `flock`, without polling) on a helper
-    /// thread with its own description, because `flock` cannot time out and a
-    /// stopped holder must not hang every other writer forever. If the deadline
-    /// passes first, the helper closes its description as soon as it wins, which
-    /// releases a lock nobody else believes they hold.
-    pub fn acquire(&self, wait_ms_max: u64) -> Result<Held<'_>> {
+    /// The locked description, or `None` at the deadline. Short waits spin on
+    /// `try_lock`; longer ones queue in the kernel (a blocking `flock`, without
+    /// polling) on a helper thread with its own description, because `flock` cannot
+    /// time out and a stopped holder must not hang every other writer forever. If
+    /// the deadline passes first, the helper closes its description as soon as it
+    /// wins, which releases a lock nobody else believes they hold.
+    fn acquire(&self, deadline: Instant) -> Result<Acquired> {
         let start = Instant::now();
-        let file = match self.spare.lock().expect("spare").take() {
-            Some(f) => f,
-            None => self.open_description()?,
+        let spare = self.spare.lock().expect("spare").take();
+        let Some(file) = spare.map_or_else(|| self.open_description(), |f| Ok(Some(f)))? else {
+            return Ok(Acquired::Absent);
         };
         while start.elapsed() < Duration::from_micros(SPIN_US) {
             if self.try_once(&file)? {
-                return Ok(Held { lock: self, file: Some(file) });
+                return Ok(Acquired::Locked(file));
             }
             std::hint::spin_loop();
         }
@@ -89,27 +144,31 @@ impl AppendLock {
                 // message in it): either way `file` is closed, releasing the lock.
                 let _ = tx.send((got, file));
             })
-            .map_err(Error::io("spawn lock waiter", &self.dir))?;
-        let deadline = start + Duration::from_millis(wait_ms_max);
+            .map_err(Error::io("spawn lock waiter", &self.path))?;
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((Ok(()), file)) => Ok(Held { lock: self, file: Some(file) }),
-            Ok((Err(e), _)) => Err(Error::io("lock", &self.dir)(e)),
-            Err(_) => Err(Error::LockTimeout {
-                path: self.dir.clone(),
-                waited_ms: start.elapsed().as_millis() as u64,
-                holder_pid: holder_pid(&self.dir),
-            }),
+            Ok((Ok(()), file)) => Ok(Acquired::Locked(file)),
+            Ok((Err(e), _)) => Err(Error::io("lock", &self.path)(e)),
+            Err(_) => Ok(Acquired::TimedOut),
+        }
+    }
+
+    /// Unlock and keep the description for the next acquire (closing it would also
+    /// release it; it is kept only if the unlock certainly happened).
+    fn release(&self, file: File) {
+        if fs4::FileExt::unlock(&file).is_ok() {
+            *self.spare.lock().expect("spare") = Some(file);
         }
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let Some(file) = self.file.take() else { return };
-        // Closing the description also releases it; keep it for the next acquire
-        // only if the unlock certainly happened.
-        if fs4::FileExt::unlock(&file).is_ok() {
-            *self.lock.spare.lock().expect("spare") = Some(file);
+        // Reverse order of taking.
+        if let Some(f) = self.legacy.take() {
+            self.lock.legacy.release(f);
+        }
+        if let Some(f) = self.dir.take() {
+            self.lock.dir.release(f);
         }
     }
 }

@@ -158,7 +158,19 @@ pub fn scan_dir(
                 return Err(Error::UnsupportedFormat { segment: path.clone(), detail: e.to_string() });
             }
             Err(e) => {
-                let torn = is_last && is_torn_creation(bytes, &e, body_max);
+                // A segment torn while being created is harmless only where the
+                // history before it ends right at its name.
+                let continues = cursor.is_none_or(|c| c.next_seq == *name_seq);
+                if !continues {
+                    let detail = format!(
+                        "records {}..{} are missing before this segment",
+                        cursor.map_or(0, |c| c.next_seq),
+                        name_seq
+                    );
+                    let p = problem("segment_discontinuity", path, 0, expected_seq, false, 0, detail);
+                    report(&mut on, &mut sum, p, &mut stopped);
+                }
+                let torn = continues && is_last && is_torn_creation(bytes, &e, body_max);
                 let kind = if torn { "torn_segment_creation" } else { "segment_header" };
                 let p = problem(kind, path, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
                 report(&mut on, &mut sum, p, &mut stopped);
@@ -400,7 +412,7 @@ impl Tailer {
                         return Ok(visited);
                     }
                     ScanOutcome::Damaged(d) => {
-                        let sealed = !d.is_torn_tail() || self.later_segment_exists(first_seq)?;
+                        let sealed = self.later_segment_exists(first_seq)?;
                         return Err(super::recovery::refusal(&path, at, &d, sealed));
                     }
                 }

@@ -193,6 +193,12 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     found.refuse_odd_names(dir)?;
     let mut segments = found.segments.clone();
 
+    // The whole history, or nothing: every segment from genesis is present and
+    // continues the one before (headers and seals: cheap, even when only the last
+    // segment is verified below). Checked before R8, so that a torn last segment
+    // is never set aside over a gap before it.
+    check_history(dir, &segments, body_max)?;
+
     // R8: a last segment with a damaged header and no intact frame was torn during
     // creation → set aside. (Repeat: a crash loop could leave several.)
     while let Some((seq, path)) = segments.last().cloned() {
@@ -223,17 +229,15 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         }
         let cursor = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
         let path = create_first_segment(dir, &SegmentHeader { first_seq: 1, prev_link: GENESIS_LINK }.encode())?;
+        // After the first segment (so that either marks a log that existed): the
+        // legacy lock file earlier builds lock, and the snapshot folder.
+        super::dir::open_private(&dir.join(super::dir::LOCK_FILE), false)?;
         super::dir::create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))?;
         let tail = TailState { segment: path, segment_first_seq: 1, segment_len: SEGMENT_HEADER_BYTES as u64, cursor };
         let report =
             OpenReport { segments: 1, records_verified: 0, last_seq: 0, chain_head: hex(&GENESIS_LINK), repairs };
         return Ok((tail, report));
     }
-
-    // The whole history, or nothing: every segment from genesis is present and
-    // continues the one before (headers and seals: cheap, even when only the last
-    // segment is verified below).
-    check_history(dir, &segments, body_max)?;
 
     let start = match opts.verify_on_open {
         VerifyOnOpen::Full => 0,

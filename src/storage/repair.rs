@@ -19,15 +19,18 @@ pub struct InitReport {
     pub dir: PathBuf,
     pub last_seq: u64,
     pub chain_head: String,
+    /// Torn tails cut while opening an existing log (empty for a new one).
+    pub repairs: Vec<super::recovery::Repair>,
 }
 
 /// Create a log in `dir` (missing or empty; never among other files). On a
-/// directory that already holds a log, report it and change nothing.
+/// directory that already holds a log, open it as any writer would (a torn tail is
+/// cut, its bytes kept as evidence) and report what was found and done.
 pub fn init(dir: &Path, opts: LogOptions) -> Result<InitReport> {
     let log = Log::open(dir, LogOptions { create: true, ..opts })?;
     let r = log.open_report().clone();
     log.close()?;
-    Ok(InitReport { dir: dir.to_path_buf(), last_seq: r.last_seq, chain_head: r.chain_head })
+    Ok(InitReport { dir: dir.to_path_buf(), last_seq: r.last_seq, chain_head: r.chain_head, repairs: r.repairs })
 }
 
 /// One cut made by `repair`.
@@ -83,6 +86,16 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
             detail: "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
         });
     };
+    // Damage a cut cannot mend: a file that is not a segment at all.
+    if matches!(damage.kind.as_str(), "unsafe_segment" | "odd_segment_name") {
+        return Err(Error::InvalidOption {
+            detail: format!(
+                "the damage is {} ({}): not a damaged record a cut can remove; move that file away",
+                damage.kind,
+                damage.segment.display()
+            ),
+        });
+    }
     if cut_from_seq == 0 || cut_from_seq > damage.seq {
         return Err(Error::InvalidOption {
             detail: format!(
@@ -100,6 +113,13 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     } else {
         at.ok_or_else(|| Error::InvalidOption { detail: format!("record {cut_from_seq} was not found") })?
     };
+    if offset == 0 && segment == super::dir::segment_path(dir, 1) {
+        return Err(Error::InvalidOption {
+            detail: "the first segment's header is damaged: cutting it would remove the whole history; \
+                     restore the segment from a copy"
+                .into(),
+        });
+    }
     let mut cuts = Vec::new();
     let segments = super::dir::listing(dir)?.segments;
     for (_, path) in segments.iter().filter(|(_, p)| *p > segment) {
@@ -119,15 +139,16 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     sync_dir(dir)?;
     drop(_held);
     tracing::warn!(dir = %dir.display(), cut_from_seq, "repair cut the log; the cut bytes are kept as evidence");
-    let after = verify_dir(dir, opts.body_max())?;
+    // What was cut is reported whatever the log looks like afterwards.
+    let after = verify_dir(dir, opts.body_max()).ok();
     Ok(RepairReport {
         dir: dir.to_path_buf(),
         cut_from_seq,
         damage,
         cuts,
-        last_seq: after.last_seq.unwrap_or(0),
-        chain_head: after.chain_head.clone(),
-        intact: after.is_intact(),
+        last_seq: after.as_ref().and_then(|a| a.last_seq).unwrap_or(0),
+        chain_head: after.as_ref().map_or_else(String::new, |a| a.chain_head.clone()),
+        intact: after.is_some_and(|a| a.is_intact()),
     })
 }
 

@@ -5,6 +5,8 @@
 //! - [`storage`]: segment files, locking, group commit, recovery, readers;
 //! - [`model`]: the ownership state machine and its projection (pure);
 //! - [`ledger`]: the embedded API (open = recover + snapshot + replay; submit);
+//! - [`ops`]: every operation as a typed request → transaction → response, shared
+//!   by every front end (the CLI; the daemon and the supervisor next);
 //! - services: [`inspect`] (offline inspector) and [`audit`] (forensic audit), both
 //!   read-only; the `fencelog` binary wires them to the command line.
 //!
@@ -25,4 +27,5 @@ pub mod format;
 pub mod inspect;
 pub mod ledger;
 pub mod model;
+pub mod ops;
 pub mod storage;

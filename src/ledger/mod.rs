@@ -82,12 +82,12 @@ pub enum LedgerError {
 }
 
 impl LedgerError {
-    pub fn code(&self) -> String {
+    pub fn code(&self) -> &'static str {
         match self {
             LedgerError::Refused(r) => r.code(),
-            LedgerError::Storage(e) => e.code().into(),
-            LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG".into(),
-            LedgerError::UndecodableRecord { .. } => "CORRUPTION".into(),
+            LedgerError::Storage(e) => e.code(),
+            LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG",
+            LedgerError::UndecodableRecord { .. } => "CORRUPTION",
         }
     }
 }

@@ -11,9 +11,11 @@ pub struct Blocker {
     pub expires_ms: u64,
 }
 
-/// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+/// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`; the same code
+/// as a `&'static str` from [`Refusal::code`] (one spelling, two derives).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error, strum::IntoStaticStr)]
 #[serde(tag = "code", rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum Refusal {
     #[error("invalid subject {subject:?}: {detail}")]
     InvalidSubject { subject: String, detail: String },
@@ -65,7 +67,26 @@ pub enum Refusal {
 
 impl Refusal {
     /// The stable code, as in the JSON.
-    pub fn code(&self) -> String {
-        serde_json::to_value(self).ok().and_then(|v| v["code"].as_str().map(str::to_owned)).unwrap_or_default()
+    pub fn code(&self) -> &'static str {
+        self.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_code_is_the_serialized_tag() {
+        let r = Refusal::TakeoverActiveRefused {
+            subject: "s".into(),
+            generation: 1,
+            heartbeat_ms: 2,
+            age_ms: 3,
+            stale_after_ms: 4,
+        };
+        assert_eq!(r.code(), "TAKEOVER_ACTIVE_REFUSED");
+        assert_eq!(serde_json::to_value(&r).unwrap()["code"], r.code());
+        assert_eq!(Refusal::RequestIdConflict { request: "r".into(), committed_seq: 1 }.code(), "REQUEST_ID_CONFLICT");
     }
 }

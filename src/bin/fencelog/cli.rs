@@ -1,0 +1,303 @@
+//! Command-line arguments (clap): what each command accepts, nothing else.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "fencelog", version, about = "A durable, hash-chained ownership ledger")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Dir {
+    /// Log directory.
+    #[arg(long, env = "FENCELOG_DIR")]
+    pub(crate) dir: PathBuf,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Req {
+    /// Makes the mutation idempotent: the same id and content returns the original result.
+    #[arg(long)]
+    pub(crate) request_id: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Create a log in DIR (missing or empty; never among other files). The only way,
+    /// with the daemon's first start, that a log comes to exist: every other command
+    /// on a directory that is not a log exits 2 with NOT_A_LOG.
+    Init {
+        #[command(flatten)]
+        dir: Dir,
+    },
+    /// Cut a damaged log from record SEQ on, on purpose: the cut bytes (and any later
+    /// segments, whole) are kept as evidence files. Only from the first damaged record
+    /// or earlier; an intact log is not touched.
+    Repair {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        cut_from: u64,
+    },
+    /// Claim a subject for a process (default: the caller's parent).
+    Claim {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        pid: Option<u32>,
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
+        #[arg(long, default_value_t = 20_000)]
+        stale_after_ms: u64,
+        /// Claim as a mutation lock doing ACTION (requires --request-id).
+        #[arg(long, requires = "request_id")]
+        action: Option<String>,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Record a heartbeat of the owner at GENERATION.
+    Heartbeat {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Release the subject held at GENERATION.
+    Release {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Take over a stale owner, naming the generation and heartbeat you saw.
+    Takeover {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        expect_generation: u64,
+        #[arg(long)]
+        expect_heartbeat_ms: u64,
+        #[arg(long)]
+        pid: Option<u32>,
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
+        #[arg(long, default_value_t = 20_000)]
+        stale_after_ms: u64,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Bump the generation without changing owner (fences old tokens).
+    RotateFence {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Append a note under GENERATION (kept always; authoritative only while current).
+    Note {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: String,
+        #[arg(long)]
+        generation: u64,
+        #[arg(long)]
+        text: String,
+        #[command(flatten)]
+        req: Req,
+    },
+    /// Resource leases.
+    Lease {
+        #[command(subcommand)]
+        cmd: LeaseCmd,
+    },
+    /// What became of a request id.
+    Request {
+        #[command(subcommand)]
+        cmd: RequestCmd,
+    },
+    /// Current state of subjects, with status judged now.
+    State {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        subject: Option<String>,
+    },
+    /// Commit transactions from concurrent appenders through the ledger (each claims
+    /// `demo/<pid>/appender-N`, then writes notes), then verify the log. Creates DIR if it
+    /// is missing or empty.
+    Demo {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, default_value_t = 10_000)]
+        records: u64,
+        #[arg(long, default_value_t = 8)]
+        appenders: u64,
+        #[arg(long, default_value_t = 200)]
+        payload_bytes: usize,
+    },
+    /// The offline inspector: reads a live log or a copy, never writes.
+    Inspect {
+        #[command(subcommand)]
+        cmd: InspectCmd,
+    },
+    /// The forensic story of every change of owner, from the log alone (read-only).
+    Audit {
+        dir: PathBuf,
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// Write the report to FILE instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Format {
+    Text,
+    Json,
+    Html,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum InspectCmd {
+    /// Check every checksum, the hash chain, sequence continuity and segment headers.
+    /// Exit 0 intact, 1 damaged (torn tail or corruption, told apart), 2 not a log.
+    Verify {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// SEQ:HEX, a chain head kept elsewhere (repeatable): exit 1 with
+        /// head_mismatch or log_shorter_than_pinned if the log does not hold it.
+        #[arg(long, value_parser = fencelog::inspect::parse_pin)]
+        expect_head: Vec<fencelog::inspect::Pin>,
+    },
+    /// The chain head at SEQ (default: the last record), to keep elsewhere and check
+    /// later with `verify --expect-head SEQ:HEX`.
+    Head {
+        dir: PathBuf,
+        #[arg(long)]
+        at: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One line per record (`--json`: NDJSON). `--raw` reads past damage.
+    Dump {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        from: Option<u64>,
+        #[arg(long)]
+        to: Option<u64>,
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        /// Unix ms, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS[.fff]Z (UTC).
+        #[arg(long, value_parser = fencelog::inspect::parse_time)]
+        since: Option<u64>,
+        #[arg(long, value_parser = fencelog::inspect::parse_time)]
+        until: Option<u64>,
+        #[arg(long)]
+        raw: bool,
+    },
+    /// The state as of sequence SEQ (default: the end).
+    State {
+        dir: PathBuf,
+        #[arg(long)]
+        at: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Counts and bytes by record kind, subject (top N), segment and writer (JSON).
+    Stat {
+        dir: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+    /// Print records as other processes append them, until interrupted.
+    Follow {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Start at this sequence (default: records appended from now on).
+        #[arg(long)]
+        from: Option<u64>,
+        #[arg(long, default_value_t = 100)]
+        poll_ms: u64,
+        /// Stop after this many records.
+        #[arg(long)]
+        max_records: Option<u64>,
+        /// Stop after this long.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum LeaseCmd {
+    Acquire {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        resource: String,
+        #[arg(long, value_enum)]
+        mode: Mode,
+        #[arg(long)]
+        holder: String,
+        #[arg(long, default_value_t = 30_000)]
+        ttl_ms: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+    Release {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        lease: u64,
+        #[arg(long)]
+        token: u64,
+        #[command(flatten)]
+        req: Req,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RequestCmd {
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+        id: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum Mode {
+    Read,
+    Write,
+}

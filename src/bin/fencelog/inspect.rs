@@ -1,0 +1,95 @@
+//! The offline inspector and the audit: read-only, printing their reports.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use fencelog::ops::OpError;
+use serde_json::Value;
+
+use crate::Printed;
+use crate::cli::{Format, InspectCmd};
+
+pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
+    use fencelog::inspect as ins;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let io = |e: std::io::Error| OpError::Usage { code: "IO_ERROR", message: e.to_string() };
+    let code = match cmd {
+        InspectCmd::Verify { dir, json, expect_head } => {
+            warn_if_unsafe(&dir);
+            let (s, code) = ins::verify_pinned(&dir, &expect_head).map_err(unreadable)?;
+            if json {
+                writeln!(out, "{}", ins::verify_json(&s)).map_err(io)?;
+            } else {
+                ins::verify_text(&s, &mut out).map_err(io)?;
+            }
+            code
+        }
+        InspectCmd::Dump { dir, json, from, to, subject, kind, since, until, raw } => {
+            let f = ins::Filter { from, to, subject, kind, since_ms: since, until_ms: until };
+            let s = ins::dump(&dir, &f, json, raw, &mut out).map_err(unreadable)?;
+            if s.is_intact() { 0 } else { 1 }
+        }
+        InspectCmd::State { dir, at, json } => {
+            let (p, s) = ins::state_at(&dir, at).map_err(unreadable)?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&p).expect("projection serializes")).map_err(io)?;
+            } else {
+                ins::state_text(&p, &mut out).map_err(io)?;
+            }
+            if s.is_intact() { 0 } else { 1 }
+        }
+        InspectCmd::Head { dir, at, json } => {
+            let h = ins::head(&dir, at).map_err(unreadable)?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&h).expect("head serializes")).map_err(io)?;
+            } else {
+                writeln!(out, "{}:{}", h.seq, h.chain_head).map_err(io)?;
+            }
+            0
+        }
+        InspectCmd::Stat { dir, top } => {
+            let v = ins::stat(&dir, top).map_err(unreadable)?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("stat serializes")).map_err(io)?;
+            if v["problems"].as_array().is_some_and(|p| p.is_empty()) { 0 } else { 1 }
+        }
+        InspectCmd::Follow { dir, json, from, poll_ms, max_records, timeout_ms } => {
+            ins::follow(&dir, from, json, poll_ms.max(1), max_records, timeout_ms, &mut out).map_err(unreadable)?;
+            0
+        }
+    };
+    out.flush().map_err(io)?;
+    Ok((Value::Null, code))
+}
+
+/// For the inspector, a log it cannot read at all (not a log, unreadable) is a
+/// usage error (2); damage it finds is reported in its output (1).
+fn unreadable(e: fencelog::storage::Error) -> OpError {
+    match e {
+        e @ fencelog::storage::Error::Corruption { .. } => e.into(),
+        e => OpError::Usage { code: e.code(), message: e.to_string() },
+    }
+}
+
+/// The inspector reads a log whatever its permissions, but says when others could
+/// have rewritten it.
+fn warn_if_unsafe(dir: &Path) {
+    if let Err(e @ fencelog::storage::Error::UnsafePermissions { .. }) = fencelog::storage::check_dir_mode(dir) {
+        eprintln!("fencelog: warning: {e}");
+    }
+}
+
+pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Option<PathBuf>) -> Printed {
+    let report = fencelog::audit::audit(dir, subject)?;
+    let body = match format {
+        Format::Text => fencelog::audit::text(&report),
+        Format::Json => serde_json::to_string_pretty(&report).expect("report serializes") + "\n",
+        Format::Html => fencelog::audit::html(&report),
+    };
+    match out {
+        Some(path) => std::fs::write(&path, body)
+            .map_err(|e| OpError::Usage { code: "IO_ERROR", message: format!("{}: {e}", path.display()) })?,
+        None => print!("{body}"),
+    }
+    Ok((Value::Null, if report.log_problems.is_empty() { 0 } else { 1 }))
+}

@@ -1,0 +1,65 @@
+//! The `fencelog` command: argument parsing and printing only; every decision is
+//! in the library (`fencelog::ops`, `inspect`, `audit`, `storage`).
+//!
+//! Every command prints one JSON object on stdout (the inspector and the audit
+//! print their reports). Exit codes: 0 success, 1 I/O error or a damaged log,
+//! 2 usage error, invalid input or not a log, 3 the state machine refused
+//! (`{"error": {"code": ..., "message": ..., evidence}}`).
+
+mod cli;
+mod demo;
+mod inspect;
+mod mutate;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use fencelog::ops::{ErrorBody, ErrorDetail, OpError};
+use serde_json::Value;
+
+/// What a command prints on success (`Value::Null`: it printed its own report) and
+/// its exit code.
+type Printed = Result<(Value, u8), OpError>;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            if !e.use_stderr() {
+                return ExitCode::SUCCESS; // --help, --version
+            }
+            let message = e.render().to_string();
+            let first = message.lines().next().unwrap_or("usage error").trim_start_matches("error: ");
+            let body = ErrorBody { error: ErrorDetail::Plain { code: "USAGE", message: first.into() } };
+            println!("{}", serde_json::to_string(&body).expect("error body serializes"));
+            return ExitCode::from(2);
+        }
+    };
+    let (value, code) = match run(cli.cmd) {
+        Ok(ok) => ok,
+        Err(e) => {
+            eprintln!("fencelog: {e}");
+            (serde_json::to_value(e.body()).expect("error body serializes"), e.exit_code())
+        }
+    };
+    if !value.is_null() {
+        println!("{value}");
+    }
+    ExitCode::from(code)
+}
+
+fn run(cmd: cli::Cmd) -> Printed {
+    use cli::Cmd;
+    match cmd {
+        Cmd::Inspect { cmd } => inspect::inspect(cmd),
+        Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
+        Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(dir.dir, records, appenders, payload_bytes),
+        other => mutate::run(other),
+    }
+}
+
+/// A typed response as the JSON line to print.
+fn printed<T: serde::Serialize>(response: &T) -> Printed {
+    Ok((serde_json::to_value(response).expect("responses serialize"), 0))
+}

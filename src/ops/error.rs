@@ -1,0 +1,140 @@
+//! One error body for every front end: `{"error": {"code", "message", ...evidence}}`,
+//! and one mapping to exit codes (HTTP statuses follow the same classes).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::OpResponse;
+use crate::ledger::LedgerError;
+use crate::model::Refusal;
+use crate::storage;
+
+/// Why an operation did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The state machine refused; nothing was written (except coalesced audit
+    /// records of contested refusals).
+    #[error("{0}")]
+    Refused(Refusal),
+    /// Any other failure of the ledger (never `LedgerError::Refused`: that becomes
+    /// [`OpError::Refused`]).
+    #[error(transparent)]
+    Ledger(LedgerError),
+    /// Invalid use that the state machine never saw (an unknown pid, say).
+    #[error("{message}")]
+    Usage { code: &'static str, message: String },
+    /// A lease release with the wrong token: committed as an attempt (the lease
+    /// stays held, release pending), answered as an error.
+    #[error("the release presented the wrong token; the lease stays held, release pending")]
+    LeaseTokenMismatch(Box<OpResponse>),
+}
+
+impl From<LedgerError> for OpError {
+    fn from(e: LedgerError) -> Self {
+        match e {
+            LedgerError::Refused(r) => OpError::Refused(r),
+            other => OpError::Ledger(other),
+        }
+    }
+}
+
+impl From<storage::Error> for OpError {
+    fn from(e: storage::Error) -> Self {
+        OpError::Ledger(LedgerError::Storage(e))
+    }
+}
+
+/// `{"error": {...}}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The inside of an error body: always `code` and `message`, then the evidence.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum ErrorDetail {
+    /// A refusal: its code and evidence fields (subject, generations, holders…).
+    Refused {
+        #[serde(flatten)]
+        refusal: Refusal,
+        message: String,
+    },
+    /// A storage failure, with where it is when it is somewhere.
+    Storage {
+        code: &'static str,
+        message: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        segment: Option<PathBuf>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+    },
+    Plain {
+        code: &'static str,
+        message: String,
+    },
+    /// A committed attempt answered as an error (`LEASE_TOKEN_MISMATCH`). The
+    /// response comes first so that this `code` is the one that stands (the
+    /// outcome carries its own, `TOKEN_MISMATCH`).
+    Committed {
+        #[serde(flatten)]
+        response: Box<OpResponse>,
+        code: &'static str,
+        message: String,
+    },
+}
+
+impl OpError {
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            OpError::Refused(r) => r.code(),
+            OpError::Ledger(e) => e.code(),
+            OpError::Usage { code, .. } => code,
+            OpError::LeaseTokenMismatch(_) => "LEASE_TOKEN_MISMATCH",
+        }
+    }
+
+    /// 0 success · 1 I/O error or damaged log · 2 usage, invalid input, not a log ·
+    /// 3 refused by the state machine.
+    pub fn exit_code(&self) -> u8 {
+        use storage::Error as E;
+        match self {
+            OpError::Refused(r) => {
+                if matches!(r, Refusal::InvalidSubject { .. } | Refusal::InvalidInput { .. }) {
+                    2
+                } else {
+                    3
+                }
+            }
+            OpError::Ledger(LedgerError::Storage(E::NotALogDirectory { .. } | E::InvalidOption { .. })) => 2,
+            OpError::Ledger(_) => 1,
+            OpError::Usage { .. } => 2,
+            OpError::LeaseTokenMismatch(_) => 3,
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        let message = self.to_string();
+        let error = match self {
+            OpError::Refused(r) => ErrorDetail::Refused { refusal: r.clone(), message },
+            OpError::Ledger(LedgerError::Storage(e)) => {
+                let (segment, offset, seq) = match e {
+                    storage::Error::Corruption { segment, offset, seq, .. } => {
+                        (Some(segment.clone()), Some(*offset), Some(*seq))
+                    }
+                    _ => (None, None, None),
+                };
+                ErrorDetail::Storage { code: e.code(), message, segment, offset, seq }
+            }
+            OpError::LeaseTokenMismatch(r) => {
+                ErrorDetail::Committed { response: r.clone(), code: "LEASE_TOKEN_MISMATCH", message }
+            }
+            other => ErrorDetail::Plain { code: other.code(), message },
+        };
+        ErrorBody { error }
+    }
+}

@@ -1,0 +1,435 @@
+//! `ops`: every operation the front ends offer (the CLI today; the daemon's HTTP
+//! handlers and the supervisor next), as a library: a typed request (the CLI's
+//! flags, the HTTP body in snake_case) → its transaction builder → its request-id
+//! intent digest → a typed, `Serialize` response or one error body. A request id
+//! therefore hashes the same intent whichever front end it arrives by.
+//!
+//! The decisions the CLI binary used to make live here: the dead-owner probe a
+//! claim records as evidence, and the status verdict of `state`.
+
+mod error;
+
+pub use error::{ErrorBody, ErrorDetail, OpError};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::{Committed, Ledger, ReadView, RequestStatus, identity, intent_digest};
+use crate::model::{
+    Event, Identity, Lease, LeaseMode, LockIntent, Outcome, Projection, Refusal, TenureEnd, Txn, validate_subject,
+};
+
+/// Default staleness of a claim (ms without a heartbeat before a takeover may
+/// replace a live-looking owner).
+pub const STALE_AFTER_MS_DEFAULT: u64 = 20_000;
+/// Default lease time to live.
+pub const LEASE_TTL_MS_DEFAULT: u64 = 30_000;
+
+fn stale_after_ms_default() -> u64 {
+    STALE_AFTER_MS_DEFAULT
+}
+
+fn lease_ttl_ms_default() -> u64 {
+    LEASE_TTL_MS_DEFAULT
+}
+
+/// Who is asking, as far as the front end knows: the process a claim is held for
+/// when the request names none (the CLI: its parent, the shell or program that ran
+/// it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caller {
+    pub default_pid: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    pub subject: String,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub instance: Option<uuid::Uuid>,
+    #[serde(default = "stale_after_ms_default")]
+    pub stale_after_ms: u64,
+    /// Claim as a mutation lock doing this action (requires `request_id`).
+    #[serde(default)]
+    pub action: Option<String>,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// Heartbeat, release and fence rotation name a subject and the generation held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationRequest {
+    pub subject: String,
+    pub generation: u64,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoteRequest {
+    pub subject: String,
+    pub generation: u64,
+    pub text: String,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TakeoverRequest {
+    pub subject: String,
+    pub expect_generation: u64,
+    pub expect_heartbeat_ms: u64,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub instance: Option<uuid::Uuid>,
+    #[serde(default = "stale_after_ms_default")]
+    pub stale_after_ms: u64,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseAcquireRequest {
+    pub resource: String,
+    pub mode: LeaseMode,
+    pub holder: String,
+    #[serde(default = "lease_ttl_ms_default")]
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseReleaseRequest {
+    pub lease: u64,
+    pub token: u64,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// Which generation-only operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GenerationOp {
+    Heartbeat,
+    Release,
+    RotateFence,
+}
+
+/// An outcome as a flat JSON object with its `kind` (`{"kind": "claimed", ...}`).
+#[derive(Debug, Clone)]
+pub struct FlatOutcome(pub Outcome);
+
+impl Serialize for FlatOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.to_json().serialize(s)
+    }
+}
+
+/// The answer to a committed (or deduplicated, or no-op) mutation.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpResponse {
+    #[serde(flatten)]
+    pub outcome: FlatOutcome,
+    /// Sequence of the record, or `None` when nothing needed writing.
+    pub seq: Option<u64>,
+    /// The request id had already committed this content; this is that result.
+    pub deduplicated: bool,
+}
+
+/// The intent a request id stands for: blake3 of the operation's name and content.
+/// These tuples are part of the log's meaning (digests of earlier requests are in
+/// the log): they never change.
+pub trait Intent {
+    fn request_id(&self) -> Option<&str>;
+    fn digest(&self) -> [u8; 32];
+    fn tag(&self) -> Option<(String, [u8; 32])> {
+        self.request_id().map(|id| (id.to_owned(), self.digest()))
+    }
+}
+
+impl Intent for ClaimRequest {
+    fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+    fn digest(&self) -> [u8; 32] {
+        intent_digest(&("claim", &self.subject, self.pid, self.instance, self.stale_after_ms, &self.action))
+    }
+}
+
+impl GenerationOp {
+    fn name(self) -> &'static str {
+        match self {
+            GenerationOp::Heartbeat => "heartbeat",
+            GenerationOp::Release => "release",
+            GenerationOp::RotateFence => "rotate-fence",
+        }
+    }
+}
+
+/// A generation request with its operation (the digest names the operation).
+pub struct Generation<'a>(pub GenerationOp, pub &'a GenerationRequest);
+
+impl Intent for Generation<'_> {
+    fn request_id(&self) -> Option<&str> {
+        self.1.request_id.as_deref()
+    }
+    fn digest(&self) -> [u8; 32] {
+        intent_digest(&(self.0.name(), &self.1.subject, self.1.generation))
+    }
+}
+
+impl Intent for NoteRequest {
+    fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+    fn digest(&self) -> [u8; 32] {
+        intent_digest(&("note", &self.subject, self.generation, &self.text))
+    }
+}
+
+impl Intent for TakeoverRequest {
+    fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+    fn digest(&self) -> [u8; 32] {
+        // `stale_after_ms` is not part of this digest (as first written); keep it so.
+        let t = self;
+        intent_digest(&(
+            "takeover",
+            &t.subject,
+            t.expect_generation,
+            t.expect_heartbeat_ms,
+            t.pid,
+            t.instance,
+            &t.reason,
+        ))
+    }
+}
+
+impl Intent for LeaseAcquireRequest {
+    fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+    fn digest(&self) -> [u8; 32] {
+        intent_digest(&("lease-acquire", &self.resource, self.mode, &self.holder, self.ttl_ms))
+    }
+}
+
+impl Intent for LeaseReleaseRequest {
+    fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+    fn digest(&self) -> [u8; 32] {
+        intent_digest(&("lease-release", self.lease, self.token))
+    }
+}
+
+/// Refuse an invalid subject name (before anything is opened).
+pub fn valid(s: &str) -> Result<(), OpError> {
+    validate_subject(s).map_err(OpError::Refused)
+}
+
+/// The identity evidence of `pid` (default: the caller's), probed now.
+fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>, caller: Caller) -> Result<Identity, OpError> {
+    let pid = pid.or(caller.default_pid).ok_or_else(|| OpError::Usage {
+        code: "INVALID_INPUT",
+        message: "the request names no pid, and the caller has none to give".into(),
+    })?;
+    identity::probe(pid, instance.unwrap_or_else(uuid::Uuid::new_v4))
+        .ok_or_else(|| OpError::Usage { code: "NO_SUCH_PROCESS", message: format!("no live process with pid {pid}") })
+}
+
+/// Evidence that the current owner of `subject` is dead, judged on its identity
+/// now: what a claim over it records.
+pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<crate::model::DeadOwner> {
+    p.subject(subject)
+        .and_then(|s| s.owner.as_ref())
+        .and_then(|o| identity::death_of(&o.identity))
+        .and_then(|reason| p.dead_owner(subject, reason))
+}
+
+fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
+    move |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, events.clone()))
+}
+
+/// One committed single-event transaction as a response; a lease release with the
+/// wrong token is committed (the attempt is on record) but answered as an error.
+fn respond(c: Committed) -> Result<OpResponse, OpError> {
+    let outcome = c.outcomes.into_iter().next().expect("one event, one outcome");
+    let failed = matches!(outcome, Outcome::LeaseReleaseFailed { .. });
+    let response = OpResponse { outcome: FlatOutcome(outcome), seq: c.seq, deduplicated: c.deduplicated };
+    if failed {
+        return Err(OpError::LeaseTokenMismatch(Box::new(response)));
+    }
+    Ok(response)
+}
+
+pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    valid(&req.subject)?;
+    if req.action.is_some() && req.request_id.is_none() {
+        return Err(OpError::Refused(Refusal::InvalidInput {
+            detail: "a lock claim (action) needs a request id".into(),
+        }));
+    }
+    let me = owner(req.pid, req.instance, caller)?;
+    let lock =
+        req.action.clone().map(|action| LockIntent { action, request: req.request_id.clone().unwrap_or_default() });
+    let c = ledger.submit(req.tag(), |p, now_ms, writer| {
+        // Liveness is judged here, on identity, and enters the log as evidence.
+        let event = Event::Claim {
+            subject: req.subject.clone(),
+            owner: me.clone(),
+            stale_after_ms: req.stale_after_ms,
+            lock: lock.clone(),
+            previous: dead_owner_evidence(p, &req.subject),
+        };
+        Ok(Txn::new(now_ms, writer, vec![event]))
+    })?;
+    respond(c)
+}
+
+pub fn generation(ledger: &Ledger, op: GenerationOp, req: &GenerationRequest) -> Result<OpResponse, OpError> {
+    valid(&req.subject)?;
+    let (subject, generation) = (req.subject.clone(), req.generation);
+    let event = match op {
+        GenerationOp::Heartbeat => Event::Heartbeat { subject, generation },
+        GenerationOp::Release => Event::Release { subject, generation },
+        GenerationOp::RotateFence => Event::RotateFence { subject, generation },
+    };
+    respond(ledger.submit(Generation(op, req).tag(), single(vec![event]))?)
+}
+
+pub fn note(ledger: &Ledger, req: &NoteRequest) -> Result<OpResponse, OpError> {
+    valid(&req.subject)?;
+    let event = Event::Note { subject: req.subject.clone(), generation: req.generation, text: req.text.clone() };
+    respond(ledger.submit(req.tag(), single(vec![event]))?)
+}
+
+pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    valid(&req.subject)?;
+    let owner = owner(req.pid, req.instance, caller)?;
+    let event = Event::Takeover {
+        subject: req.subject.clone(),
+        expect_generation: req.expect_generation,
+        expect_heartbeat_ms: req.expect_heartbeat_ms,
+        owner,
+        stale_after_ms: req.stale_after_ms,
+        reason: req.reason.clone(),
+    };
+    respond(ledger.submit(req.tag(), single(vec![event]))?)
+}
+
+pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {
+    let event = Event::LeaseAcquire {
+        resource: req.resource.clone(),
+        mode: req.mode,
+        holder: req.holder.clone(),
+        ttl_ms: req.ttl_ms,
+    };
+    respond(ledger.submit(req.tag(), single(vec![event]))?)
+}
+
+pub fn lease_release(ledger: &Ledger, req: &LeaseReleaseRequest) -> Result<OpResponse, OpError> {
+    respond(ledger.submit(req.tag(), single(vec![Event::LeaseRelease { lease: req.lease, token: req.token }]))?)
+}
+
+/// How an owner looks now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Free,
+    /// Provably dead on its identity evidence.
+    Dead,
+    /// No heartbeat within `stale_after_ms`, not provably dead.
+    Stale,
+    Active,
+}
+
+/// The status verdict of one subject's owner, now.
+pub fn status(owner: Option<&crate::model::Owner>, now_ms: u64) -> Status {
+    match owner {
+        None => Status::Free,
+        Some(o) if identity::death_of(&o.identity).is_some() => Status::Dead,
+        Some(o) if !o.is_fresh(now_ms) => Status::Stale,
+        Some(_) => Status::Active,
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SubjectState {
+    pub subject: String,
+    pub generation: u64,
+    pub owner: Option<Identity>,
+    pub lock: Option<LockIntent>,
+    pub heartbeat_ms: Option<u64>,
+    pub stale_after_ms: Option<u64>,
+    pub status: Status,
+    pub ended: Vec<TenureEnd>,
+    pub fenced_attempts: u64,
+    pub late_notes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StateResponse {
+    pub last_seq: u64,
+    pub chain_head: String,
+    /// Answered from the intact prefix of a log that ends in a torn write.
+    pub torn_tail: bool,
+    pub subjects: Vec<SubjectState>,
+    /// Every lease the projection holds (only when no subject is asked for).
+    pub leases: Vec<Lease>,
+}
+
+/// The state of every subject (or of `only`), with each owner's status judged now.
+pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateResponse, OpError> {
+    if let Some(o) = only {
+        valid(o)?;
+    }
+    let p = &view.projection;
+    let subjects = p
+        .subjects
+        .iter()
+        .filter(|(name, _)| only.is_none_or(|o| o == name.as_str()))
+        .map(|(name, s)| SubjectState {
+            subject: name.clone(),
+            generation: s.generation,
+            owner: s.owner.as_ref().map(|o| o.identity.clone()),
+            lock: s.owner.as_ref().and_then(|o| o.lock.clone()),
+            heartbeat_ms: s.owner.as_ref().map(|o| o.heartbeat_ms),
+            stale_after_ms: s.owner.as_ref().map(|o| o.stale_after_ms),
+            status: status(s.owner.as_ref(), now_ms),
+            ended: s.ended.clone(),
+            fenced_attempts: s.fenced_attempts,
+            late_notes: s.late_notes,
+        })
+        .collect();
+    let leases = if only.is_none() { p.leases.values().cloned().collect() } else { vec![] };
+    Ok(StateResponse {
+        last_seq: p.last_seq,
+        chain_head: crate::format::hex(&view.head),
+        torn_tail: view.torn_tail,
+        subjects,
+        leases,
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestShowResponse {
+    #[serde(flatten)]
+    pub status: RequestStatus,
+    pub torn_tail: bool,
+}
+
+/// "Committed at N" or "never committed", from a read-only view.
+pub fn request_show(view: &ReadView, id: &str) -> Result<RequestShowResponse, OpError> {
+    Ok(RequestShowResponse { status: view.request_status(id)?, torn_tail: view.torn_tail })
+}

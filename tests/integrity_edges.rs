@@ -461,13 +461,12 @@ fn pinned_heads_detect_rewrites_and_truncation() {
 #[test]
 fn abandoned_lock_waits_never_release_a_lock_another_caller_holds() {
     use std::io::BufRead;
-    const TORTURE: &str = env!("CARGO_BIN_EXE_fencelog-torture");
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();
     let log = Log::open(dir, LogOptions { lock_wait_ms_max: 100, ..LogOptions::default() }).unwrap();
     log.append(b"first").unwrap();
     let lock = |wait_ms: &str, hold_ms: &str| {
-        Command::new(TORTURE)
+        Command::new(common::torture_bin())
             .args(["lock", dir.to_str().unwrap(), wait_ms, hold_ms])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -15,11 +15,9 @@ use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity};
 use fencelog::model::{Event, Identity, Projection, Refusal, Txn, decode_txn};
 use fencelog::storage::{Faults, LogOptions, verify_dir};
 
-const TORTURE: &str = env!("CARGO_BIN_EXE_fencelog-torture");
-
 /// A child running `fencelog-torture ledger` (threads sharing one ledger).
 fn spawn_ledger(dir: &std::path::Path, tag: &str, threads: u64, ops: u64, subjects: u64) -> Child {
-    Command::new(TORTURE)
+    Command::new(common::torture_bin())
         .args(["ledger", dir.to_str().unwrap(), tag])
         .args([threads, ops, subjects].map(|n| n.to_string()))
         .stdout(Stdio::piped())

@@ -11,10 +11,8 @@ use std::time::Duration;
 use common::{Rng, records, seed};
 use fencelog::storage::{Log, LogOptions, verify_dir};
 
-const TORTURE: &str = env!("CARGO_BIN_EXE_fencelog-torture");
-
 fn spawn(dir: &Path, tag: &str, count: u64, threads: u64, segment_bytes_max: u64) -> Child {
-    Command::new(TORTURE)
+    Command::new(common::torture_bin())
         .args([dir.to_str().unwrap(), tag, &count.to_string(), &threads.to_string(), &segment_bytes_max.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

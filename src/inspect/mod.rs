@@ -25,16 +25,30 @@ fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-/// A progress bar on stderr over the log's bytes, only when stderr is a terminal.
+/// A progress bar on stderr over the log's bytes, only when stderr is a terminal
+/// (and the `cli` feature brings indicatif; the library alone shows none).
+#[cfg(feature = "cli")]
+type Bar = indicatif::ProgressBar;
+#[cfg(not(feature = "cli"))]
+type Bar = NoBar;
+
+#[cfg(not(feature = "cli"))]
+struct NoBar;
+#[cfg(not(feature = "cli"))]
+impl NoBar {
+    fn set_position(&self, _: u64) {}
+    fn finish_and_clear(&self) {}
+}
+
 struct Progress {
-    bar: Option<indicatif::ProgressBar>,
+    bar: Option<Bar>,
     base: BTreeMap<String, u64>,
     ticks: u64,
 }
 
 impl Progress {
     fn new(dir: &Path, what: &str) -> Progress {
-        if !std::io::stderr().is_terminal() {
+        if !std::io::stderr().is_terminal() || cfg!(not(feature = "cli")) {
             return Progress { bar: None, base: BTreeMap::new(), ticks: 0 };
         }
         let mut base = BTreeMap::new();
@@ -43,14 +57,7 @@ impl Progress {
             base.insert(file_name(&p), total);
             total += std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
         }
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(what.to_owned());
-        Progress { bar: Some(bar), base, ticks: 0 }
+        Progress { bar: new_bar(total, what), base, ticks: 0 }
     }
 
     fn at(&mut self, segment: &Path, offset: u64) {
@@ -59,6 +66,23 @@ impl Progress {
             bar.set_position(self.base.get(&file_name(segment)).copied().unwrap_or(0) + offset);
         }
     }
+}
+
+#[cfg(feature = "cli")]
+fn new_bar(total: u64, what: &str) -> Option<Bar> {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_owned());
+    Some(bar)
+}
+
+#[cfg(not(feature = "cli"))]
+fn new_bar(_total: u64, _what: &str) -> Option<Bar> {
+    None
 }
 
 impl Drop for Progress {

@@ -226,6 +226,15 @@ impl Ledger {
             snapshot_warnings: r.warnings,
             replayed_records: inner.projection.last_seq - r.snapshot_seq.unwrap_or(0),
         };
+        tracing::info!(
+            dir = %dir.display(),
+            segments = report.storage.segments,
+            last_seq = report.storage.last_seq,
+            repairs = report.storage.repairs.len(),
+            snapshot_seq = ?report.snapshot_seq,
+            replayed = report.replayed_records,
+            "ledger opened"
+        );
         Ok(Ledger { dir, opts, log, inner: Mutex::new(inner), changed: Condvar::new(), report })
     }
 

@@ -6,6 +6,20 @@ use std::path::{Path, PathBuf};
 
 use fencelog::storage::{LogOptions, read_records};
 
+/// The `fencelog-torture` test helper (an example: `cargo test` builds it beside
+/// the test binaries, in `target/<profile>/examples/`).
+pub fn torture_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let p = profile_dir.join("examples").join("fencelog-torture");
+    assert!(
+        p.exists(),
+        "{} is missing: `cargo test` builds it; a filtered run needs `cargo test --examples --test ...`",
+        p.display()
+    );
+    p
+}
+
 /// Copy every regular file of `from` into a fresh temp directory.
 pub fn copy_dir(from: &Path) -> tempfile::TempDir {
     let to = tempfile::tempdir().unwrap();

@@ -9,6 +9,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) cmd: Cmd,
+    /// More diagnostics on stderr (-v: what opening the log found and did; -vv:
+    /// debug). `RUST_LOG` overrides. Warnings (repairs, ignored snapshots) always show.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub(crate) verbose: u8,
 }
 
 #[derive(Args, Clone)]

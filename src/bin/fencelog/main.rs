@@ -36,6 +36,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_logging(cli.verbose);
     let (value, code) = match run(cli.cmd) {
         Ok(ok) => ok,
         Err(e) => {
@@ -57,6 +58,25 @@ fn run(cmd: cli::Cmd) -> Printed {
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(dir.dir, records, appenders, payload_bytes),
         other => mutate::run(other),
     }
+}
+
+/// Diagnostics go to stderr (stdout carries the one JSON answer): warnings by
+/// default, more with `-v`, or whatever `RUST_LOG` says.
+fn init_logging(verbose: u8) {
+    use std::io::IsTerminal;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("fencelog={level}")));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
 }
 
 /// A typed response as the JSON line to print.

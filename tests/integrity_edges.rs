@@ -619,3 +619,174 @@ fn a_huge_bogus_snapshot_is_refused_without_reading_it() {
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) }, 0);
     assert!(ru.ru_maxrss < 200 * 1024, "a child used {} KiB", ru.ru_maxrss);
 }
+
+/// Proves (second review): the first segment is created whole, so a first segment
+/// truncated below its header is CORRUPTION for every command — never set aside
+/// as a torn creation, which would start a new history and hand out generation 1
+/// again.
+#[test]
+fn a_truncated_first_segment_is_corruption_never_a_new_history() {
+    let d = small_segment_log(1);
+    let dir = d.path();
+    let first = segment_path(dir, 1);
+    fs::OpenOptions::new().write(true).open(&first).unwrap().set_len(10).unwrap();
+    for args in
+        [vec!["state"], vec!["claim", "--subject", "x", "--pid", "1"], vec!["init", "--dir", dir.to_str().unwrap()]]
+    {
+        let (code, v) = fl(dir, &args);
+        assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{args:?}: {v}");
+    }
+    assert_eq!(fs::metadata(&first).unwrap().len(), 10, "nothing was set aside or created");
+}
+
+/// Proves (second review): a writer whose segment file is replaced under it
+/// (copied aside and moved back: a new inode) refuses its next append instead of
+/// writing into a file nobody reads; a segment grown past any segment's size under
+/// a writer is refused unread (no evidence file in proportion to it).
+#[test]
+fn a_segment_replaced_or_grown_under_a_live_writer_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    let seg = segment_path(d.path(), 1);
+    let copy = d.path().join("copy");
+    fs::copy(&seg, &copy).unwrap();
+    fs::rename(&copy, &seg).unwrap();
+    let err = log.append(b"two").unwrap_err();
+    assert_eq!(err.code(), "CORRUPTION", "{err}");
+    assert!(err.to_string().contains("replaced"), "{err}");
+    drop(log);
+
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    let seg = segment_path(d.path(), 1);
+    fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(1 << 30).unwrap();
+    let err = log.append(b"two").unwrap_err();
+    assert!(err.to_string().contains("refused unread"), "{err}");
+    let names: Vec<_> = fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(!names.iter().any(|n| n.to_string_lossy().contains("evidence")), "{names:?}");
+}
+
+/// Proves (second review): records cut from the end at a record boundary (which
+/// the chain alone cannot see) are caught by a snapshot that covers them: every
+/// command refuses with CORRUPTION instead of re-issuing their sequences.
+#[test]
+fn a_snapshot_beyond_the_end_of_the_log_means_records_were_cut() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let me = fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap();
+    for i in 0..10 {
+        let claim = Event::Claim {
+            subject: format!("c/{i}"),
+            owner: me.clone(),
+            stale_after_ms: 1,
+            lock: None,
+            previous: None,
+        };
+        l.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![claim.clone()]))).unwrap();
+    }
+    l.snapshot_now().unwrap();
+    drop(l);
+    // Cut the log after record 5, at a frame boundary.
+    let mut offsets = vec![];
+    fencelog::storage::scan_dir(dir, 1, LogOptions::default().body_max(), |item| {
+        if let fencelog::storage::ScanItem::Record { rec, offset, .. } = item {
+            offsets.push((rec.seq, offset));
+        }
+        true
+    })
+    .unwrap();
+    let cut_at = offsets.iter().find(|(s, _)| *s == 6).unwrap().1;
+    fs::OpenOptions::new().write(true).open(segment_path(dir, 1)).unwrap().set_len(cut_at).unwrap();
+    for args in [vec!["state"], vec!["note", "--subject", "c/1", "--generation", "1", "--text", "t"]] {
+        let (code, v) = fl(dir, &args);
+        assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{args:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("records were cut"), "{v}");
+    }
+    let (code, v) = fl(dir, &["inspect", "verify", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 1, "{v}");
+}
+
+/// Proves (second review): a later segment torn while being created is read as a
+/// torn tail by read commands (as writers treat it), not as corruption; a crafted
+/// large snapshot that no checkpoint vouches for is only streamed, never held.
+#[test]
+fn a_torn_new_segment_is_a_torn_tail_for_readers_and_unvouched_snapshots_are_not_held() {
+    let d = small_segment_log(20);
+    let dir = d.path();
+    let (_, before) = fl(dir, &["state"]);
+    let last = before["last_seq"].as_u64().unwrap();
+    for len in [100usize, 30] {
+        fs::write(segment_path(dir, last + 1), vec![0u8; len]).unwrap();
+        let (code, v) = fl(dir, &["state"]);
+        assert_eq!((code, v["torn_tail"].as_bool(), v["last_seq"].as_u64()), (0, Some(true), Some(last)), "{len}: {v}");
+    }
+    fs::remove_file(segment_path(dir, last + 1)).unwrap();
+
+    // A snapshot header with a valid CRC over 300 MiB of zeros (sparse on disk).
+    let body_len: u64 = 300 << 20;
+    let mut h = b"FLSNAP01".to_vec();
+    h.extend_from_slice(&3u64.to_le_bytes());
+    h.extend_from_slice(&[0u8; 32]);
+    h.extend_from_slice(&body_len.to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..300 {
+        crc.update(&zeros);
+    }
+    h.extend_from_slice(&crc.finalize().to_le_bytes());
+    let snap = dir.join("snapshots").join(format!("{:020}.snap", 3));
+    fs::write(&snap, &h).unwrap();
+    fs::OpenOptions::new().write(true).open(&snap).unwrap().set_len(60 + body_len).unwrap();
+    let out = Command::new(FENCELOG).args(["state", "--dir", dir.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) }, 0);
+    assert!(ru.ru_maxrss < 200 * 1024, "a child used {} KiB", ru.ru_maxrss);
+}
+
+/// Proves (second review): a report is never written into the log directory; an
+/// answer that cannot be written to stdout (a full device) exits 1 and says on
+/// stderr what was committed; `LOCK` must be a regular file; names that only look
+/// like ours are foreign.
+#[test]
+fn reports_stay_out_of_the_log_lost_answers_are_told_and_lookalike_names_are_foreign() {
+    let d = small_segment_log(3);
+    let dir = d.path();
+    let seg = segment_path(dir, 1);
+    let before = fs::read(&seg).unwrap();
+    let (code, v) = fl(dir, &["audit", dir.to_str().unwrap(), "--out", seg.to_str().unwrap()]);
+    assert_eq!((code, code_of(&v)), (2, "INVALID_INPUT"), "{v}");
+    assert_eq!(fs::read(&seg).unwrap(), before);
+
+    let full = fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(FENCELOG)
+        .args(["note", "--dir", dir.to_str().unwrap(), "--subject", "home/a", "--generation", "1", "--text", "t"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the answer was") && err.contains("\"seq\":4"), "{err}");
+
+    let lock = dir.join("LOCK");
+    fs::remove_file(&lock).unwrap();
+    fs::create_dir(&lock).unwrap();
+    let (code, v) = fl(dir, &["heartbeat", "--subject", "home/a", "--generation", "1"]);
+    assert_eq!((code, code_of(&v)), (1, "CORRUPTION"), "{v}");
+    fs::remove_dir(&lock).unwrap();
+
+    let e = tempfile::tempdir().unwrap();
+    let other = e.path().join("other");
+    fs::create_dir(&other).unwrap();
+    fs::set_permissions(&other, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(other.join(".my.seg.backup.tmp"), b"x").unwrap();
+    let (code, v) = fl(&other, &["init", "--dir", other.to_str().unwrap()]);
+    assert_eq!((code, code_of(&v)), (2, "NOT_A_LOG"), "a foreign file: {v}");
+    fs::remove_file(other.join(".my.seg.backup.tmp")).unwrap();
+    fs::write(other.join("case.evidence.photos"), b"x").unwrap();
+    let (code, v) = fl(&other, &["state"]);
+    assert_eq!((code, code_of(&v)), (2, "NOT_A_LOG"), "not a trace of a log: {v}");
+}

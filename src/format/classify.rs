@@ -76,6 +76,9 @@ pub fn classify(e: Evidence) -> Action {
         // R4: the same without a zeroed sector: rot of a record that may have been
         // acknowledged. Cutting it could hand out its generation again.
         Evidence::Frame { kind: Checksum | LengthOutOfRange, zeroed_sector: false, .. } => Action::RefuseRotten,
+        // R4: a whole body that checksums, behind a length field that says more:
+        // the length field rotted.
+        Evidence::Frame { kind: LengthMismatch, .. } => Action::RefuseRotten,
         // R6: a frame whose checksum holds but whose sequence or link is wrong was
         // written whole: an edit, deletion, reorder or splice.
         Evidence::Frame { kind: SequenceMismatch { .. } | ChainMismatch, .. } => Action::Refuse,
@@ -136,7 +139,16 @@ mod tests {
         assert_eq!(classify(frame(LengthOutOfRange, false, false, true)), CutTornTail, "R3");
         assert_eq!(classify(frame(Checksum, false, false, false)), RefuseRotten, "R4");
         assert_eq!(classify(frame(LengthOutOfRange, false, false, false)), RefuseRotten, "R4");
-        for kind in [Incomplete, Checksum, LengthOutOfRange, Malformed, ChainMismatch, SequenceMismatch { found: 9 }] {
+        assert_eq!(classify(frame(LengthMismatch, false, false, true)), RefuseRotten, "R4 length field");
+        for kind in [
+            Incomplete,
+            Checksum,
+            LengthOutOfRange,
+            Malformed,
+            ChainMismatch,
+            SequenceMismatch { found: 9 },
+            LengthMismatch,
+        ] {
             for z in [false, true] {
                 assert_eq!(classify(frame(kind, true, false, z)), Refuse, "R5 sealed {kind:?}");
                 assert_eq!(classify(frame(kind, false, true, z)), Refuse, "R5 intact after {kind:?}");

@@ -28,6 +28,10 @@ pub enum DamageKind {
     SequenceMismatch { found: u64 },
     /// An intact frame does not link to its predecessor (edit, reorder, splice).
     ChainMismatch,
+    /// The length field says the frame runs past the end, yet the bytes to the end
+    /// are a whole body that matches the stored checksum: the length field rotted
+    /// (a torn write cannot leave a prefix that checksums as the whole).
+    LengthMismatch,
 }
 
 impl DamageKind {
@@ -39,6 +43,7 @@ impl DamageKind {
             DamageKind::Malformed => "malformed_body",
             DamageKind::SequenceMismatch { .. } => "sequence_mismatch",
             DamageKind::ChainMismatch => "chain_mismatch",
+            DamageKind::LengthMismatch => "length_mismatch",
         }
     }
 }
@@ -126,6 +131,11 @@ pub fn scan_frames_in(
             Err(FrameError::Checksum { .. }) => DamageKind::Checksum,
             Err(FrameError::Malformed) => DamageKind::Malformed,
         };
+        let kind = if kind == DamageKind::Incomplete && whole_body_after_rotten_length(&buf[at..]) {
+            DamageKind::LengthMismatch
+        } else {
+            kind
+        };
         // Fewer bytes than the smallest frame cannot hold a complete (possibly
         // acknowledged) record, whatever their length field says: incomplete.
         let kind = if buf.len() - at < FRAME_HEADER_BYTES + BODY_FIXED_BYTES
@@ -146,6 +156,18 @@ pub fn scan_frames_in(
         });
     }
     ScanOutcome::Clean
+}
+
+/// Do the bytes after a frame header whose length runs past the end form a whole
+/// body — its checksum is the stored one and its payload length fits exactly?
+fn whole_body_after_rotten_length(rest: &[u8]) -> bool {
+    if rest.len() < FRAME_HEADER_BYTES + BODY_FIXED_BYTES {
+        return false;
+    }
+    let stored = u32::from_le_bytes(rest[4..8].try_into().expect("4 bytes"));
+    let body = &rest[FRAME_HEADER_BYTES..];
+    let payload_len = u64::from_le_bytes(body[64..72].try_into().expect("8 bytes"));
+    payload_len == (body.len() - BODY_FIXED_BYTES) as u64 && crc32fast::hash(body) == stored
 }
 
 /// The first offset at or after `from` where an intact frame with a sequence of at

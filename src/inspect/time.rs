@@ -15,6 +15,9 @@ pub fn parse_time(s: &str) -> Result<u64, String> {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return s.parse().map_err(|e| format!("{s:?}: {e}"));
     }
+    if s.get(..4).and_then(|y| y.parse::<u32>().ok()).is_some_and(|y| y < 1970) {
+        return Err(format!("{s:?} is before 1970"));
+    }
     let full = if s.len() == 10 { format!("{s}T00:00:00Z") } else { s.to_owned() };
     if !full.ends_with('Z') {
         return Err(format!("{s:?}: give the time in UTC, ending in Z"));

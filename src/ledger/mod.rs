@@ -79,6 +79,15 @@ pub enum LedgerError {
          wrote it, use that version"
     )]
     UndecodableRecord { seq: u64, detail: String },
+    /// A snapshot (written only from durable state) covers records the log no
+    /// longer holds: records were cut from the end, or the snapshot is another
+    /// log's.
+    #[error(
+        "the log ends at sequence {log_last_seq} but the snapshot {} covers sequence {snapshot_seq}: records were cut \
+         from the end of the log (if the snapshot belongs to another log, move it away)",
+        path.display()
+    )]
+    LogShorterThanSnapshot { path: PathBuf, snapshot_seq: u64, log_last_seq: u64 },
 }
 
 impl LedgerError {
@@ -87,7 +96,7 @@ impl LedgerError {
             LedgerError::Refused(r) => r.code(),
             LedgerError::Storage(e) => e.code(),
             LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG",
-            LedgerError::UndecodableRecord { .. } => "CORRUPTION",
+            LedgerError::UndecodableRecord { .. } | LedgerError::LogShorterThanSnapshot { .. } => "CORRUPTION",
         }
     }
 }
@@ -261,7 +270,7 @@ impl Ledger {
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
         let Inner { tailer, projection, head, since_snapshot, durable_seq, .. } = inner;
-        apply_tail(tailer, projection, head, since_snapshot, None)?;
+        apply_tail(tailer, projection, head, since_snapshot)?;
         *durable_seq = projection.last_seq;
         Ok(())
     }
@@ -726,18 +735,14 @@ struct Replayed {
     applied: (u64, u64),
 }
 
-/// A checkpoint being looked for during replay.
-struct Vouch {
-    seq: u64,
-    digest: [u8; 32],
-    found: bool,
-}
-
-/// Replay the log in `dir`: try each snapshot (newest first); one is adopted only if
-/// the log holds its chain head and a checkpoint record with its digest. Otherwise
-/// replay from record 1.
+/// Replay the log in `dir`: try each snapshot (the newest few, newest first); one
+/// is adopted only if the log holds its chain head and a checkpoint record with
+/// the blake3 of its body — checked by a pass over the tail *before* the snapshot
+/// is decoded, so a file no checkpoint vouches for never costs more than a
+/// streaming read. A snapshot beyond the end of the log is evidence that records
+/// were cut: refused. Otherwise replay from record 1.
 fn replay(dir: &Path, body_max: u32) -> Result<Replayed, LedgerError> {
-    let (candidates, mut warnings) = snapshot::load_all(dir);
+    let (metas, mut warnings) = snapshot::peek_newest(dir);
     let fresh = |from: u64| Replayed {
         tailer: Tailer::new(dir, body_max, from),
         projection: Projection::default(),
@@ -746,38 +751,87 @@ fn replay(dir: &Path, body_max: u32) -> Result<Replayed, LedgerError> {
         warnings: vec![],
         applied: (0, 0),
     };
-    for s in candidates {
+    for m in metas {
+        let mut ignored = |why: String| {
+            let w = format!("{}: {why}; snapshot ignored", m.path.display());
+            tracing::warn!("{w}");
+            warnings.push(w);
+        };
+        match vouched(dir, body_max, &m)? {
+            Vouched::Yes => {}
+            Vouched::NoCheckpoint => {
+                ignored(format!("no checkpoint record in the log vouches for it (digest {})", hex(&m.digest)));
+                continue;
+            }
+            Vouched::HeadDiffers => {
+                ignored(format!("the log does not hold the snapshot's {}", snapshot::describe(m.seq, &m.head)));
+                continue;
+            }
+        }
+        let s = match snapshot::read_one(&m.path) {
+            Ok(s) if s.digest == m.digest => s,
+            Ok(_) => {
+                ignored("it changed while it was read".into());
+                continue;
+            }
+            Err(e) => {
+                ignored(e);
+                continue;
+            }
+        };
         let mut r = fresh(s.seq);
         r.projection = s.projection;
         r.head = s.head;
-        let mut vouch = Vouch { seq: s.seq, digest: s.digest, found: false };
         let Replayed { tailer, projection, head, applied, .. } = &mut r;
-        match apply_tail(tailer, projection, head, applied, Some(&mut vouch)) {
-            Ok(()) if vouch.found => {
-                r.snapshot_seq = Some(s.seq);
-                r.warnings = warnings;
-                return Ok(r);
-            }
-            Ok(()) => {
-                let w = format!(
-                    "{}: no checkpoint record in the log vouches for this snapshot (digest {}); ignored",
-                    s.path.display(),
-                    hex(&s.digest)
-                );
-                tracing::warn!("{w}");
-                warnings.push(w);
-            }
-            Err(e @ LedgerError::SnapshotNotInLog(_)) => {
-                warnings.push(format!("{}: {e}; snapshot ignored", s.path.display()));
-            }
-            Err(e) => return Err(e),
-        }
+        apply_tail(tailer, projection, head, applied)?;
+        r.snapshot_seq = Some(s.seq);
+        r.warnings = warnings;
+        return Ok(r);
     }
     let mut r = fresh(1);
     let Replayed { tailer, projection, head, applied, .. } = &mut r;
-    apply_tail(tailer, projection, head, applied, None)?;
+    apply_tail(tailer, projection, head, applied)?;
     r.warnings = warnings;
     Ok(r)
+}
+
+enum Vouched {
+    Yes,
+    NoCheckpoint,
+    HeadDiffers,
+}
+
+/// Does the log vouch for this snapshot? Reads the records from its sequence on
+/// (verified, decoded, not applied).
+fn vouched(dir: &Path, body_max: u32, m: &snapshot::Meta) -> Result<Vouched, LedgerError> {
+    let mut tailer = Tailer::new(dir, body_max, m.seq);
+    let (mut last, mut head_ok, mut found) = (0, false, false);
+    tailer.poll(|r| {
+        last = r.seq;
+        if r.seq == m.seq {
+            head_ok = r.link == m.head;
+        } else if r.seq > m.seq
+            && let Ok(txn) = decode_txn(r.payload)
+        {
+            found |= txn.events.iter().any(
+                |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == m.seq && *digest == m.digest),
+            );
+        }
+    })?;
+    if last < m.seq {
+        return Err(LedgerError::LogShorterThanSnapshot {
+            path: m.path.clone(),
+            snapshot_seq: m.seq,
+            log_last_seq: last,
+        });
+    }
+    Ok(if !head_ok {
+        Vouched::HeadDiffers
+    } else if found {
+        Vouched::Yes
+    } else {
+        Vouched::NoCheckpoint
+    })
 }
 
 /// Apply every record the tailer finds after the projection's last sequence. A
@@ -788,7 +842,6 @@ fn apply_tail(
     projection: &mut Projection,
     head: &mut ChainLink,
     applied: &mut (u64, u64),
-    mut vouch: Option<&mut Vouch>,
 ) -> Result<(), LedgerError> {
     let expect_head = (projection.last_seq, *head);
     let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
@@ -809,11 +862,6 @@ fn apply_tail(
         }
         match decode_txn(r.payload) {
             Ok(txn) => {
-                if let Some(v) = vouch.as_deref_mut() {
-                    v.found |= txn.events.iter().any(
-                        |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == v.seq && *digest == v.digest),
-                    );
-                }
                 let _ = projection.apply(r.seq, &txn);
             }
             Err(e) => {

@@ -15,8 +15,8 @@ const MAGIC: &[u8; 8] = b"FLSNAP01";
 const HEADER_BYTES: usize = 8 + 8 + 32 + 8 + 4;
 /// Snapshots kept on disk (the newest ones).
 pub const SNAPSHOTS_KEPT: usize = 2;
-/// Largest snapshot file read back: a projection holds bounded state (every
-/// retained set has a limit), far below this.
+/// Largest snapshot file read back. A file is decoded (held whole) only after the
+/// log's chain vouches for its digest; until then it is only streamed.
 const SNAPSHOT_BYTES_MAX: u64 = 1 << 30;
 /// A temp file older than this was left by a writer that crashed mid-snapshot.
 const TEMP_ABANDONED_AFTER_MS: u64 = 10 * 60 * 1000;
@@ -167,21 +167,64 @@ pub fn read_one(path: &Path) -> Result<Loaded, String> {
     Ok(Loaded { seq, head, projection: p, path: path.to_path_buf(), digest: digest_of(body) })
 }
 
-/// Every snapshot file that passes its own checks, newest first, with a warning
-/// for each one skipped. (Whether the log vouches for one is the ledger's check.)
-pub fn load_all(dir: &Path) -> (Vec<Loaded>, Vec<String>) {
+/// What a snapshot file says about itself, checked without holding its body: the
+/// header, the length, the CRC and the blake3 digest are computed streaming.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    pub seq: u64,
+    pub head: ChainLink,
+    pub digest: [u8; 32],
+    pub path: PathBuf,
+}
+
+/// Read a snapshot's header and stream its body through CRC-32 and blake3
+/// (bounded memory, whatever the file's size).
+pub fn peek(path: &Path) -> Result<Meta, String> {
+    use std::os::unix::fs::FileExt;
+    let (f, len) = crate::storage::open_regular(path, SNAPSHOT_BYTES_MAX, 0).map_err(|e| e.to_string())?;
+    let mut h = [0u8; HEADER_BYTES];
+    if len < HEADER_BYTES as u64 || f.read_exact_at(&mut h, 0).is_err() || &h[..8] != MAGIC {
+        return Err("not a snapshot (bad magic or short)".into());
+    }
+    let seq = u64::from_le_bytes(h[8..16].try_into().expect("8"));
+    let head: ChainLink = h[16..48].try_into().expect("32");
+    let body_len = u64::from_le_bytes(h[48..56].try_into().expect("8"));
+    let crc = u32::from_le_bytes(h[56..60].try_into().expect("4"));
+    if body_len != len - HEADER_BYTES as u64 {
+        return Err(format!("the header says {body_len} body bytes but the file holds {}", len - HEADER_BYTES as u64));
+    }
+    let (mut crc_state, mut digest) = (crc32fast::Hasher::new(), blake3::Hasher::new());
+    let mut chunk = vec![0u8; (1 << 20).min(body_len as usize)];
+    let mut at = HEADER_BYTES as u64;
+    while at < len {
+        let n = chunk.len().min((len - at) as usize);
+        f.read_exact_at(&mut chunk[..n], at).map_err(|e| e.to_string())?;
+        crc_state.update(&chunk[..n]);
+        digest.update(&chunk[..n]);
+        at += n as u64;
+    }
+    if crc_state.finalize() != crc {
+        return Err("checksum mismatch".into());
+    }
+    Ok(Meta { seq, head, digest: *digest.finalize().as_bytes(), path: path.to_path_buf() })
+}
+
+/// The newest snapshot files (at most [`SNAPSHOTS_KEPT`]) that pass their own
+/// checks, newest first, with a warning for each one skipped. Older files are not
+/// read at all (they are pruned on every write).
+pub fn peek_newest(dir: &Path) -> (Vec<Meta>, Vec<String>) {
     let mut warnings = Vec::new();
-    let mut loaded = Vec::new();
-    for (_, path) in list(&dir.join(SNAPSHOT_DIR)).into_iter().rev() {
-        match read_one(&path) {
-            Ok(l) => loaded.push(l),
+    let mut metas = Vec::new();
+    for (_, path) in list(&dir.join(SNAPSHOT_DIR)).into_iter().rev().take(SNAPSHOTS_KEPT) {
+        match peek(&path) {
+            Ok(m) => metas.push(m),
             Err(e) => {
                 tracing::warn!(snapshot = %path.display(), error = %e, "damaged snapshot ignored");
                 warnings.push(format!("{}: {e}; ignored", path.display()));
             }
         }
     }
-    (loaded, warnings)
+    (metas, warnings)
 }
 
 /// Snapshot files in `dir`, oldest first (for the inspector).

@@ -24,6 +24,9 @@ pub enum OpError {
     /// Invalid use that the state machine never saw (an unknown pid, say).
     #[error("{message}")]
     Usage { code: &'static str, message: String },
+    /// An I/O failure outside the log (writing a report, say): `IO_ERROR`, exit 1.
+    #[error("{message}")]
+    Io { message: String },
     /// A lease release with the wrong token: committed as an attempt (the lease
     /// stays held, release pending), answered as an error.
     #[error("the release presented the wrong token; the lease stays held, release pending")]
@@ -94,6 +97,7 @@ impl OpError {
             OpError::Refused(r) => r.code(),
             OpError::Ledger(e) => e.code(),
             OpError::Usage { code, .. } => code,
+            OpError::Io { .. } => "IO_ERROR",
             OpError::LeaseTokenMismatch(_) => "LEASE_TOKEN_MISMATCH",
         }
     }
@@ -113,6 +117,7 @@ impl OpError {
             OpError::Ledger(LedgerError::Storage(E::NotALogDirectory { .. } | E::InvalidOption { .. })) => 2,
             OpError::Ledger(_) => 1,
             OpError::Usage { .. } => 2,
+            OpError::Io { .. } => 1,
             OpError::LeaseTokenMismatch(_) => 3,
         }
     }

@@ -59,7 +59,7 @@ pub fn listing(dir: &Path) -> Result<Listing> {
         } else if name == SNAPSHOT_DIR {
             // Created right after the first segment: it marks a log that existed.
             out.log_traces.push(format!("{SNAPSHOT_DIR}/"));
-        } else if !name.contains(EVIDENCE_INFIX) && !is_segment_temp(&name) && out.foreign.is_none() {
+        } else if !is_evidence(&name) && !is_segment_temp(&name) && out.foreign.is_none() {
             out.foreign = Some(name);
         }
     }
@@ -113,15 +113,26 @@ pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(l.segments)
 }
 
+/// An evidence file: `<valid segment name><EVIDENCE_INFIX><what>`.
+fn is_evidence(name: &str) -> bool {
+    name.split_once(EVIDENCE_INFIX).is_some_and(|(seg, what)| segment_seq(seg).is_some() && !what.is_empty())
+}
+
 /// Evidence of records cut from a segment: only a log that held records leaves it.
 /// (A segment set aside whole while it was being created held none.)
 fn is_trace_of_records(name: &str) -> bool {
-    name.contains(EVIDENCE_INFIX) && !name.contains(&format!("{EVIDENCE_INFIX}torn-segment-"))
+    is_evidence(name) && !name.contains(&format!("{EVIDENCE_INFIX}torn-segment-"))
 }
 
-/// A first segment being created by [`create_first_segment`].
+/// A first segment being created by [`create_first_segment`]:
+/// `.<segment name>.<pid>-<n>.tmp`.
 fn is_segment_temp(name: &str) -> bool {
-    name.starts_with('.') && name.contains(SEGMENT_SUFFIX) && name.ends_with(TEMP_SUFFIX)
+    let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(TEMP_SUFFIX)) else { return false };
+    let Some((seg, tag)) = rest.rsplit_once('.') else { return false };
+    segment_seq(seg).is_some()
+        && tag.split_once('-').is_some_and(|(a, b)| {
+            !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit())
+        })
 }
 
 /// The first sequence named by a segment file name (`<20 digits>.seg`).

@@ -71,7 +71,7 @@ pub(crate) fn check_history(dir: &Path, segments: &[(u64, PathBuf)], body_max: u
             // The last segment may be torn while being created (recovery sets it
             // aside); its name still says where it must start, so the segment before
             // it must end right there — else records are missing.
-            Err(_) if is_last => return seal(prev, *seq, None, body_max),
+            Err(_) if is_last && i > 0 => return seal(prev, *seq, None, body_max),
             Err(e) => return Err(header_error(path, e, *seq)),
         };
         check_header_continuity(path, *seq, &header, None, i == 0)?;

@@ -103,6 +103,14 @@ impl Target {
             o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
         }
         match o.open(&self.path) {
+            Ok(f) if !self.is_dir && !f.metadata().is_ok_and(|m| m.file_type().is_file()) => Err(Error::Corruption {
+                segment: self.path.clone(),
+                offset: 0,
+                seq: 0,
+                detail: "LOCK is not a regular file (a FIFO, device, socket or directory); a log holds only regular \
+                             files"
+                    .into(),
+            }),
             Ok(f) => Ok(Some(f)),
             Err(e) if !self.is_dir && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io("open for locking", &self.path)(e)),

@@ -170,7 +170,7 @@ pub fn scan_dir(
                     let p = problem("segment_discontinuity", path, 0, expected_seq, false, 0, detail);
                     report(&mut on, &mut sum, p, &mut stopped);
                 }
-                let torn = continues && is_last && is_torn_creation(bytes, &e, body_max);
+                let torn = continues && is_last && is_torn_creation(bytes, &e, body_max, *name_seq);
                 let kind = if torn { "torn_segment_creation" } else { "segment_header" };
                 let p = problem(kind, path, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
                 report(&mut on, &mut sum, p, &mut stopped);
@@ -344,17 +344,30 @@ impl Tailer {
         self.cursor.next_seq
     }
 
-    fn open_segment(&mut self, first_seq: u64, path: PathBuf, continuing: bool) -> Result<()> {
-        let (f, _) = open_regular(&path, segment_file_bytes_max(self.body_max), first_seq)?;
+    /// Open a segment to read on; `false` if it is a later segment torn while being
+    /// created (a header that never reached the disk whole and no intact record:
+    /// what the next writer sets aside), which ends the readable log.
+    fn open_segment(&mut self, first_seq: u64, path: PathBuf, continuing: bool) -> Result<bool> {
+        let (f, len) = open_regular(&path, segment_file_bytes_max(self.body_max), first_seq)?;
         let mut hb = [0u8; SEGMENT_HEADER_BYTES];
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut hb, 0).map_err(Error::io("read segment header", &path))?;
-        let header = SegmentHeader::decode(&hb).map_err(|e| super::recovery::header_error(&path, e, first_seq))?;
+        let header = match SegmentHeader::decode(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                let mut bytes = vec![0u8; len as usize];
+                std::os::unix::fs::FileExt::read_exact_at(&f, &mut bytes, 0).map_err(Error::io("read", &path))?;
+                if continuing && is_torn_creation(&bytes, &e, self.body_max, first_seq) {
+                    return Ok(false);
+                }
+                return Err(super::recovery::header_error(&path, e, first_seq));
+            }
+        };
         let prev = continuing.then_some(self.cursor);
         check_header_continuity(&path, first_seq, &header, prev.as_ref(), first_seq == 1)?;
         self.cursor = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         self.file = Some((first_seq, path, f));
         self.offset = SEGMENT_HEADER_BYTES as u64;
-        Ok(())
+        Ok(true)
     }
 
     /// Read and verify everything appended since the last poll; returns how many
@@ -421,11 +434,15 @@ impl Tailer {
                 return Ok(visited);
             }
             let next = super::dir::segment_path(&self.dir, self.cursor.next_seq);
-            match fs::metadata(&next) {
-                Ok(m) if m.len() >= SEGMENT_HEADER_BYTES as u64 => {
-                    self.open_segment(self.cursor.next_seq, next, true)?;
-                }
-                _ => return Ok(visited),
+            let opened = match fs::symlink_metadata(&next) {
+                Err(_) => return Ok(visited),
+                // Being created by a live writer, or torn while being created.
+                Ok(m) if m.len() < SEGMENT_HEADER_BYTES as u64 => false,
+                Ok(_) => self.open_segment(self.cursor.next_seq, next, true)?,
+            };
+            if !opened {
+                self.torn_tail = true;
+                return Ok(visited);
             }
         }
     }

@@ -78,8 +78,9 @@ impl Mapped {
 
 /// A last segment whose header never made it to disk whole, and which holds no
 /// intact frame, is the trace of a crash during rotation.
-pub(crate) fn is_torn_creation(bytes: &[u8], err: &SegmentHeaderError, body_max: u32) -> bool {
-    classify(header_evidence(bytes, err, body_max, false)) == Action::SetAsideTornSegment
+/// The first segment is created whole (temp file, then link), so it is never one.
+pub(crate) fn is_torn_creation(bytes: &[u8], err: &SegmentHeaderError, body_max: u32, seq: u64) -> bool {
+    seq != 1 && classify(header_evidence(bytes, err, body_max, false)) == Action::SetAsideTornSegment
 }
 
 /// The decision-table evidence for a segment header that does not decode.
@@ -204,7 +205,7 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     while let Some((seq, path)) = segments.last().cloned() {
         let map = Mapped::open(&path, bytes_max, seq)?;
         match SegmentHeader::decode(map.bytes()) {
-            Err(e) if is_torn_creation(map.bytes(), &e, body_max) => {
+            Err(e) if is_torn_creation(map.bytes(), &e, body_max, seq) => {
                 drop(map);
                 repairs.push(set_aside_torn_segment(dir, &path, seq)?);
                 segments.pop();

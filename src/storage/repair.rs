@@ -50,6 +50,8 @@ pub struct RepairReport {
     /// The first damage found (kind, segment, offset, sequence).
     pub damage: super::reader::Problem,
     pub cuts: Vec<Cut>,
+    /// Snapshots of state that included cut records, renamed to evidence names.
+    pub snapshots_set_aside: Vec<PathBuf>,
     /// The log after the cut.
     pub last_seq: u64,
     pub chain_head: String,
@@ -137,6 +139,22 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         cuts.push(Cut { segment: segment.clone(), offset, bytes: tail.len() as u64, evidence });
     }
     sync_dir(dir)?;
+    // Snapshots of state that included the cut records describe a history the log
+    // no longer has: set aside too (never adopted, never read as "records cut").
+    let mut snapshots_set_aside = Vec::new();
+    let sdir = dir.join(super::dir::SNAPSHOT_DIR);
+    for e in std::fs::read_dir(&sdir).into_iter().flatten().filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let covers = name.strip_suffix(".snap").and_then(|n| n.parse::<u64>().ok());
+        if covers.is_some_and(|seq| seq >= cut_from_seq) {
+            let to = sdir.join(format!("{name}{EVIDENCE_INFIX}repair-cut"));
+            std::fs::rename(e.path(), &to).map_err(Error::io("rename to evidence", e.path()))?;
+            snapshots_set_aside.push(to);
+        }
+    }
+    if !snapshots_set_aside.is_empty() {
+        sync_dir(&sdir)?;
+    }
     drop(_held);
     tracing::warn!(dir = %dir.display(), cut_from_seq, "repair cut the log; the cut bytes are kept as evidence");
     // What was cut is reported whatever the log looks like afterwards.
@@ -146,6 +164,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         cut_from_seq,
         damage,
         cuts,
+        snapshots_set_aside,
         last_seq: after.as_ref().and_then(|a| a.last_seq).unwrap_or(0),
         chain_head: after.as_ref().map_or_else(String::new, |a| a.chain_head.clone()),
         intact: after.is_some_and(|a| a.is_intact()),

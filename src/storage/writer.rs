@@ -292,6 +292,12 @@ impl Locked<'_> {
 /// it. Whether it holds a log is decided by recovery, under the lock, from one
 /// listing.
 fn prepare_dir(dir: &Path, create: bool) -> Result<()> {
+    if !dir.exists() && std::fs::symlink_metadata(dir).is_ok() {
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: "it is a symbolic link to nothing (a dangling symlink)".into(),
+        });
+    }
     if !dir.exists() {
         if !create {
             return Err(Error::NotALogDirectory {
@@ -389,8 +395,29 @@ impl Writer {
     fn catch_up(&mut self) -> Result<()> {
         let body_max = self.opts.body_max();
         loop {
+            use std::os::unix::fs::MetadataExt;
             let path = self.tail.segment.clone();
-            let len = self.file.metadata().map_err(Error::io("stat", &path))?.len();
+            let meta = self.file.metadata().map_err(Error::io("stat", &path))?;
+            let len = meta.len();
+            let refuse = |detail: String| Error::Corruption {
+                segment: path.clone(),
+                offset: len,
+                seq: self.tail.cursor.next_seq,
+                detail,
+            };
+            // The file at the path must still be the one this writer appends to: a
+            // segment replaced (or removed) under a live writer would take every
+            // later append into a file nobody reads.
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.dev() == meta.dev() && m.ino() == meta.ino() => {}
+                _ => return Err(refuse("the segment file was replaced or removed under the writer".into())),
+            }
+            if len > self.opts.segment_file_bytes_max() {
+                return Err(refuse(format!(
+                    "the segment grew to {len} bytes, more than any segment may hold ({}); refused unread",
+                    self.opts.segment_file_bytes_max()
+                )));
+            }
             if len < self.tail.segment_len {
                 return Err(Error::Corruption {
                     segment: path,
@@ -428,7 +455,7 @@ impl Writer {
             f.read_exact_at(&mut bytes, 0).map_err(Error::io("read", &next))?;
             let header = match SegmentHeader::decode(&bytes) {
                 Ok(h) => h,
-                Err(e) if is_torn_creation(&bytes, &e, body_max) => {
+                Err(e) if is_torn_creation(&bytes, &e, body_max, self.tail.cursor.next_seq) => {
                     set_aside_torn_segment(&self.dir, &next, self.tail.cursor.next_seq)?;
                     return Ok(());
                 }

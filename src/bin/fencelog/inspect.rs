@@ -13,7 +13,7 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
     use fencelog::inspect as ins;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let io = |e: std::io::Error| OpError::Usage { code: "IO_ERROR", message: e.to_string() };
+    let io = crate::stdout_error;
     let code = match cmd {
         InspectCmd::Verify { dir, json, expect_head } => {
             warn_if_unsafe(&dir);
@@ -62,6 +62,19 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
     Ok((Value::Null, code))
 }
 
+/// A report is never written into the log directory (it could replace a segment).
+fn refuse_inside_log(dir: &Path, out: &Path) -> Result<(), OpError> {
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let (Ok(log), Ok(target)) = (dir.canonicalize(), parent.canonicalize()) else { return Ok(()) };
+    if target.starts_with(&log) {
+        return Err(OpError::Usage {
+            code: "INVALID_INPUT",
+            message: format!("refusing to write the report inside the log directory {}", log.display()),
+        });
+    }
+    Ok(())
+}
+
 /// For the inspector, a log it cannot read at all (not a log, unreadable) is a
 /// usage error (2); damage it finds is reported in its output (1).
 fn unreadable(e: fencelog::storage::Error) -> OpError {
@@ -80,6 +93,9 @@ fn warn_if_unsafe(dir: &Path) {
 }
 
 pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Option<PathBuf>) -> Printed {
+    if let Some(path) = &out {
+        refuse_inside_log(dir, path)?;
+    }
     let report = fencelog::audit::audit(dir, subject)?;
     let body = match format {
         Format::Text => fencelog::audit::text(&report),
@@ -87,9 +103,13 @@ pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Opti
         Format::Html => fencelog::audit::html(&report),
     };
     match out {
-        Some(path) => std::fs::write(&path, body)
-            .map_err(|e| OpError::Usage { code: "IO_ERROR", message: format!("{}: {e}", path.display()) })?,
-        None => print!("{body}"),
+        Some(path) => {
+            std::fs::write(&path, body).map_err(|e| OpError::Io { message: format!("{}: {e}", path.display()) })?
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(body.as_bytes()).and_then(|_| stdout.flush()).map_err(crate::stdout_error)?
+        }
     }
     Ok((Value::Null, if report.log_problems.is_empty() { 0 } else { 1 }))
 }

@@ -45,9 +45,28 @@ fn main() -> ExitCode {
         }
     };
     if !value.is_null() {
-        println!("{value}");
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = writeln!(stdout, "{value}").and_then(|_| stdout.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return ExitCode::from(code); // the reader went away: nothing to say
+            }
+            // The answer is lost, not the operation: say what it was, where it can
+            // still be read.
+            eprintln!("fencelog: cannot write the answer to stdout ({e}); the answer was: {value}");
+            return ExitCode::from(1);
+        }
     }
     ExitCode::from(code)
+}
+
+/// A failure to write a report to stdout: a reader that went away (`| head`) ends
+/// the command quietly; anything else is an I/O error (exit 1).
+fn stdout_error(e: std::io::Error) -> OpError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    OpError::Io { message: format!("writing to stdout: {e}") }
 }
 
 fn run(cmd: cli::Cmd) -> Printed {

@@ -82,8 +82,8 @@ impl World {
     }
 }
 
-fn txn(events: Vec<Event>) -> impl FnOnce(&Projection, u64, Uuid) -> Result<Txn, Refusal> {
-    move |_p, time_ms, writer| Ok(Txn { request: None, time_ms, writer, conditions: vec![], events })
+fn txn(events: Vec<Event>) -> impl Fn(&Projection, u64, Uuid) -> Result<Txn, Refusal> {
+    move |_p, time_ms, writer| Ok(Txn { request: None, time_ms, writer, conditions: vec![], events: events.clone() })
 }
 
 fn claim(s: &str, n: u8, stale_after_ms: u64) -> Event {

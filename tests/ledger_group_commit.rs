@@ -55,9 +55,10 @@ fn me() -> Identity {
     identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap()
 }
 
-fn claim(subject: &str, owner: &Identity) -> impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
+fn claim(subject: &str, owner: &Identity) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
     let (subject, owner) = (subject.to_owned(), owner.clone());
     move |_p, now_ms, writer| {
+        let (subject, owner) = (subject.clone(), owner.clone());
         Ok(Txn::new(
             now_ms,
             writer,
@@ -66,11 +67,11 @@ fn claim(subject: &str, owner: &Identity) -> impl FnOnce(&Projection, u64, uuid:
     }
 }
 
-fn heartbeat(subject: &str) -> impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
+fn heartbeat(subject: &str) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
     let subject = subject.to_owned();
     move |p, now_ms, writer| {
         let generation = p.subject(&subject).expect("claimed").generation;
-        Ok(Txn::new(now_ms, writer, vec![Event::Heartbeat { subject, generation }]))
+        Ok(Txn::new(now_ms, writer, vec![Event::Heartbeat { subject: subject.clone(), generation }]))
     }
 }
 

@@ -132,8 +132,9 @@ fn extra_problem(kind: &str, segment: PathBuf, seq: u64, detail: String) -> Prob
 
 fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Result<(), Error> {
     use crate::ledger::snapshot;
+    use crate::storage::snapshots as stored;
     // Streamed (digest only): a snapshot file is never held whole to be checked.
-    let snaps: Vec<_> = snapshot::list_files(dir).into_iter().map(|p| (snapshot::peek(&p), p)).collect();
+    let snaps: Vec<_> = stored::list_files(dir).into_iter().map(|p| (stored::peek(&p), p)).collect();
     let mut wanted: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
     for (i, (snap, path)) in snaps.iter().enumerate() {
         match snap {

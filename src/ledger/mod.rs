@@ -27,7 +27,7 @@ pub mod identity;
 pub mod snapshot;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use serde::Serialize;
@@ -36,9 +36,15 @@ use crate::format::{ChainLink, GENESIS_LINK, hex};
 use crate::model::{
     Checked, Event, Outcome, Projection, REQUESTS_RETAINED, Refusal, RequestTag, Txn, decode_txn, encode_txn,
 };
-use crate::storage::{self, Log, LogOptions, OpenReport, Tailer, VerifyOnOpen, read_records};
+use std::sync::Arc;
 
-use snapshot::Written;
+use crate::storage::{
+    self, AppendOutcome, Exclusive, FileBackend, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen,
+};
+
+/// Times a transaction is judged again because another writer appended first,
+/// before the ledger gives up with `HEAD_MOVED`.
+pub const HEAD_MOVED_RETRIES_MAX: u32 = 64;
 
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
@@ -83,11 +89,10 @@ pub enum LedgerError {
     /// longer holds: records were cut from the end, or the snapshot is another
     /// log's.
     #[error(
-        "the log ends at sequence {log_last_seq} but the snapshot {} covers sequence {snapshot_seq}: records were cut \
-         from the end of the log (if the snapshot belongs to another log, move it away)",
-        path.display()
+        "the log ends at sequence {log_last_seq} but the snapshot {snapshot} covers sequence {snapshot_seq}: records \
+         were cut from the end of the log (if the snapshot belongs to another log, move it away)"
     )]
-    LogShorterThanSnapshot { path: PathBuf, snapshot_seq: u64, log_last_seq: u64 },
+    LogShorterThanSnapshot { snapshot: String, snapshot_seq: u64, log_last_seq: u64 },
 }
 
 impl LedgerError {
@@ -128,7 +133,7 @@ pub struct LedgerOpenReport {
 }
 
 struct Inner {
-    tailer: Tailer,
+    tailer: Box<dyn RecordReader>,
     projection: Projection,
     head: ChainLink,
     /// Records and payload bytes applied since the last snapshot.
@@ -137,7 +142,10 @@ struct Inner {
     fenced: HashMap<String, FencedWindow>,
     /// The snapshot being written off the append path; once it is written, its
     /// checkpoint record goes into the next commit group.
-    snapshot_thread: Option<std::thread::JoinHandle<Option<Written>>>,
+    snapshot_thread: Option<std::thread::JoinHandle<Option<snapshot::SnapshotMeta>>>,
+    /// Bumped when queued transactions were judged on state another writer
+    /// overtook (`HeadMoved`): every waiter of an older epoch judges again.
+    epoch: u64,
     /// The group commit (see `Ledger::submit`).
     phase: Phase,
     /// Records of transactions checked and applied to `projection`, not yet handed
@@ -155,6 +163,8 @@ struct Inner {
     /// Sequence of the last checkpoint record this ledger appended: a snapshot
     /// asked for right after it would differ only by that record, so it is skipped.
     own_checkpoint_seq: u64,
+    /// Where this ledger's last snapshot went (for `snapshot_now`'s answer).
+    last_snapshot: Option<String>,
 }
 
 /// Where the ledger's group commit stands.
@@ -188,9 +198,8 @@ struct FencedWindow {
 }
 
 pub struct Ledger {
-    dir: PathBuf,
     opts: LedgerOptions,
-    log: Log,
+    backend: Arc<dyn LogBackend>,
     inner: Mutex<Inner>,
     /// Signalled whenever `Inner::phase`, `durable_seq`, `poisoned` or
     /// `readers_waiting` changes.
@@ -213,8 +222,14 @@ impl Ledger {
         // read the log twice.
         let mut log_opts = opts.log.clone();
         log_opts.verify_on_open = VerifyOnOpen::LastSegment;
-        let log = Log::open(&dir, log_opts)?;
-        let r = replay(&dir, opts.log.body_max())?;
+        let backend = FileBackend::open(&dir, log_opts)?;
+        Self::with_backend(Arc::new(backend), opts)
+    }
+
+    /// A ledger over any backend (the file backend, the in-memory one, later a
+    /// replicated one): replay from the newest snapshot the chain vouches for.
+    pub fn with_backend(backend: Arc<dyn LogBackend>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        let r = replay(&*backend)?;
         let inner = Inner {
             tailer: r.tailer,
             durable_seq: r.projection.last_seq,
@@ -223,20 +238,21 @@ impl Ledger {
             since_snapshot: r.applied,
             fenced: HashMap::new(),
             snapshot_thread: None,
+            epoch: 0,
             phase: Phase::Idle,
             queued: Vec::new(),
             readers_waiting: 0,
             poisoned: None,
             own_checkpoint_seq: 0,
+            last_snapshot: None,
         };
         let report = LedgerOpenReport {
-            storage: log.open_report().clone(),
+            storage: backend.open_report(),
             snapshot_seq: r.snapshot_seq,
             snapshot_warnings: r.warnings,
             replayed_records: inner.projection.last_seq - r.snapshot_seq.unwrap_or(0),
         };
         tracing::info!(
-            dir = %dir.display(),
             segments = report.storage.segments,
             last_seq = report.storage.last_seq,
             repairs = report.storage.repairs.len(),
@@ -244,7 +260,7 @@ impl Ledger {
             replayed = report.replayed_records,
             "ledger opened"
         );
-        Ok(Ledger { dir, opts, log, inner: Mutex::new(inner), changed: Condvar::new(), report })
+        Ok(Ledger { opts, backend, inner: Mutex::new(inner), changed: Condvar::new(), report })
     }
 
     /// A read-only view of the log in `dir`: never writes, never takes the append
@@ -252,31 +268,24 @@ impl Ledger {
     /// The whole history is checked from genesis; damage anywhere but a torn tail is
     /// `CORRUPTION`; a torn tail is answered from the intact prefix and reported.
     pub fn read_only(dir: impl AsRef<Path>, opts: &LedgerOptions) -> Result<ReadView, LedgerError> {
-        let dir = dir.as_ref().to_path_buf();
-        let body_max = opts.log.body_max();
-        storage::check_whole_history(&dir, body_max)?;
-        let r = replay(&dir, body_max)?;
+        let backend: Arc<dyn LogBackend> = Arc::new(FileBackend::open_read_only(dir, opts.log.body_max())?);
+        let r = replay(&*backend)?;
         Ok(ReadView {
             torn_tail: r.tailer.stopped_at_torn_tail(),
             projection: r.projection,
             head: r.head,
             snapshot_seq: r.snapshot_seq,
             snapshot_warnings: r.warnings,
-            dir,
-            body_max,
+            backend,
         })
     }
 
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
         let Inner { tailer, projection, head, since_snapshot, durable_seq, .. } = inner;
-        apply_tail(tailer, projection, head, since_snapshot)?;
+        apply_tail(tailer.as_mut(), projection, head, since_snapshot)?;
         *durable_seq = projection.last_seq;
         Ok(())
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     pub fn open_report(&self) -> &LedgerOpenReport {
@@ -284,13 +293,13 @@ impl Ledger {
     }
 
     pub fn writer_id(&self) -> uuid::Uuid {
-        self.log.writer_id()
+        self.backend.writer_id()
     }
 
     /// What storage did: records appended and syncs made through this ledger's log
     /// (transactions committed together share one sync).
     pub fn commit_stats(&self) -> (u64, u64) {
-        self.log.commit_stats()
+        self.backend.commit_stats()
     }
 
     /// A copy of the projection as of the last catch-up (see `refresh`), without
@@ -351,24 +360,45 @@ impl Ledger {
     pub fn submit(
         &self,
         request: Option<(String, [u8; 32])>,
-        build: impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+        mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
-        self.commit_with(|ledger, inner| ledger.check_and_queue(inner, request, build))
+        // `build` may run more than once: again whenever another writer appended
+        // first (each run sees the state its transaction would follow).
+        self.commit_with(|ledger, inner| ledger.check_and_queue(inner, request.clone(), &mut build))
     }
 
     /// Run `act` on a caught-up projection within a commit group; `act` returns its
     /// answer and the last sequence that answer depends on (it is returned once that
-    /// sequence is durable).
+    /// sequence is durable). If another writer appended first (`HeadMoved`), the
+    /// state `act` was judged on is gone: it runs again on the new state.
     fn commit_with<T>(
         &self,
-        act: impl FnOnce(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
+        mut act: impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
     ) -> Result<T, LedgerError> {
+        for _ in 0..HEAD_MOVED_RETRIES_MAX {
+            if let Some(answer) = self.attempt(&mut act) {
+                return answer;
+            }
+            tracing::debug!("judging a transaction again: another writer appended first");
+        }
+        let head = self.inner.lock().expect("ledger").durable_seq;
+        Err(LedgerError::Storage(storage::Error::HeadMoved { expected: head, actual: head }))
+    }
+
+    /// One try of `commit_with`: `None` when it must be judged again.
+    fn attempt<T>(
+        &self,
+        act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
+    ) -> Option<Result<T, LedgerError>> {
         let mut inner = self.inner.lock().expect("ledger");
         loop {
-            Self::poison_check(&inner)?;
+            if let Err(e) = Self::poison_check(&inner) {
+                return Some(Err(e));
+            }
             let readers = inner.readers_waiting > 0;
             match inner.phase {
                 Phase::Open if !readers => {
+                    let epoch = inner.epoch;
                     let (answer, covers) = match self.guarded(&mut inner, act) {
                         Ok(done) => done,
                         Err(panic) => {
@@ -376,7 +406,7 @@ impl Ledger {
                             std::panic::resume_unwind(panic);
                         }
                     };
-                    return self.await_durable(inner, covers, answer);
+                    return self.await_durable(inner, covers, epoch, answer);
                 }
                 Phase::Idle if !readers => {
                     inner.phase = Phase::Starting;
@@ -390,17 +420,35 @@ impl Ledger {
 
     /// Become the flusher: take the append lock, catch up, open the group, run this
     /// thread's own `act`, and drain.
-    fn lead<T>(&self, act: impl FnOnce(&Self, &mut Inner) -> (Result<T, LedgerError>, u64)) -> Result<T, LedgerError> {
-        let (mut own, mut opened) = (None, false);
-        let locked = self.log.with_lock(|l| -> Result<(), LedgerError> {
+    fn lead<T>(
+        &self,
+        act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
+    ) -> Option<Result<T, LedgerError>> {
+        let (mut own, mut opened, mut epoch) = (None, false, 0);
+        let mut failed: Option<LedgerError> = None;
+        let locked = self.backend.exclusive(&mut |x| {
             let mut inner = self.inner.lock().expect("ledger");
-            Self::catch_up(&mut inner)?;
+            if let Err(e) = Self::catch_up(&mut inner) {
+                failed = Some(e);
+                return Ok(());
+            }
             inner.phase = Phase::Open;
             opened = true;
             self.changed.notify_all();
+            epoch = inner.epoch;
             own = Some(self.guarded(&mut inner, act));
-            self.drain(l, inner)
+            if let Err(e) = self.drain(x, inner) {
+                failed = Some(e);
+            }
+            Ok(())
         });
+        let locked = match (locked, failed) {
+            (Err(e), _) => Err(LedgerError::from(e)),
+            (Ok(()), Some(e)) => Err(e),
+            (Ok(()), None) => Ok(()),
+        };
+        // Off the append lock: a snapshot (the projection cloned) if one is due.
+        self.maybe_snapshot(&mut self.inner.lock().expect("ledger"));
         let own = match own {
             Some(Err(panic)) => {
                 // `drain` found the ledger poisoned and ended the phase; now let the
@@ -419,10 +467,9 @@ impl Ledger {
             self.changed.notify_all();
         }
         match (locked, own) {
-            (Err(e), _) => Err(e.into()),
-            (Ok(Err(e)), _) => Err(e),
-            (Ok(Ok(())), Some((answer, covers))) => self.await_durable(inner, covers, answer),
-            (Ok(Ok(())), None) => unreachable!("the flusher ran its own act"),
+            (Err(e), _) => Some(Err(e)),
+            (Ok(()), Some((answer, covers))) => self.await_durable(inner, covers, epoch, answer),
+            (Ok(()), None) => unreachable!("the flusher ran its own act"),
         }
     }
 
@@ -433,7 +480,7 @@ impl Ledger {
     fn guarded<T>(
         &self,
         inner: &mut Inner,
-        act: impl FnOnce(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
+        act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
     ) -> Result<(Result<T, LedgerError>, u64), Box<dyn std::any::Any + Send>> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(self, &mut *inner))).inspect_err(|_| {
             tracing::error!("a transaction panicked while being built or checked; the ledger is poisoned");
@@ -445,7 +492,7 @@ impl Ledger {
     /// Hand queued records to storage, one sync per group, until none are left. The
     /// caller holds the append lock throughout; the ledger mutex is released during
     /// each write and sync so that other threads can queue the next group.
-    fn drain<'a>(&'a self, l: &mut storage::Locked<'_>, mut inner: MutexGuard<'a, Inner>) -> Result<(), LedgerError> {
+    fn drain<'a>(&'a self, l: &mut dyn Exclusive, mut inner: MutexGuard<'a, Inner>) -> Result<(), LedgerError> {
         let (records_max, bytes_max) = (self.opts.log.batch_records_max, self.opts.log.batch_bytes_max);
         let mut groups = 0;
         loop {
@@ -466,7 +513,6 @@ impl Ledger {
                     Err(e) => tracing::warn!(error = %e, "checkpoint not queued"),
                 }
                 inner.phase = Phase::Idle;
-                self.maybe_snapshot(&mut inner);
                 self.changed.notify_all();
                 return Ok(());
             }
@@ -483,7 +529,32 @@ impl Ledger {
             let appended = l.append_if_head(expect, group);
             inner = self.inner.lock().expect("ledger");
             match appended {
-                Ok(a) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
+                Ok(AppendOutcome::HeadMoved { actual }) => {
+                    // Another writer appended first: everything queued was judged on
+                    // state the log does not have. Rebuild the durable state (with
+                    // the other writer's records) and send every waiter of this
+                    // epoch back to judge its transaction again.
+                    tracing::info!(expected = expect, actual, "another writer appended first; judging again");
+                    inner.queued.clear();
+                    inner.epoch += 1;
+                    match replay(&*self.backend) {
+                        Ok(r) => {
+                            inner.tailer = r.tailer;
+                            inner.projection = r.projection;
+                            inner.head = r.head;
+                            inner.durable_seq = inner.projection.last_seq;
+                        }
+                        Err(e) => {
+                            let cause = format!("catching up after another writer appended: {e}");
+                            inner.poisoned = Some(cause.clone());
+                            inner.phase = Phase::Idle;
+                            self.changed.notify_all();
+                            return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
+                        }
+                    }
+                    self.changed.notify_all();
+                }
+                Ok(AppendOutcome::Appended(a)) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
                     inner.durable_seq = a.last_seq;
                     inner.head = a.chain_head;
                     groups += 1;
@@ -494,7 +565,10 @@ impl Ledger {
                 }
                 result => {
                     let cause = match result {
-                        Ok(a) => format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq),
+                        Ok(AppendOutcome::Appended(a)) => {
+                            format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq)
+                        }
+                        Ok(AppendOutcome::HeadMoved { .. }) => unreachable!("handled above"),
                         Err(e) => e.to_string(),
                     };
                     tracing::error!(%cause, "a commit group did not become durable; the ledger is poisoned");
@@ -508,18 +582,27 @@ impl Ledger {
         }
     }
 
-    /// Wait until everything up to `covers` is durable, then give `answer`.
+    /// Wait until everything up to `covers` is durable, then give `answer`; `None`
+    /// if the state it was judged on (in `epoch`) was overtaken by another writer.
     fn await_durable<T>(
         &self,
         mut inner: MutexGuard<'_, Inner>,
         covers: u64,
+        epoch: u64,
         answer: Result<T, LedgerError>,
-    ) -> Result<T, LedgerError> {
-        while inner.durable_seq < covers {
-            Self::poison_check(&inner)?;
+    ) -> Option<Result<T, LedgerError>> {
+        loop {
+            if inner.epoch != epoch {
+                return None;
+            }
+            if inner.durable_seq >= covers {
+                return Some(answer);
+            }
+            if let Err(e) = Self::poison_check(&inner) {
+                return Some(Err(e));
+            }
             inner = self.changed.wait(inner).expect("ledger");
         }
-        answer
     }
 
     /// Build, check and (if it writes) apply and queue one transaction. Returns the
@@ -528,7 +611,7 @@ impl Ledger {
         &self,
         inner: &mut Inner,
         request: Option<(String, [u8; 32])>,
-        build: impl FnOnce(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+        build: &mut impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> (Result<Committed, LedgerError>, u64) {
         let now_ms = self.opts.log.now_ms();
         let seen = inner.projection.last_seq;
@@ -634,7 +717,7 @@ impl Ledger {
     /// "Committed at N" or "never committed": always answerable after the fact.
     pub fn request_status(&self, id: &str) -> Result<RequestStatus, LedgerError> {
         let p = self.refresh()?;
-        request_status_in(&self.dir, self.opts.log.body_max(), &p, id)
+        request_status_in(&*self.backend, &p, id)
     }
 
     fn maybe_snapshot(&self, inner: &mut Inner) {
@@ -650,9 +733,11 @@ impl Ledger {
             let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }
         inner.since_snapshot = (0, 0);
-        let (dir, head, p) = (self.dir.clone(), inner.head, inner.projection.clone());
+        let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
         inner.snapshot_thread = Some(std::thread::spawn(move || {
-            snapshot::write(&dir, p.last_seq, &head, &p)
+            let body = snapshot::body_of(&p);
+            backend
+                .put_snapshot(p.last_seq, &head, &body)
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
                 .ok()
         }));
@@ -672,8 +757,8 @@ impl Ledger {
     }
 
     /// Write a snapshot now (also done on `close`) and append the checkpoint record
-    /// that vouches for it. It covers only durable state.
-    pub fn snapshot_now(&self) -> Result<PathBuf, LedgerError> {
+    /// that vouches for it. It covers only durable state. Returns where it is.
+    pub fn snapshot_now(&self) -> Result<String, LedgerError> {
         let written = {
             let mut inner = self.settled()?;
             if let Some(t) = inner.snapshot_thread.take() {
@@ -683,14 +768,16 @@ impl Ledger {
             let last = inner.projection.last_seq;
             if last > 0 && last == inner.own_checkpoint_seq {
                 // Nothing but our own checkpoint since the snapshot it vouches for.
-                return Ok(self.dir.join(storage::SNAPSHOT_DIR).join(format!("{:020}.snap", last - 1)));
+                return Ok(inner.last_snapshot.clone().unwrap_or_default());
             }
-            snapshot::write(&self.dir, last, &inner.head, &inner.projection)?
+            let written = self.backend.put_snapshot(last, &inner.head, &snapshot::body_of(&inner.projection))?;
+            inner.last_snapshot = Some(written.source.clone());
+            written
         };
         let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
-        let c = self.submit(None, |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![event])))?;
+        let c = self.submit(None, |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![event.clone()])))?;
         self.inner.lock().expect("ledger").own_checkpoint_seq = c.seq.unwrap_or(0);
-        Ok(written.path)
+        Ok(written.source)
     }
 
     /// Clean close: write the counts of coalesced fenced attempts not yet recorded,
@@ -726,7 +813,7 @@ impl Ledger {
 /// What the log gives when replayed: the newest snapshot the chain vouches for (if
 /// any), then every record after it, verified.
 struct Replayed {
-    tailer: Tailer,
+    tailer: Box<dyn RecordReader>,
     projection: Projection,
     head: ChainLink,
     snapshot_seq: Option<u64>,
@@ -741,10 +828,10 @@ struct Replayed {
 /// is decoded, so a file no checkpoint vouches for never costs more than a
 /// streaming read. A snapshot beyond the end of the log is evidence that records
 /// were cut: refused. Otherwise replay from record 1.
-fn replay(dir: &Path, body_max: u32) -> Result<Replayed, LedgerError> {
-    let (metas, mut warnings) = snapshot::peek_newest(dir);
+fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> {
+    let (metas, mut warnings) = backend.newest_snapshots();
     let fresh = |from: u64| Replayed {
-        tailer: Tailer::new(dir, body_max, from),
+        tailer: backend.reader(from),
         projection: Projection::default(),
         head: GENESIS_LINK,
         snapshot_seq: None,
@@ -753,11 +840,11 @@ fn replay(dir: &Path, body_max: u32) -> Result<Replayed, LedgerError> {
     };
     for m in metas {
         let mut ignored = |why: String| {
-            let w = format!("{}: {why}; snapshot ignored", m.path.display());
+            let w = format!("{}: {why}; snapshot ignored", m.source);
             tracing::warn!("{w}");
             warnings.push(w);
         };
-        match vouched(dir, body_max, &m)? {
+        match vouched(backend, &m)? {
             Vouched::Yes => {}
             Vouched::NoCheckpoint => {
                 ignored(format!("no checkpoint record in the log vouches for it (digest {})", hex(&m.digest)));
@@ -768,29 +855,25 @@ fn replay(dir: &Path, body_max: u32) -> Result<Replayed, LedgerError> {
                 continue;
             }
         }
-        let s = match snapshot::read_one(&m.path) {
-            Ok(s) if s.digest == m.digest => s,
-            Ok(_) => {
-                ignored("it changed while it was read".into());
-                continue;
-            }
+        let projection = match backend.snapshot_body(&m).and_then(|b| snapshot::decode(&b, m.seq)) {
+            Ok(p) => p,
             Err(e) => {
                 ignored(e);
                 continue;
             }
         };
-        let mut r = fresh(s.seq);
-        r.projection = s.projection;
-        r.head = s.head;
+        let mut r = fresh(m.seq);
+        r.projection = projection;
+        r.head = m.head;
         let Replayed { tailer, projection, head, applied, .. } = &mut r;
-        apply_tail(tailer, projection, head, applied)?;
-        r.snapshot_seq = Some(s.seq);
+        apply_tail(tailer.as_mut(), projection, head, applied)?;
+        r.snapshot_seq = Some(m.seq);
         r.warnings = warnings;
         return Ok(r);
     }
     let mut r = fresh(1);
     let Replayed { tailer, projection, head, applied, .. } = &mut r;
-    apply_tail(tailer, projection, head, applied)?;
+    apply_tail(tailer.as_mut(), projection, head, applied)?;
     r.warnings = warnings;
     Ok(r)
 }
@@ -803,10 +886,10 @@ enum Vouched {
 
 /// Does the log vouch for this snapshot? Reads the records from its sequence on
 /// (verified, decoded, not applied).
-fn vouched(dir: &Path, body_max: u32, m: &snapshot::Meta) -> Result<Vouched, LedgerError> {
-    let mut tailer = Tailer::new(dir, body_max, m.seq);
+fn vouched(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Vouched, LedgerError> {
+    let mut reader = backend.reader(m.seq);
     let (mut last, mut head_ok, mut found) = (0, false, false);
-    tailer.poll(|r| {
+    reader.poll(&mut |r| {
         last = r.seq;
         if r.seq == m.seq {
             head_ok = r.link == m.head;
@@ -820,7 +903,7 @@ fn vouched(dir: &Path, body_max: u32, m: &snapshot::Meta) -> Result<Vouched, Led
     })?;
     if last < m.seq {
         return Err(LedgerError::LogShorterThanSnapshot {
-            path: m.path.clone(),
+            snapshot: m.source.clone(),
             snapshot_seq: m.seq,
             log_last_seq: last,
         });
@@ -838,7 +921,7 @@ fn vouched(dir: &Path, body_max: u32, m: &snapshot::Meta) -> Result<Vouched, Led
 /// snapshot's own record is re-read to prove the log still holds the snapshot's
 /// chain head; `vouch` looks for the checkpoint of that snapshot.
 fn apply_tail(
-    tailer: &mut Tailer,
+    tailer: &mut dyn RecordReader,
     projection: &mut Projection,
     head: &mut ChainLink,
     applied: &mut (u64, u64),
@@ -847,7 +930,7 @@ fn apply_tail(
     let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
     let mut mismatch = None;
     let mut undecodable = None;
-    tailer.poll(|r| {
+    tailer.poll(&mut |r| {
         if undecodable.is_some() {
             return;
         }
@@ -886,31 +969,24 @@ fn apply_tail(
 /// in `dir`. A request id older than the projection retains is looked for in the
 /// log itself, which must then be whole: "never committed" from a partial history
 /// would make a client run its operation twice.
-fn request_status_in(dir: &Path, body_max: u32, p: &Projection, id: &str) -> Result<RequestStatus, LedgerError> {
+fn request_status_in(backend: &dyn LogBackend, p: &Projection, id: &str) -> Result<RequestStatus, LedgerError> {
     if let Some(e) = p.requests.get(id) {
         return Ok(RequestStatus::Committed { request: id.into(), seq: e.seq, outcomes: e.outcomes.clone() });
     }
     if p.requests.len() >= REQUESTS_RETAINED {
+        // The reader verifies every record and refuses damage (only a torn tail
+        // ends it quietly), so "never committed" is never said of a partial log.
         let mut found = None;
-        let summary = read_records(dir, 1, body_max, |r| {
-            if let Ok(txn) = decode_txn(r.payload)
+        backend.reader(1).poll(&mut |r| {
+            if found.is_none()
+                && let Ok(txn) = decode_txn(r.payload)
                 && txn.request.as_ref().is_some_and(|t| t.id == id)
             {
                 found = Some(r.seq);
-                return false;
             }
-            true
         })?;
         if let Some(seq) = found {
             return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
-        }
-        if let Some(bad) = summary.problems.iter().find(|pr| !pr.torn_tail) {
-            return Err(LedgerError::Storage(storage::Error::Corruption {
-                segment: bad.segment.clone(),
-                offset: bad.offset,
-                seq: bad.seq,
-                detail: format!("{}: {}", bad.kind, bad.detail),
-            }));
         }
     }
     Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: p.last_seq })
@@ -926,14 +1002,13 @@ pub struct ReadView {
     pub torn_tail: bool,
     pub snapshot_seq: Option<u64>,
     pub snapshot_warnings: Vec<String>,
-    dir: PathBuf,
-    body_max: u32,
+    backend: Arc<dyn LogBackend>,
 }
 
 impl ReadView {
     /// "Committed at N" or "never committed" (see [`Ledger::request_status`]).
     pub fn request_status(&self, id: &str) -> Result<RequestStatus, LedgerError> {
-        request_status_in(&self.dir, self.body_max, &self.projection, id)
+        request_status_in(&*self.backend, &self.projection, id)
     }
 }
 

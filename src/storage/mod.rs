@@ -2,6 +2,7 @@
 //! recovery of a torn tail, and verifying readers. It moves opaque payloads; it does
 //! not know what records mean.
 
+mod backend;
 mod dir;
 mod error;
 mod faults;
@@ -11,9 +12,10 @@ mod options;
 mod reader;
 mod recovery;
 mod repair;
+pub mod snapshots;
 mod writer;
 
-pub(crate) use dir::open_regular;
+pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
 pub use dir::{EVIDENCE_INFIX, LOCK_FILE, Listing, SNAPSHOT_DIR, check_dir_mode, list_segments, listing, segment_path};
 pub use error::{Error, Result};
 pub use faults::Faults;

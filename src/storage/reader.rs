@@ -330,6 +330,11 @@ impl Tailer {
         }
     }
 
+    /// Chain link of the record before `next_seq` (the last one verified).
+    pub fn prev_link(&self) -> crate::format::ChainLink {
+        self.cursor.prev_link
+    }
+
     /// Did the last poll stop before a torn tail?
     pub fn stopped_at_torn_tail(&self) -> bool {
         self.torn_tail

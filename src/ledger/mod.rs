@@ -146,6 +146,8 @@ struct Inner {
     /// Bumped when queued transactions were judged on state another writer
     /// overtook (`HeadMoved`): every waiter of an older epoch judges again.
     epoch: u64,
+    /// How often another writer appended first (for tests and metrics).
+    head_moved: u64,
     /// The group commit (see `Ledger::submit`).
     phase: Phase,
     /// Records of transactions checked and applied to `projection`, not yet handed
@@ -239,6 +241,7 @@ impl Ledger {
             fenced: HashMap::new(),
             snapshot_thread: None,
             epoch: 0,
+            head_moved: 0,
             phase: Phase::Idle,
             queued: Vec::new(),
             readers_waiting: 0,
@@ -300,6 +303,12 @@ impl Ledger {
     /// (transactions committed together share one sync).
     pub fn commit_stats(&self) -> (u64, u64) {
         self.backend.commit_stats()
+    }
+
+    /// How often another writer appended first and this ledger judged its queued
+    /// transactions again.
+    pub fn head_moved_count(&self) -> u64 {
+        self.inner.lock().expect("ledger").head_moved
     }
 
     /// A copy of the projection as of the last catch-up (see `refresh`), without
@@ -537,6 +546,7 @@ impl Ledger {
                     tracing::info!(expected = expect, actual, "another writer appended first; judging again");
                     inner.queued.clear();
                     inner.epoch += 1;
+                    inner.head_moved += 1;
                     match replay(&*self.backend) {
                         Ok(r) => {
                             inner.tailer = r.tailer;

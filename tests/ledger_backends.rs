@@ -202,3 +202,59 @@ fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow() 
     let fresh = Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap();
     assert_eq!(fresh.projection(), pa);
 }
+
+/// Proves: `drain` (the daemon's cutover) refuses new transactions with DRAINING
+/// and lets every transaction already judged finish: afterwards each submission of
+/// 8 threads (submitting until refused) has a known answer — committed (and its
+/// request id is in the log) or DRAINING (and its request id never committed) —
+/// and the ledger is settled at the log's last sequence.
+#[test]
+fn draining_refuses_new_transactions_and_settles_every_judged_one() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    for f in [file(), memory()] {
+        let l = ledger(&f);
+        let owner = me();
+        let committed_so_far = AtomicU64::new(0);
+        let answers: Vec<(String, Result<u64, String>)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8)
+                .map(|t| {
+                    let (l, owner, count) = (&l, &owner, &committed_so_far);
+                    s.spawn(move || {
+                        let mut out = vec![];
+                        for i in 0..5_000 {
+                            let id = format!("r-{t}-{i}");
+                            let r = l.submit(Some((id.clone(), [t as u8; 32])), claim(&format!("d/{t}/{i}"), owner));
+                            let refused = r.is_err();
+                            count.fetch_add(u64::from(!refused), Ordering::Relaxed);
+                            out.push((id, r.map(|c| c.seq.unwrap()).map_err(|e| e.code().to_string())));
+                            if refused {
+                                break;
+                            }
+                        }
+                        out
+                    })
+                })
+                .collect();
+            while committed_so_far.load(Ordering::Relaxed) < 50 {
+                std::thread::yield_now();
+            }
+            let drained = l.drain(5_000).unwrap();
+            assert!(drained.settled);
+            workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        });
+        let refused = answers.iter().filter(|(_, r)| r.as_ref().is_err_and(|c| c == "DRAINING")).count();
+        assert_eq!(refused, 8, "every worker was refused once, mid-way");
+        let p = l.projection();
+        for (id, r) in &answers {
+            match r {
+                Ok(seq) => assert_eq!(p.requests.get(id).map(|e| e.seq), Some(*seq), "{id}"),
+                Err(code) => {
+                    assert_eq!(code, "DRAINING");
+                    assert!(!p.requests.contains_key(id), "{id} was refused yet committed");
+                }
+            }
+        }
+        let committed = answers.iter().filter(|(_, r)| r.is_ok()).count() as u64;
+        assert_eq!(p.last_seq, committed, "nothing else was appended");
+    }
+}

@@ -78,6 +78,10 @@ pub enum LedgerError {
     Storage(#[from] storage::Error),
     #[error("the log does not hold the snapshot's {0}")]
     SnapshotNotInLog(String),
+    /// The ledger is draining (a cutover): this transaction was not judged and
+    /// will never be appended.
+    #[error("the ledger is draining for a cutover: the transaction was not judged and will never be appended")]
+    Draining,
     /// A record whose checksum and chain hold but whose payload does not decode:
     /// replay never skips it (the projection would silently diverge).
     #[error(
@@ -101,6 +105,7 @@ impl LedgerError {
             LedgerError::Refused(r) => r.code(),
             LedgerError::Storage(e) => e.code(),
             LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG",
+            LedgerError::Draining => "DRAINING",
             LedgerError::UndecodableRecord { .. } | LedgerError::LogShorterThanSnapshot { .. } => "CORRUPTION",
         }
     }
@@ -114,6 +119,15 @@ pub struct Committed {
     pub outcomes: Vec<Outcome>,
     /// The request id had already committed this content; this is that result.
     pub deduplicated: bool,
+}
+
+/// What `Ledger::drain` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Drained {
+    /// Every judged transaction is durable (or failed) — else the wait ran out.
+    pub settled: bool,
+    /// The last durable sequence.
+    pub last_seq: u64,
 }
 
 /// What became of a request id.
@@ -148,6 +162,8 @@ struct Inner {
     epoch: u64,
     /// How often another writer appended first (for tests and metrics).
     head_moved: u64,
+    /// New transactions are refused (`DRAINING`); those already judged complete.
+    draining: bool,
     /// The group commit (see `Ledger::submit`).
     phase: Phase,
     /// Records of transactions checked and applied to `projection`, not yet handed
@@ -242,6 +258,7 @@ impl Ledger {
             snapshot_thread: None,
             epoch: 0,
             head_moved: 0,
+            draining: false,
             phase: Phase::Idle,
             queued: Vec::new(),
             readers_waiting: 0,
@@ -303,6 +320,29 @@ impl Ledger {
     /// (transactions committed together share one sync).
     pub fn commit_stats(&self) -> (u64, u64) {
         self.backend.commit_stats()
+    }
+
+    /// Stop taking transactions (they are refused with `DRAINING`, never judged,
+    /// never appended) and wait, at most `wait_ms_max`, until every transaction
+    /// already judged is durable or failed: afterwards the answer to each is known.
+    /// Returns whether the ledger settled in time, and the last durable sequence.
+    pub fn drain(&self, wait_ms_max: u64) -> Result<Drained, LedgerError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(wait_ms_max);
+        let mut inner = self.inner.lock().expect("ledger");
+        inner.draining = true;
+        self.changed.notify_all();
+        loop {
+            let settled = inner.phase == Phase::Idle && inner.durable_seq == inner.projection.last_seq;
+            if settled || inner.poisoned.is_some() {
+                Self::poison_check(&inner)?;
+                return Ok(Drained { settled: true, last_seq: inner.durable_seq });
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(Drained { settled: false, last_seq: inner.durable_seq });
+            }
+            inner = self.changed.wait_timeout(inner, deadline - now).expect("ledger").0;
+        }
     }
 
     /// How often another writer appended first and this ledger judged its queued
@@ -404,6 +444,9 @@ impl Ledger {
             if let Err(e) = Self::poison_check(&inner) {
                 return Some(Err(e));
             }
+            if inner.draining {
+                return Some(Err(LedgerError::Draining));
+            }
             let readers = inner.readers_waiting > 0;
             match inner.phase {
                 Phase::Open if !readers => {
@@ -428,7 +471,7 @@ impl Ledger {
     }
 
     /// Become the flusher: take the append lock, catch up, open the group, run this
-    /// thread's own `act`, and drain.
+    /// thread's own `act`, and flush the groups.
     fn lead<T>(
         &self,
         act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
@@ -446,7 +489,7 @@ impl Ledger {
             self.changed.notify_all();
             epoch = inner.epoch;
             own = Some(self.guarded(&mut inner, act));
-            if let Err(e) = self.drain(x, inner) {
+            if let Err(e) = self.flush_groups(x, inner) {
                 failed = Some(e);
             }
             Ok(())
@@ -460,7 +503,7 @@ impl Ledger {
         self.maybe_snapshot(&mut self.inner.lock().expect("ledger"));
         let own = match own {
             Some(Err(panic)) => {
-                // `drain` found the ledger poisoned and ended the phase; now let the
+                // `flush_groups` found the ledger poisoned and ended the phase; now let the
                 // caller's panic go on.
                 std::panic::resume_unwind(panic);
             }
@@ -470,7 +513,7 @@ impl Ledger {
         let mut inner = self.inner.lock().expect("ledger");
         if !opened {
             // The lock was not taken or the catch-up failed: the phase is still this
-            // thread's `Starting`. (Once open, `drain` alone ends the phase: by now
+            // thread's `Starting`. (Once open, `flush_groups` alone ends the phase: by now
             // another thread may have started the next one.)
             inner.phase = Phase::Idle;
             self.changed.notify_all();
@@ -501,7 +544,7 @@ impl Ledger {
     /// Hand queued records to storage, one sync per group, until none are left. The
     /// caller holds the append lock throughout; the ledger mutex is released during
     /// each write and sync so that other threads can queue the next group.
-    fn drain<'a>(&'a self, l: &mut dyn Exclusive, mut inner: MutexGuard<'a, Inner>) -> Result<(), LedgerError> {
+    fn flush_groups<'a>(&'a self, l: &mut dyn Exclusive, mut inner: MutexGuard<'a, Inner>) -> Result<(), LedgerError> {
         let (records_max, bytes_max) = (self.opts.log.batch_records_max, self.opts.log.batch_bytes_max);
         let mut groups = 0;
         loop {

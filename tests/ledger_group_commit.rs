@@ -6,14 +6,14 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
+use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::{Rng, records, seed};
 use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity};
 use fencelog::model::{Event, Identity, Projection, Refusal, Txn, decode_txn};
-use fencelog::storage::{Faults, LogOptions, verify_dir};
+use fencelog::storage::{LogOptions, verify_dir};
 
 /// A child running `fencelog-torture ledger` (threads sharing one ledger).
 fn spawn_ledger(dir: &std::path::Path, tag: &str, threads: u64, ops: u64, subjects: u64) -> Child {
@@ -193,57 +193,6 @@ fn one_request_id_submitted_by_several_threads_at_once_commits_once() {
     assert!(results.iter().all(|c| c.seq == Some(1)), "{results:?}");
     assert_eq!(results.iter().filter(|c| !c.deduplicated).count(), 1, "{results:?}");
     assert_eq!(records(d.path()).len(), 1);
-}
-
-/// Proves: when the sync of a group fails, no transaction of it is acknowledged —
-/// neither the claim nor the refusals judged against it — every later call fails
-/// with WRITER_POISONED until reopen, and the reopened ledger works and holds every
-/// transaction acknowledged before the failure.
-#[test]
-fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
-    let d = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let opts = LedgerOptions {
-        log: LogOptions { faults: Some(faults.clone()), ..LogOptions::default() },
-        ..Default::default()
-    };
-    let ledger = Ledger::open(d.path(), opts).unwrap();
-    let owner = me();
-    for i in 0..5 {
-        ledger.submit(None, claim(&format!("before/{i}"), &owner)).unwrap();
-    }
-    faults.fail_sync_after(0);
-    let barrier = Barrier::new(8);
-    let results: Vec<Result<_, LedgerError>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..8)
-            .map(|_| {
-                let (ledger, owner, barrier) = (&ledger, &owner, &barrier);
-                s.spawn(move || {
-                    barrier.wait();
-                    ledger.submit(None, claim("contested", owner))
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for r in &results {
-        match r {
-            Err(LedgerError::Storage(_)) => {}
-            other => panic!("nothing judged on a failed sync may be answered: {other:?}"),
-        }
-    }
-    assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| e.code() == "WRITER_POISONED")));
-    let later = ledger.submit(None, claim("after", &owner)).unwrap_err();
-    assert_eq!(later.code(), "WRITER_POISONED");
-    assert_eq!(ledger.refresh().unwrap_err().code(), "WRITER_POISONED");
-    drop(ledger);
-    let reopened = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
-    let p = reopened.projection();
-    for i in 0..5 {
-        assert_eq!(p.subject(&format!("before/{i}")).map(|s| s.generation), Some(1));
-    }
-    let c = reopened.submit(None, claim("after", &owner)).unwrap();
-    assert_eq!(c.seq, Some(p.last_seq + 1));
 }
 
 /// Proves: a process whose threads keep the ledger busy still lets other processes

@@ -5,11 +5,10 @@ mod common;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::Arc;
 
 use common::{copy_dir, hash_tree, records, segment_files};
 use fencelog::format::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
-use fencelog::storage::{Error, Faults, Log, LogOptions, verify_dir};
+use fencelog::storage::{Error, Log, LogOptions, verify_dir};
 
 fn payload(i: u64) -> Vec<u8> {
     format!("record {i} {}", "p".repeat((i % 7) as usize * 5)).into_bytes()
@@ -195,56 +194,6 @@ fn writer_catching_up_sets_aside_a_segment_another_process_tore() {
     assert_eq!(log.append(b"two").unwrap().first_seq, 2);
     log.close().unwrap();
     assert_eq!(records(d.path()).len(), 2);
-}
-
-/// Proves: an injected write failure that leaves half a frame on disk poisons the
-/// writer (every later append fails with WRITER_POISONED), and reopening recovers by
-/// cutting the torn bytes.
-#[test]
-fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
-    let d = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let log = Log::open(d.path(), LogOptions { faults: Some(faults.clone()), ..LogOptions::default() }).unwrap();
-    log.append(b"one").unwrap();
-    log.append(b"two").unwrap();
-    faults.fail_write_after(0, 20);
-    let err = log.append(b"three").unwrap_err();
-    assert_eq!(err.code(), "IO_ERROR", "{err}");
-    for _ in 0..3 {
-        let err = log.append(b"later").unwrap_err();
-        assert_eq!(err.code(), "WRITER_POISONED", "{err}");
-        assert!(err.to_string().contains("injected write failure"));
-    }
-    assert!(log.close().is_err(), "close reports the poisoning");
-    let log = Log::open(d.path(), LogOptions::default()).unwrap();
-    let r = &log.open_report().repairs;
-    assert_eq!((r.len(), r[0].bytes, r[0].seq), (1, 20, 3));
-    assert_eq!(log.append(b"three again").unwrap().first_seq, 3);
-    log.close().unwrap();
-    let recs = records(d.path());
-    assert_eq!(recs.iter().map(|r| r.1.as_slice()).collect::<Vec<_>>(), vec![&b"one"[..], b"two", b"three again"]);
-}
-
-/// Proves: a failed sync poisons the writer; the unacknowledged record's outcome is
-/// unknown (its bytes reached the page cache), and reopen recovers a consistent log.
-#[test]
-fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
-    let d = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let log = Log::open(d.path(), LogOptions { faults: Some(faults.clone()), ..LogOptions::default() }).unwrap();
-    log.append(b"acknowledged").unwrap();
-    faults.fail_sync_after(0);
-    assert_eq!(log.append(b"unknown outcome").unwrap_err().code(), "IO_ERROR");
-    assert_eq!(log.append(b"refused").unwrap_err().code(), "WRITER_POISONED");
-    drop(log);
-    let log = Log::open(d.path(), LogOptions::default()).unwrap();
-    assert!(log.open_report().repairs.is_empty());
-    let next = log.append(b"after reopen").unwrap().first_seq;
-    log.close().unwrap();
-    let recs = records(d.path());
-    assert_eq!(recs[0].1, b"acknowledged");
-    assert_eq!(recs.last().unwrap(), &(next, b"after reopen".to_vec()));
-    assert!(!recs.iter().any(|r| r.1 == b"refused"), "nothing after the poisoning is written");
 }
 
 /// Proves: the record size limit refuses an oversized record with a clear error

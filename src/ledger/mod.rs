@@ -617,19 +617,23 @@ impl Ledger {
                     self.changed.notify_all();
                 }
                 result => {
-                    let cause = match result {
+                    let (cause, error) = match result {
                         Ok(AppendOutcome::Appended(a)) => {
-                            format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq)
+                            let cause =
+                                format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq);
+                            (cause.clone(), storage::Error::Poisoned { cause })
                         }
                         Ok(AppendOutcome::HeadMoved { .. }) => unreachable!("handled above"),
-                        Err(e) => e.to_string(),
+                        Err(e) => (e.to_string(), e),
                     };
                     tracing::error!(%cause, "a commit group did not become durable; the ledger is poisoned");
-                    inner.poisoned = Some(cause.clone());
+                    inner.poisoned = Some(cause);
                     inner.queued.clear();
                     inner.phase = Phase::Idle;
                     self.changed.notify_all();
-                    return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
+                    // The flusher reports what failed (an I/O error, say); the others
+                    // waiting on the group, and every later call, hear WRITER_POISONED.
+                    return Err(LedgerError::Storage(error));
                 }
             }
         }

@@ -217,6 +217,9 @@ pub(crate) fn create_first_segment(dir: &Path, header: &[u8]) -> Result<PathBuf>
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".{:020}{SEGMENT_SUFFIX}.{}-{n}{TEMP_SUFFIX}", 1, std::process::id()));
     let result = (|| {
+        fail::fail_point!("segment::create", |_| {
+            Err(Error::io("create segment", &tmp)(std::io::Error::other("injected create failure")))
+        });
         let mut f = open_private(&tmp, true)?;
         f.write_all(header).map_err(Error::io("write segment header", &tmp))?;
         f.sync_all().map_err(Error::io("fsync", &tmp))?;
@@ -235,6 +238,9 @@ pub(crate) fn create_first_segment(dir: &Path, header: &[u8]) -> Result<PathBuf>
 
 /// Make the directory durable: needed after creating, renaming or removing a file.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    fail::fail_point!("dir::fsync", |_| {
+        Err(Error::io("fsync directory", dir)(std::io::Error::other("injected directory fsync failure")))
+    });
     File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io("fsync directory", dir))
 }
 
@@ -268,6 +274,11 @@ pub(crate) fn write_evidence(segment: &Path, what: &str, offset: u64, bytes: &[u
     let dir = segment.parent().unwrap_or(Path::new("."));
     let written = (|| {
         let mut f = open_private(&path, true)?;
+        fail::fail_point!("evidence::write", |torn: Option<String>| {
+            let n = torn.and_then(|t| t.parse::<usize>().ok()).unwrap_or(0).min(bytes.len());
+            let _ = f.write_all(&bytes[..n]);
+            Err(Error::io("write evidence", &path)(std::io::Error::other("injected evidence write failure")))
+        });
         f.write_all(bytes).map_err(Error::io("write evidence", &path))?;
         f.sync_all().map_err(Error::io("fsync evidence", &path))
     })();

@@ -65,6 +65,9 @@ impl AppendLock {
     /// Take the lock within `wait_ms_max`: the directory, then `LOCK`, with one
     /// deadline for both.
     pub fn acquire(&self, wait_ms_max: u64) -> Result<Held<'_>> {
+        fail::fail_point!("lock::acquire", |_| {
+            Err(Error::io("lock", &self.dir.path)(std::io::Error::other("injected lock failure")))
+        });
         let deadline = Instant::now() + Duration::from_millis(wait_ms_max);
         let start = Instant::now();
         let timeout = |t: &Target| Error::LockTimeout {

@@ -5,7 +5,6 @@
 mod backend;
 mod dir;
 mod error;
-mod faults;
 mod history;
 mod lock;
 mod options;
@@ -18,7 +17,6 @@ mod writer;
 pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
 pub use dir::{EVIDENCE_INFIX, LOCK_FILE, Listing, SNAPSHOT_DIR, check_dir_mode, list_segments, listing, segment_path};
 pub use error::{Error, Result};
-pub use faults::Faults;
 pub use history::check_whole_history;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use reader::{Problem, ReadSummary, ScanItem, Tailer, read_records, scan_dir, verify_dir};

@@ -1,6 +1,5 @@
 use std::sync::Arc;
 
-use super::Faults;
 use super::error::{Error, Result};
 use crate::format::{PAYLOAD_BYTES_HARD_MAX, SEGMENT_BYTES_HARD_MAX, SEGMENT_HEADER_BYTES};
 
@@ -43,8 +42,6 @@ pub struct LogOptions {
     /// This writer's identity in every record it appends (random if unset).
     pub writer_id: Option<uuid::Uuid>,
     pub clock: Option<Clock>,
-    /// Test-only failure injection.
-    pub faults: Option<Arc<Faults>>,
 }
 
 impl Default for LogOptions {
@@ -60,7 +57,6 @@ impl Default for LogOptions {
             verify_on_open: VerifyOnOpen::Full,
             writer_id: None,
             clock: None,
-            faults: None,
         }
     }
 }

@@ -61,6 +61,9 @@ impl Mapped {
     /// most `bytes_max` bytes.
     pub fn open(path: &Path, bytes_max: u64, seq: u64) -> Result<Self> {
         let (f, len): (File, u64) = open_regular(path, bytes_max, seq)?;
+        fail::fail_point!("segment::mmap", |_| Err(Error::io("mmap", path)(std::io::Error::other(
+            "injected mmap failure"
+        ))));
         if len == 0 {
             return Ok(Mapped { map: None });
         }
@@ -122,6 +125,9 @@ pub(crate) fn set_aside_torn_segment(dir: &Path, path: &Path, expected_seq: u64)
 /// Cut a torn tail at `offset`, after making its bytes durable as evidence.
 pub(crate) fn cut_torn_tail(path: &Path, bytes_from_offset: &[u8], offset: u64, damage: &Damage) -> Result<Repair> {
     let evidence = write_evidence(path, "torn-tail", offset, bytes_from_offset)?;
+    fail::fail_point!("segment::truncate", |_| {
+        Err(Error::io("truncate", path)(std::io::Error::other("injected truncate failure")))
+    });
     let f = fs::OpenOptions::new().write(true).open(path).map_err(Error::io("open", path))?;
     f.set_len(offset).map_err(Error::io("truncate", path))?;
     f.sync_all().map_err(Error::io("fsync", path))?;
@@ -177,6 +183,9 @@ pub(crate) fn damage_error(path: &Path, base: u64, d: &Damage, what: &str) -> Er
 pub(crate) fn create_segment(dir: &Path, cursor: &Cursor) -> Result<PathBuf> {
     use std::os::unix::fs::FileExt;
     let path = segment_path(dir, cursor.next_seq);
+    fail::fail_point!("segment::create", |_| {
+        Err(Error::io("create segment", &path)(std::io::Error::other("injected create failure")))
+    });
     let f = super::dir::open_private(&path, true)?;
     let header = SegmentHeader { first_seq: cursor.next_seq, prev_link: cursor.prev_link }.encode();
     f.write_all_at(&header, 0).map_err(Error::io("write segment header", &path))?;

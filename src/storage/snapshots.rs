@@ -74,9 +74,14 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, body: &[u8]) -> Result<Snap
             .mode(0o600)
             .open(&tmp)
             .map_err(io("create snapshot", &tmp))?;
+        fail::fail_point!("snapshot::write", |_| Err(io("write snapshot", &tmp)(std::io::Error::other("injected"))));
         f.write_all(&bytes).map_err(io("write snapshot", &tmp))?;
         f.sync_all().map_err(io("fsync snapshot", &tmp))?;
     }
+    fail::fail_point!("snapshot::rename", |_| {
+        let _ = fs::remove_file(&tmp);
+        Err(io("rename snapshot", &path)(std::io::Error::other("injected rename failure")))
+    });
     fs::rename(&tmp, &path).map_err(io("rename snapshot", &path))?;
     fs::File::open(&sdir).and_then(|d| d.sync_all()).map_err(io("fsync directory", &sdir))?;
     // Pruning is best effort: another process may have pruned the same files.

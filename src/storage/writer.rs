@@ -513,14 +513,16 @@ impl Writer {
             return Ok(());
         }
         let path = &self.tail.segment;
-        if let Some(prefix) = self.opts.faults.as_ref().and_then(|f| f.write_fails(self.buf.len())) {
-            let _ = self.file.write_all_at(&self.buf[..prefix], self.tail.segment_len);
-            return Err(Error::io("write", path)(std::io::Error::other("injected write failure")));
-        }
+        fail::fail_point!("segment::write", |torn: Option<String>| {
+            // A failing write may leave any prefix of its bytes (a torn write).
+            let n = torn.and_then(|t| t.parse::<usize>().ok()).unwrap_or(0).min(self.buf.len());
+            let _ = self.file.write_all_at(&self.buf[..n], self.tail.segment_len);
+            Err(Error::io("write", path)(std::io::Error::other("injected write failure")))
+        });
         self.file.write_all_at(&self.buf, self.tail.segment_len).map_err(Error::io("write", path))?;
-        if self.opts.faults.as_ref().is_some_and(|f| f.sync_fails()) {
-            return Err(Error::io("fdatasync", path)(std::io::Error::other("injected sync failure")));
-        }
+        fail::fail_point!("segment::fdatasync", |_| {
+            Err(Error::io("fdatasync", path)(std::io::Error::other("injected fdatasync failure")))
+        });
         self.file.sync_data().map_err(Error::io("fdatasync", path))?;
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
         self.tail.segment_len += self.buf.len() as u64;

@@ -22,6 +22,9 @@ use serde_json::Value;
 type Printed = Result<(Value, u8), OpError>;
 
 fn main() -> ExitCode {
+    // Failure injection for tests (compiled in only by `cargo test`; see
+    // tests/failpoints.rs), configured from FAILPOINTS when it is set.
+    let _failpoints = std::env::var_os("FAILPOINTS").map(|_| fail::FailScenario::setup());
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

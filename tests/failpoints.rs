@@ -1,0 +1,277 @@
+//! Failure injection at every I/O site (the `fail` crate; compiled in for `cargo
+//! test` only). Each test proves the outcome of one failure branch: the writer is
+//! poisoned (or the operation fails cleanly), nothing acknowledged is lost, the
+//! error has a clear code, and reopening recovers. Failpoints are global to a
+//! process, so these tests live in their own binary and each holds a
+//! `FailScenario` (which serialises them); child processes take theirs from the
+//! `FAILPOINTS` environment variable.
+
+mod common;
+
+use std::fs;
+use std::process::Command;
+use std::sync::Barrier;
+
+use common::{hash_tree, records};
+use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity};
+use fencelog::model::{Event, Identity, Projection, Refusal, Txn};
+use fencelog::storage::{Log, LogOptions, segment_path, verify_dir};
+
+fn me() -> Identity {
+    identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap()
+}
+
+fn claim(subject: &str, owner: &Identity) -> impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
+    let (subject, owner) = (subject.to_owned(), owner.clone());
+    move |_p, now_ms, writer| {
+        let event = Event::Claim {
+            subject: subject.clone(),
+            owner: owner.clone(),
+            stale_after_ms: 60_000,
+            lock: None,
+            previous: None,
+        };
+        Ok(Txn::new(now_ms, writer, vec![event]))
+    }
+}
+
+/// Proves: an injected write failure that leaves half a frame on disk poisons the
+/// writer (every later append fails with WRITER_POISONED), and reopening recovers by
+/// cutting the torn bytes.
+#[test]
+fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    log.append(b"two").unwrap();
+    fail::cfg("segment::write", "return(20)").unwrap();
+    let err = log.append(b"three").unwrap_err();
+    assert_eq!(err.code(), "IO_ERROR", "{err}");
+    for _ in 0..3 {
+        let err = log.append(b"later").unwrap_err();
+        assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+        assert!(err.to_string().contains("injected write failure"));
+    }
+    assert!(log.close().is_err(), "close reports the poisoning");
+    fail::remove("segment::write");
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    let r = &log.open_report().repairs;
+    assert_eq!((r.len(), r[0].bytes, r[0].seq), (1, 20, 3));
+    assert_eq!(log.append(b"three again").unwrap().first_seq, 3);
+    log.close().unwrap();
+    let recs = records(d.path());
+    assert_eq!(recs.iter().map(|r| r.1.as_slice()).collect::<Vec<_>>(), vec![&b"one"[..], b"two", b"three again"]);
+}
+
+/// Proves: a failed sync poisons the writer; the unacknowledged record's outcome is
+/// unknown (its bytes reached the page cache), and reopen recovers a consistent log.
+#[test]
+fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"acknowledged").unwrap();
+    fail::cfg("segment::fdatasync", "return").unwrap();
+    assert_eq!(log.append(b"unknown outcome").unwrap_err().code(), "IO_ERROR");
+    assert_eq!(log.append(b"refused").unwrap_err().code(), "WRITER_POISONED");
+    drop(log);
+    fail::remove("segment::fdatasync");
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    assert!(log.open_report().repairs.is_empty());
+    let next = log.append(b"after reopen").unwrap().first_seq;
+    log.close().unwrap();
+    let recs = records(d.path());
+    assert_eq!(recs[0].1, b"acknowledged");
+    assert_eq!(recs.last().unwrap(), &(next, b"after reopen".to_vec()));
+    assert!(!recs.iter().any(|r| r.1 == b"refused"), "nothing after the poisoning is written");
+}
+
+/// Proves: when the sync of a group fails, no transaction of it is acknowledged —
+/// neither the claim nor the refusals judged against it — every later call fails
+/// with WRITER_POISONED until reopen, and the reopened ledger works and holds every
+/// transaction acknowledged before the failure.
+#[test]
+fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let ledger = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let owner = me();
+    for i in 0..5 {
+        ledger.submit(None, claim(&format!("before/{i}"), &owner)).unwrap();
+    }
+    fail::cfg("segment::fdatasync", "return").unwrap();
+    let barrier = Barrier::new(8);
+    let results: Vec<Result<_, LedgerError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| {
+                let (ledger, owner, barrier) = (&ledger, &owner, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    ledger.submit(None, claim("contested", owner))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        match r {
+            Err(LedgerError::Storage(_)) => {}
+            other => panic!("nothing judged on a failed sync may be answered: {other:?}"),
+        }
+    }
+    assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| e.code() == "WRITER_POISONED")));
+    let later = ledger.submit(None, claim("after", &owner)).unwrap_err();
+    assert_eq!(later.code(), "WRITER_POISONED");
+    assert_eq!(ledger.refresh().unwrap_err().code(), "WRITER_POISONED");
+    drop(ledger);
+    fail::remove("segment::fdatasync");
+    let reopened = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let p = reopened.projection();
+    for i in 0..5 {
+        assert_eq!(p.subject(&format!("before/{i}")).map(|s| s.generation), Some(1));
+    }
+    let c = reopened.submit(None, claim("after", &owner)).unwrap();
+    assert_eq!(c.seq, Some(p.last_seq + 1));
+}
+
+/// Proves: a failure creating the next segment (rotation) or syncing the directory
+/// after it poisons the writer; every record acknowledged before is there after a
+/// reopen, and appending continues.
+#[test]
+fn failed_segment_creation_or_directory_sync_poisons_and_reopen_recovers() {
+    for point in ["segment::create", "dir::fsync"] {
+        let _fp = fail::FailScenario::setup();
+        let d = tempfile::tempdir().unwrap();
+        let opts = LogOptions { segment_bytes_max: 400, ..LogOptions::default() };
+        let log = Log::open(d.path(), opts.clone()).unwrap();
+        let mut acked = vec![];
+        fail::cfg(point, "return").unwrap();
+        let err = loop {
+            match log.append(format!("record {}", acked.len()).as_bytes()) {
+                Ok(_) => acked.push(format!("record {}", acked.len()).into_bytes()),
+                Err(e) => break e,
+            }
+            assert!(acked.len() < 100, "{point}: the rotation never failed");
+        };
+        assert_eq!(err.code(), "IO_ERROR", "{point}: {err}");
+        assert!(err.to_string().contains("injected"), "{err}");
+        assert_eq!(log.append(b"later").unwrap_err().code(), "WRITER_POISONED");
+        drop(log);
+        fail::remove(point);
+        let log = Log::open(d.path(), opts).unwrap();
+        log.append(b"after").unwrap();
+        drop(log);
+        let got: Vec<Vec<u8>> = records(d.path()).into_iter().map(|(_, p)| p).collect();
+        assert_eq!(&got[..acked.len()], &acked[..], "{point}: every acknowledged record");
+        assert_eq!(got.last().unwrap(), b"after");
+    }
+}
+
+/// Proves: failures while opening (mapping a segment, taking the lock) fail the
+/// open with IO_ERROR and change nothing on disk.
+#[test]
+fn failures_while_opening_fail_the_open_and_change_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    drop(log);
+    for point in ["segment::mmap", "lock::acquire"] {
+        let _fp = fail::FailScenario::setup();
+        let before = hash_tree(d.path());
+        fail::cfg(point, "return").unwrap();
+        let err = Log::open(d.path(), LogOptions::default()).err().expect("the open fails");
+        assert_eq!(err.code(), "IO_ERROR", "{point}: {err}");
+        assert_eq!(hash_tree(d.path()), before, "{point}: nothing changed");
+    }
+    assert_eq!(records(d.path()).len(), 1);
+}
+
+/// Proves: recovery that cannot write its evidence (a full disk, part-written) or
+/// cannot truncate after it fails with IO_ERROR, leaves no partial evidence and
+/// never cuts bytes it has not kept; with the failure gone, recovery completes.
+#[test]
+fn failures_while_recovering_a_torn_tail_cut_nothing_unkept() {
+    let _fp = fail::FailScenario::setup();
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"kept").unwrap();
+    drop(log);
+    let seg = segment_path(d.path(), 1);
+    let mut b = fs::read(&seg).unwrap();
+    b.extend_from_slice(&[200, 0, 0, 0, 9, 9, 9]);
+    fs::write(&seg, &b).unwrap();
+    let evidence = |dir: &std::path::Path| {
+        fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains("evidence"))
+            .count()
+    };
+    fail::cfg("evidence::write", "return(3)").unwrap();
+    assert_eq!(Log::open(d.path(), LogOptions::default()).err().unwrap().code(), "IO_ERROR");
+    assert_eq!((evidence(d.path()), fs::read(&seg).unwrap()), (0, b.clone()), "no partial evidence, nothing cut");
+    fail::remove("evidence::write");
+    fail::cfg("segment::truncate", "return").unwrap();
+    assert_eq!(Log::open(d.path(), LogOptions::default()).err().unwrap().code(), "IO_ERROR");
+    assert_eq!(fs::read(&seg).unwrap(), b, "the evidence is kept; the segment is not cut yet");
+    fail::remove("segment::truncate");
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    assert_eq!(log.open_report().repairs.len(), 1);
+    drop(log);
+    assert_eq!(records(d.path()), vec![(1, b"kept".to_vec())]);
+}
+
+/// Proves: a snapshot that cannot be written or renamed costs nothing but the
+/// snapshot: `snapshot_now` reports IO_ERROR, no temp file is left, the ledger
+/// goes on committing, and a reopen replays the whole log.
+#[test]
+fn failed_snapshot_writes_cost_only_the_snapshot() {
+    for point in ["snapshot::write", "snapshot::rename"] {
+        let _fp = fail::FailScenario::setup();
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+        let owner = me();
+        l.submit(None, claim("a", &owner)).unwrap();
+        fail::cfg(point, "return").unwrap();
+        let err = l.snapshot_now().unwrap_err();
+        assert_eq!(err.code(), "IO_ERROR", "{point}: {err}");
+        l.submit(None, claim("b", &owner)).unwrap();
+        fail::remove(point);
+        let leftovers: Vec<_> =
+            fs::read_dir(d.path().join("snapshots")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        if point == "snapshot::rename" {
+            assert!(leftovers.is_empty(), "{point}: {leftovers:?}");
+        }
+        drop(l);
+        let again = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+        assert_eq!((again.open_report().snapshot_seq, again.projection().last_seq), (None, 2), "{point}");
+    }
+}
+
+/// Proves, through a real child process: a `fencelog` command whose sync fails
+/// (FAILPOINTS in its environment) exits 1 with IO_ERROR — its outcome unknown:
+/// the bytes may be in the page cache — and the request id resolves it: `request
+/// show` answers from the log, and a retry with the same id, without the failure,
+/// gets the one committed result (deduplicated) instead of claiming twice.
+#[test]
+fn a_cli_command_whose_sync_fails_exits_1_and_its_request_id_resolves_the_outcome() {
+    const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    assert!(Command::new(FENCELOG).args(["init", "--dir", dir]).status().unwrap().success());
+    let pid = std::process::id().to_string();
+    let claim = ["claim", "--dir", dir, "--subject", "fp/a", "--pid", &pid, "--request-id", "r-1"];
+    let out = Command::new(FENCELOG).args(claim).env("FAILPOINTS", "segment::fdatasync=return").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((out.status.code(), v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
+    let out = Command::new(FENCELOG).args(["request", "show", "--dir", dir, "r-1"]).output().unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    let out = Command::new(FENCELOG).args(claim).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["seq"], 1, "{v}");
+    // The page cache kept the first attempt's record: the retry is that result.
+    assert_eq!((shown["status"].as_str(), v["deduplicated"].as_bool()), (Some("committed"), Some(true)), "{shown} {v}");
+    assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
+}

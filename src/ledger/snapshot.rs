@@ -15,8 +15,10 @@ pub fn body_of(p: &Projection) -> Vec<u8> {
 
 /// The projection in a snapshot body covering `seq`.
 pub fn decode(body: &[u8], seq: u64) -> Result<Projection, String> {
-    let (p, used): (Projection, usize) =
-        bincode::serde::decode_from_slice(body, bincode::config::standard()).map_err(|e| e.to_string())?;
+    // Claimed lengths are bounded (a corrupt length cannot ask for gigabytes).
+    const DECODE_BYTES_MAX: usize = 1 << 30;
+    let cfg = bincode::config::standard().with_limit::<DECODE_BYTES_MAX>();
+    let (p, used): (Projection, usize) = bincode::serde::decode_from_slice(body, cfg).map_err(|e| e.to_string())?;
     if used != body.len() {
         return Err(format!("{} trailing bytes", body.len() - used));
     }

@@ -1,0 +1,221 @@
+//! Fuzzing on the stable toolchain (proptest): the decoders never panic and never
+//! allocate in proportion to a length they are told, and `Projection::apply`
+//! agrees with a plain reference model of the ownership rules.
+//!
+//! A short run is part of `cargo test`; a long one is
+//! `PROPTEST_CASES=200000 cargo test --release --test fuzz_props`.
+
+use std::collections::BTreeMap;
+
+use fencelog::format::{GENESIS_LINK, SegmentHeader, decode_frame, encode_frame};
+use fencelog::ledger::snapshot;
+use fencelog::model::*;
+use proptest::prelude::*;
+use uuid::Uuid;
+
+fn who(n: u8) -> Identity {
+    Identity {
+        instance: Uuid::from_bytes([n; 16]),
+        pid: n as u32,
+        start_ticks: 1,
+        boot_id: "b".into(),
+        exe: "e".into(),
+    }
+}
+
+fn a_txn() -> Txn {
+    Txn::new(
+        7,
+        Uuid::nil(),
+        vec![
+            Event::Claim { subject: "s/a".into(), owner: who(1), stale_after_ms: 10, lock: None, previous: None },
+            Event::Note { subject: "s/b".into(), generation: 1, text: "text".into() },
+        ],
+    )
+}
+
+proptest! {
+    /// Proves: the transaction and snapshot decoders return errors, never panic, on
+    /// arbitrary bytes and on any mutation of a valid encoding.
+    #[test]
+    fn payload_and_snapshot_decoders_never_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..600),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+    ) {
+        let _ = decode_txn(&bytes);
+        let _ = snapshot::decode(&bytes, 3);
+        let mut valid = encode_txn(&a_txn());
+        let mut body = snapshot::body_of(&Projection::default());
+        for (at, v) in &flips {
+            let i = at.index(valid.len());
+            valid[i] ^= v;
+            let j = at.index(body.len());
+            body[j] ^= v;
+        }
+        let _ = decode_txn(&valid);
+        let _ = snapshot::decode(&body, 0);
+    }
+
+    /// Proves: frames and segment headers built from arbitrary content decode to
+    /// exactly that content; arbitrary bytes never panic the frame decoder.
+    #[test]
+    fn frames_round_trip_and_garbage_never_panics(
+        payload in prop::collection::vec(any::<u8>(), 0..300),
+        seq in 1u64..u64::MAX, time_ms in any::<u64>(), writer in any::<[u8; 16]>(),
+        garbage in prop::collection::vec(any::<u8>(), 0..200),
+    ) {
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, &GENESIS_LINK, seq, &writer, time_ms, &payload);
+        let (rec, used) = decode_frame(&buf, 1 << 20).unwrap();
+        prop_assert_eq!((rec.seq, rec.time_ms, rec.writer, rec.payload, used), (seq, time_ms, writer, &payload[..], buf.len()));
+        let _ = decode_frame(&garbage, u32::MAX);
+        let _ = SegmentHeader::decode(&garbage);
+    }
+}
+
+/// Proves: a payload that claims a huge length (a string of 2^60 bytes) is refused
+/// at once, without allocating it.
+#[test]
+fn a_claimed_huge_length_is_refused_without_allocating() {
+    // bincode standard: a Txn starts with Option<RequestTag>: 1 = Some, then the id
+    // string's varint length: 0xFF + u64 little-endian.
+    let mut evil = vec![1u8, 0xFF];
+    evil.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    evil.extend_from_slice(b"abc");
+    assert!(decode_txn(&evil).is_err());
+    assert!(snapshot::decode(&[0xFD, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F], 0).is_err());
+}
+
+/// The ownership rules, written plainly: per subject, the generation and the owner
+/// (instance, last heartbeat, staleness).
+#[derive(Debug, Default, Clone)]
+struct Reference {
+    subjects: BTreeMap<String, (u64, Option<(Uuid, u64, u64)>)>,
+}
+
+impl Reference {
+    /// Whether the event is accepted at `now`, applying it if so.
+    fn apply(&mut self, e: &Event, now: u64) -> bool {
+        let fresh = |o: &(Uuid, u64, u64)| now.saturating_sub(o.1) <= o.2;
+        match e {
+            Event::Claim { subject, owner, stale_after_ms, .. } => {
+                let s = self.subjects.entry(subject.clone()).or_default();
+                if s.1.is_some() {
+                    return false;
+                }
+                *s = (s.0 + 1, Some((owner.instance, now, *stale_after_ms)));
+                true
+            }
+            Event::Heartbeat { subject, generation }
+            | Event::Release { subject, generation }
+            | Event::RotateFence { subject, generation } => {
+                let Some(s) = self.subjects.get_mut(subject) else { return false };
+                if s.0 != *generation || s.1.is_none() {
+                    return false;
+                }
+                match e {
+                    Event::Heartbeat { .. } => s.1.as_mut().expect("owner").1 = now,
+                    Event::Release { .. } => s.1 = None,
+                    _ => s.0 += 1,
+                }
+                true
+            }
+            Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, stale_after_ms, .. } => {
+                let Some(s) = self.subjects.get_mut(subject) else { return false };
+                match &s.1 {
+                    Some(o) if s.0 == *expect_generation && o.1 == *expect_heartbeat_ms && !fresh(o) => {
+                        *s = (s.0 + 1, Some((owner.instance, now, *stale_after_ms)));
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            Event::Note { subject, generation, .. } => {
+                let current = self.subjects.get(subject).map_or(0, |s| s.0);
+                *generation != 0 && *generation <= current
+            }
+            _ => unreachable!("not generated"),
+        }
+    }
+}
+
+const SUBJECTS: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Claim(usize, u8, u64),
+    Beat(usize, i8),
+    Release(usize, i8),
+    Rotate(usize, i8),
+    Takeover(usize, u8, bool),
+    Note(usize, i8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let s = 0..SUBJECTS.len();
+    prop_oneof![
+        (s.clone(), 1u8..4, 1u64..50).prop_map(|(s, w, st)| Op::Claim(s, w, st)),
+        (s.clone(), -1i8..=1).prop_map(|(s, k)| Op::Beat(s, k)),
+        (s.clone(), -1i8..=1).prop_map(|(s, k)| Op::Release(s, k)),
+        (s.clone(), -1i8..=1).prop_map(|(s, k)| Op::Rotate(s, k)),
+        (s.clone(), 1u8..4, any::<bool>()).prop_map(|(s, w, exact)| Op::Takeover(s, w, exact)),
+        (s, -1i8..=1).prop_map(|(s, k)| Op::Note(s, k)),
+    ]
+}
+
+/// An operation made concrete against the current state, so that a fair share of
+/// them are valid (generations near the current one, takeovers naming what is seen).
+fn concrete(r: &Reference, op: &Op) -> Event {
+    let cur = |s: usize| r.subjects.get(SUBJECTS[s]).cloned().unwrap_or_default();
+    let skewed = |s: usize, k: i8| cur(s).0.saturating_add_signed(k as i64);
+    let subject = |s: usize| SUBJECTS[s].to_string();
+    match *op {
+        Op::Claim(s, w, st) => {
+            Event::Claim { subject: subject(s), owner: who(w), stale_after_ms: st, lock: None, previous: None }
+        }
+        Op::Beat(s, k) => Event::Heartbeat { subject: subject(s), generation: skewed(s, k) },
+        Op::Release(s, k) => Event::Release { subject: subject(s), generation: skewed(s, k) },
+        Op::Rotate(s, k) => Event::RotateFence { subject: subject(s), generation: skewed(s, k) },
+        Op::Takeover(s, w, exact) => {
+            let (g, o) = cur(s);
+            let hb = o.map_or(0, |o| o.1);
+            Event::Takeover {
+                subject: subject(s),
+                expect_generation: g,
+                expect_heartbeat_ms: if exact { hb } else { hb + 1 },
+                owner: who(w),
+                stale_after_ms: 20,
+                reason: String::new(),
+            }
+        }
+        Op::Note(s, k) => Event::Note { subject: subject(s), generation: skewed(s, k), text: "n".into() },
+    }
+}
+
+proptest! {
+    /// Proves: for any sequence of operations at advancing times, `Projection::apply`
+    /// accepts exactly what the plain reference model accepts, and leaves every
+    /// subject at the same generation with the same owner.
+    #[test]
+    fn apply_agrees_with_the_reference_model(steps in prop::collection::vec((op(), 0u64..40), 1..80)) {
+        let (mut p, mut r, mut now) = (Projection::default(), Reference::default(), 1_000u64);
+        for (i, (op, dt)) in steps.iter().enumerate() {
+            now += dt;
+            let event = concrete(&r, op);
+            let seq = i as u64 + 1;
+            let accepted_by_model = r.apply(&event, now);
+            let outcome = p.apply(seq, &Txn::new(now, Uuid::nil(), vec![event.clone()]));
+            prop_assert_eq!(outcome.is_ok(), accepted_by_model, "step {} {:?}: {:?}", i, event, outcome);
+            for name in SUBJECTS {
+                let (g, o) = r.subjects.get(name).cloned().unwrap_or_default();
+                let s = p.subject(name);
+                prop_assert_eq!(s.map_or(0, |s| s.generation), g, "generation of {}", name);
+                prop_assert_eq!(
+                    s.and_then(|s| s.owner.as_ref()).map(|o| o.identity.instance),
+                    o.map(|o| o.0),
+                    "owner of {}", name
+                );
+            }
+        }
+    }
+}

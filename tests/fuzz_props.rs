@@ -90,13 +90,16 @@ fn a_claimed_huge_length_is_refused_without_allocating() {
 /// (instance, last heartbeat, staleness).
 #[derive(Debug, Default, Clone)]
 struct Reference {
-    subjects: BTreeMap<String, (u64, Option<(Uuid, u64, u64)>)>,
+    subjects: BTreeMap<String, (u64, Option<RefOwner>)>,
 }
+
+/// (instance, last heartbeat ms, stale after ms).
+type RefOwner = (Uuid, u64, u64);
 
 impl Reference {
     /// Whether the event is accepted at `now`, applying it if so.
     fn apply(&mut self, e: &Event, now: u64) -> bool {
-        let fresh = |o: &(Uuid, u64, u64)| now.saturating_sub(o.1) <= o.2;
+        let fresh = |o: &RefOwner| now.saturating_sub(o.1) <= o.2;
         match e {
             Event::Claim { subject, owner, stale_after_ms, .. } => {
                 let s = self.subjects.entry(subject.clone()).or_default();

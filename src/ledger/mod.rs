@@ -23,12 +23,16 @@
 //! assert_eq!(ledger.projection().subject("home/a").unwrap().generation, 1);
 //! ```
 
+mod group;
 pub mod identity;
 pub mod snapshot;
 
+pub use group::GROUPS_PER_LOCK_MAX;
+use group::Phase;
+
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 
 use serde::Serialize;
 
@@ -38,9 +42,7 @@ use crate::model::{
 };
 use std::sync::Arc;
 
-use crate::storage::{
-    self, AppendOutcome, Exclusive, FileBackend, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen,
-};
+use crate::storage::{self, FileBackend, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen};
 
 /// Times a transaction is judged again because another writer appended first,
 /// before the ledger gives up with `HEAD_MOVED`.
@@ -178,31 +180,14 @@ struct Inner {
     /// A group failed to become durable: the projection may hold transactions the
     /// log lacks. Every call fails with this cause until the ledger is reopened.
     poisoned: Option<String>,
+    /// Threads waiting for their records to become durable, each on its own slot.
+    waiters: group::Waiters,
     /// Sequence of the last checkpoint record this ledger appended: a snapshot
     /// asked for right after it would differ only by that record, so it is skipped.
     own_checkpoint_seq: u64,
     /// Where this ledger's last snapshot went (for `snapshot_now`'s answer).
     last_snapshot: Option<String>,
 }
-
-/// Where the ledger's group commit stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// No thread of this ledger holds the append lock.
-    Idle,
-    /// A thread is taking the append lock and catching up; arrivals wait.
-    Starting,
-    /// The flusher holds the append lock and the projection is caught up: arrivals
-    /// check their transactions against it and queue them for its next sync.
-    Open,
-    /// The flusher has held the append lock for `GROUPS_PER_LOCK_MAX` groups: it
-    /// syncs what is queued and releases the lock, so other processes get their
-    /// turn; arrivals wait and then compete for the lock anew.
-    Closing,
-}
-
-/// Commit groups one flusher writes before it lets go of the append lock.
-pub const GROUPS_PER_LOCK_MAX: u32 = 8;
 
 /// Refused stale writes on one subject, since the last audit record written.
 struct FencedWindow {
@@ -219,8 +204,9 @@ pub struct Ledger {
     opts: LedgerOptions,
     backend: Arc<dyn LogBackend>,
     inner: Mutex<Inner>,
-    /// Signalled whenever `Inner::phase`, `durable_seq`, `poisoned` or
-    /// `readers_waiting` changes.
+    /// Signalled when the phase changes, on poisoning, and after a group while
+    /// readers wait for a settled view (waiters for durability have their own
+    /// slots: see `group.rs`).
     changed: Condvar,
     report: LedgerOpenReport,
 }
@@ -263,6 +249,7 @@ impl Ledger {
             queued: Vec::new(),
             readers_waiting: 0,
             poisoned: None,
+            waiters: Default::default(),
             own_checkpoint_seq: 0,
             last_snapshot: None,
         };
@@ -322,29 +309,6 @@ impl Ledger {
         self.backend.commit_stats()
     }
 
-    /// Stop taking transactions (they are refused with `DRAINING`, never judged,
-    /// never appended) and wait, at most `wait_ms_max`, until every transaction
-    /// already judged is durable or failed: afterwards the answer to each is known.
-    /// Returns whether the ledger settled in time, and the last durable sequence.
-    pub fn drain(&self, wait_ms_max: u64) -> Result<Drained, LedgerError> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(wait_ms_max);
-        let mut inner = self.inner.lock().expect("ledger");
-        inner.draining = true;
-        self.changed.notify_all();
-        loop {
-            let settled = inner.phase == Phase::Idle && inner.durable_seq == inner.projection.last_seq;
-            if settled || inner.poisoned.is_some() {
-                Self::poison_check(&inner)?;
-                return Ok(Drained { settled: true, last_seq: inner.durable_seq });
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Ok(Drained { settled: false, last_seq: inner.durable_seq });
-            }
-            inner = self.changed.wait_timeout(inner, deadline - now).expect("ledger").0;
-        }
-    }
-
     /// How often another writer appended first and this ledger judged its queued
     /// transactions again.
     pub fn head_moved_count(&self) -> u64 {
@@ -367,28 +331,6 @@ impl Ledger {
         let mut inner = self.settled()?;
         Self::catch_up(&mut inner)?;
         Ok(inner.projection.clone())
-    }
-
-    /// The ledger with no transaction between check and sync: waits while any is in
-    /// flight (meanwhile new arrivals do not join the open group, so this is bounded
-    /// by the groups already formed).
-    fn settled(&self) -> Result<MutexGuard<'_, Inner>, LedgerError> {
-        let mut inner = self.inner.lock().expect("ledger");
-        inner.readers_waiting += 1;
-        while inner.durable_seq < inner.projection.last_seq && inner.poisoned.is_none() {
-            inner = self.changed.wait(inner).expect("ledger");
-        }
-        inner.readers_waiting -= 1;
-        self.changed.notify_all();
-        Self::poison_check(&inner)?;
-        Ok(inner)
-    }
-
-    fn poison_check(inner: &Inner) -> Result<(), LedgerError> {
-        match &inner.poisoned {
-            Some(cause) => Err(LedgerError::Storage(storage::Error::Poisoned { cause: cause.clone() })),
-            None => Ok(()),
-        }
     }
 
     /// Build a transaction against the up-to-date projection (`build(projection,
@@ -414,252 +356,6 @@ impl Ledger {
         // `build` may run more than once: again whenever another writer appended
         // first (each run sees the state its transaction would follow).
         self.commit_with(|ledger, inner| ledger.check_and_queue(inner, request.clone(), &mut build))
-    }
-
-    /// Run `act` on a caught-up projection within a commit group; `act` returns its
-    /// answer and the last sequence that answer depends on (it is returned once that
-    /// sequence is durable). If another writer appended first (`HeadMoved`), the
-    /// state `act` was judged on is gone: it runs again on the new state.
-    fn commit_with<T>(
-        &self,
-        mut act: impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
-    ) -> Result<T, LedgerError> {
-        for _ in 0..HEAD_MOVED_RETRIES_MAX {
-            if let Some(answer) = self.attempt(&mut act) {
-                return answer;
-            }
-            tracing::debug!("judging a transaction again: another writer appended first");
-        }
-        let head = self.inner.lock().expect("ledger").durable_seq;
-        Err(LedgerError::Storage(storage::Error::HeadMoved { expected: head, actual: head }))
-    }
-
-    /// One try of `commit_with`: `None` when it must be judged again.
-    fn attempt<T>(
-        &self,
-        act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
-    ) -> Option<Result<T, LedgerError>> {
-        let mut inner = self.inner.lock().expect("ledger");
-        loop {
-            if let Err(e) = Self::poison_check(&inner) {
-                return Some(Err(e));
-            }
-            if inner.draining {
-                return Some(Err(LedgerError::Draining));
-            }
-            let readers = inner.readers_waiting > 0;
-            match inner.phase {
-                Phase::Open if !readers => {
-                    let epoch = inner.epoch;
-                    let (answer, covers) = match self.guarded(&mut inner, act) {
-                        Ok(done) => done,
-                        Err(panic) => {
-                            drop(inner);
-                            std::panic::resume_unwind(panic);
-                        }
-                    };
-                    return self.await_durable(inner, covers, epoch, answer);
-                }
-                Phase::Idle if !readers => {
-                    inner.phase = Phase::Starting;
-                    drop(inner);
-                    return self.lead(act);
-                }
-                _ => inner = self.changed.wait(inner).expect("ledger"),
-            }
-        }
-    }
-
-    /// Become the flusher: take the append lock, catch up, open the group, run this
-    /// thread's own `act`, and flush the groups.
-    fn lead<T>(
-        &self,
-        act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
-    ) -> Option<Result<T, LedgerError>> {
-        let (mut own, mut opened, mut epoch) = (None, false, 0);
-        let mut failed: Option<LedgerError> = None;
-        let locked = self.backend.exclusive(&mut |x| {
-            let mut inner = self.inner.lock().expect("ledger");
-            if let Err(e) = Self::catch_up(&mut inner) {
-                failed = Some(e);
-                return Ok(());
-            }
-            inner.phase = Phase::Open;
-            opened = true;
-            self.changed.notify_all();
-            epoch = inner.epoch;
-            own = Some(self.guarded(&mut inner, act));
-            if let Err(e) = self.flush_groups(x, inner) {
-                failed = Some(e);
-            }
-            Ok(())
-        });
-        let locked = match (locked, failed) {
-            (Err(e), _) => Err(LedgerError::from(e)),
-            (Ok(()), Some(e)) => Err(e),
-            (Ok(()), None) => Ok(()),
-        };
-        // Off the append lock: a snapshot (the projection cloned) if one is due.
-        self.maybe_snapshot(&mut self.inner.lock().expect("ledger"));
-        let own = match own {
-            Some(Err(panic)) => {
-                // `flush_groups` found the ledger poisoned and ended the phase; now let the
-                // caller's panic go on.
-                std::panic::resume_unwind(panic);
-            }
-            Some(Ok(done)) => Some(done),
-            None => None,
-        };
-        let mut inner = self.inner.lock().expect("ledger");
-        if !opened {
-            // The lock was not taken or the catch-up failed: the phase is still this
-            // thread's `Starting`. (Once open, `flush_groups` alone ends the phase: by now
-            // another thread may have started the next one.)
-            inner.phase = Phase::Idle;
-            self.changed.notify_all();
-        }
-        match (locked, own) {
-            (Err(e), _) => Some(Err(e)),
-            (Ok(()), Some((answer, covers))) => self.await_durable(inner, covers, epoch, answer),
-            (Ok(()), None) => unreachable!("the flusher ran its own act"),
-        }
-    }
-
-    /// Run `act`, catching a panic (from the caller's `build`, or a bug): the ledger
-    /// cannot know how far the transaction got, so it is poisoned, and every thread
-    /// waiting on this group is woken to an error instead of waiting for ever. The
-    /// caller re-raises the panic once it holds no lock.
-    fn guarded<T>(
-        &self,
-        inner: &mut Inner,
-        act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
-    ) -> Result<(Result<T, LedgerError>, u64), Box<dyn std::any::Any + Send>> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(self, &mut *inner))).inspect_err(|_| {
-            tracing::error!("a transaction panicked while being built or checked; the ledger is poisoned");
-            inner.poisoned.get_or_insert_with(|| "a transaction panicked while being built or checked".into());
-            self.changed.notify_all();
-        })
-    }
-
-    /// Hand queued records to storage, one sync per group, until none are left. The
-    /// caller holds the append lock throughout; the ledger mutex is released during
-    /// each write and sync so that other threads can queue the next group.
-    fn flush_groups<'a>(&'a self, l: &mut dyn Exclusive, mut inner: MutexGuard<'a, Inner>) -> Result<(), LedgerError> {
-        let (records_max, bytes_max) = (self.opts.log.batch_records_max, self.opts.log.batch_bytes_max);
-        let mut groups = 0;
-        loop {
-            // Only the flusher ends its phase (another thread could otherwise start a
-            // second flusher while this one still holds the lock).
-            debug_assert!(matches!(inner.phase, Phase::Open | Phase::Closing), "flusher in phase {:?}", inner.phase);
-            if let Some(cause) = inner.poisoned.clone() {
-                // Queued transactions were judged on state that cannot be trusted.
-                inner.queued.clear();
-                inner.phase = Phase::Idle;
-                self.changed.notify_all();
-                return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
-            }
-            if inner.queued.is_empty() {
-                match self.queue_checkpoint(&mut inner) {
-                    Ok(true) => continue,
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "checkpoint not queued"),
-                }
-                inner.phase = Phase::Idle;
-                self.changed.notify_all();
-                return Ok(());
-            }
-            let (mut n, mut bytes) = (0, 0);
-            for r in &inner.queued {
-                if n > 0 && (n == records_max || bytes + r.len() > bytes_max) {
-                    break;
-                }
-                (n, bytes) = (n + 1, bytes + r.len());
-            }
-            let group: Vec<Vec<u8>> = inner.queued.drain(..n).collect();
-            let expect = inner.durable_seq;
-            drop(inner);
-            let appended = l.append_if_head(expect, group);
-            inner = self.inner.lock().expect("ledger");
-            match appended {
-                Ok(AppendOutcome::HeadMoved { actual }) => {
-                    // Another writer appended first: everything queued was judged on
-                    // state the log does not have. Rebuild the durable state (with
-                    // the other writer's records) and send every waiter of this
-                    // epoch back to judge its transaction again.
-                    tracing::info!(expected = expect, actual, "another writer appended first; judging again");
-                    inner.queued.clear();
-                    inner.epoch += 1;
-                    inner.head_moved += 1;
-                    match replay(&*self.backend) {
-                        Ok(r) => {
-                            inner.tailer = r.tailer;
-                            inner.projection = r.projection;
-                            inner.head = r.head;
-                            inner.durable_seq = inner.projection.last_seq;
-                        }
-                        Err(e) => {
-                            let cause = format!("catching up after another writer appended: {e}");
-                            inner.poisoned = Some(cause.clone());
-                            inner.phase = Phase::Idle;
-                            self.changed.notify_all();
-                            return Err(LedgerError::Storage(storage::Error::Poisoned { cause }));
-                        }
-                    }
-                    self.changed.notify_all();
-                }
-                Ok(AppendOutcome::Appended(a)) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
-                    inner.durable_seq = a.last_seq;
-                    inner.head = a.chain_head;
-                    groups += 1;
-                    if groups >= GROUPS_PER_LOCK_MAX && inner.phase == Phase::Open {
-                        inner.phase = Phase::Closing;
-                    }
-                    self.changed.notify_all();
-                }
-                result => {
-                    let (cause, error) = match result {
-                        Ok(AppendOutcome::Appended(a)) => {
-                            let cause =
-                                format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq);
-                            (cause.clone(), storage::Error::Poisoned { cause })
-                        }
-                        Ok(AppendOutcome::HeadMoved { .. }) => unreachable!("handled above"),
-                        Err(e) => (e.to_string(), e),
-                    };
-                    tracing::error!(%cause, "a commit group did not become durable; the ledger is poisoned");
-                    inner.poisoned = Some(cause);
-                    inner.queued.clear();
-                    inner.phase = Phase::Idle;
-                    self.changed.notify_all();
-                    // The flusher reports what failed (an I/O error, say); the others
-                    // waiting on the group, and every later call, hear WRITER_POISONED.
-                    return Err(LedgerError::Storage(error));
-                }
-            }
-        }
-    }
-
-    /// Wait until everything up to `covers` is durable, then give `answer`; `None`
-    /// if the state it was judged on (in `epoch`) was overtaken by another writer.
-    fn await_durable<T>(
-        &self,
-        mut inner: MutexGuard<'_, Inner>,
-        covers: u64,
-        epoch: u64,
-        answer: Result<T, LedgerError>,
-    ) -> Option<Result<T, LedgerError>> {
-        loop {
-            if inner.epoch != epoch {
-                return None;
-            }
-            if inner.durable_seq >= covers {
-                return Some(answer);
-            }
-            if let Err(e) = Self::poison_check(&inner) {
-                return Some(Err(e));
-            }
-            inner = self.changed.wait(inner).expect("ledger");
-        }
     }
 
     /// Build, check and (if it writes) apply and queue one transaction. Returns the

@@ -597,7 +597,10 @@ fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> {
             tracing::warn!("{w}");
             warnings.push(w);
         };
-        match vouched(backend, &m)? {
+        // One pass over the records from the snapshot's sequence on: is it vouched
+        // for, and (kept, up to a bound) the transactions to apply after it.
+        let mut tail = vouch_and_collect(backend, &m)?;
+        match tail.verdict {
             Vouched::Yes => {}
             Vouched::NoCheckpoint => {
                 ignored(format!("no checkpoint record in the log vouches for it (digest {})", hex(&m.digest)));
@@ -615,12 +618,30 @@ fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> {
                 continue;
             }
         };
-        let mut r = fresh(m.seq);
-        r.projection = projection;
-        r.head = m.head;
-        let Replayed { tailer, projection, head, applied, .. } = &mut r;
-        apply_tail(tailer.as_mut(), projection, head, applied)?;
-        r.snapshot_seq = Some(m.seq);
+        let mut r = Replayed {
+            tailer: tail.reader,
+            projection,
+            head: m.head,
+            snapshot_seq: Some(m.seq),
+            warnings: vec![],
+            applied: (0, 0),
+        };
+        match tail.records.take() {
+            Some(records) => {
+                for (seq, txn, link, bytes) in records {
+                    let _ = r.projection.apply(seq, &txn);
+                    r.head = link;
+                    r.applied.0 += 1;
+                    r.applied.1 += bytes;
+                }
+            }
+            None => {
+                // The tail was too long to keep: read it again, applying.
+                r.tailer = backend.reader(m.seq);
+                let Replayed { tailer, projection, head, applied, .. } = &mut r;
+                apply_tail(tailer.as_mut(), projection, head, applied)?;
+            }
+        }
         r.warnings = warnings;
         return Ok(r);
     }
@@ -637,23 +658,57 @@ enum Vouched {
     HeadDiffers,
 }
 
-/// Does the log vouch for this snapshot? Reads the records from its sequence on
-/// (verified, decoded, not applied).
-fn vouched(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Vouched, LedgerError> {
+/// Decoded records kept from the tail after a snapshot in the vouching pass, so
+/// that boot reads the tail once; beyond this many it is read again instead.
+const TAIL_RECORDS_KEPT_MAX: usize = 200_000;
+
+/// A kept record: sequence, transaction, chain link, payload bytes.
+type KeptRecord = (u64, Txn, ChainLink, u64);
+
+struct Tail {
+    verdict: Vouched,
+    /// Positioned after the last record.
+    reader: Box<dyn RecordReader>,
+    /// The records after the snapshot, unless there were too many to keep.
+    records: Option<Vec<KeptRecord>>,
+}
+
+/// Does the log vouch for this snapshot? One pass over the records from its
+/// sequence on (verified, decoded, not applied): its chain head, a checkpoint with
+/// its digest, and the transactions after it. A snapshot beyond the end of the log
+/// is refused: records were cut. A record that does not decode is `CORRUPTION`.
+fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Tail, LedgerError> {
     let mut reader = backend.reader(m.seq);
     let (mut last, mut head_ok, mut found) = (0, false, false);
+    let mut records = Some(Vec::new());
+    let mut undecodable = None;
     reader.poll(&mut |r| {
         last = r.seq;
         if r.seq == m.seq {
             head_ok = r.link == m.head;
-        } else if r.seq > m.seq
-            && let Ok(txn) = decode_txn(r.payload)
-        {
-            found |= txn.events.iter().any(
-                |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == m.seq && *digest == m.digest),
-            );
+            return;
+        }
+        if r.seq < m.seq || undecodable.is_some() {
+            return;
+        }
+        match decode_txn(r.payload) {
+            Ok(txn) => {
+                found |= txn.events.iter().any(
+                    |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == m.seq && *digest == m.digest),
+                );
+                match records.as_mut() {
+                    Some(kept) if kept.len() < TAIL_RECORDS_KEPT_MAX => {
+                        kept.push((r.seq, txn, r.link, r.payload.len() as u64))
+                    }
+                    _ => records = None,
+                }
+            }
+            Err(e) => undecodable = Some(LedgerError::UndecodableRecord { seq: r.seq, detail: e.detail }),
         }
     })?;
+    if let Some(e) = undecodable {
+        return Err(e);
+    }
     if last < m.seq {
         return Err(LedgerError::LogShorterThanSnapshot {
             snapshot: m.source.clone(),
@@ -661,13 +716,14 @@ fn vouched(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Vouch
             log_last_seq: last,
         });
     }
-    Ok(if !head_ok {
+    let verdict = if !head_ok {
         Vouched::HeadDiffers
     } else if found {
         Vouched::Yes
     } else {
         Vouched::NoCheckpoint
-    })
+    };
+    Ok(Tail { verdict, reader, records })
 }
 
 /// Apply every record the tailer finds after the projection's last sequence. A

@@ -114,3 +114,99 @@ fn request_bodies_are_strict_and_every_error_body_has_code_and_message() {
         }
     }
 }
+
+/// Proves: new subjects that would print alike are refused at the front door
+/// (exit 2, INVALID_SUBJECT): blank names, whitespace other than a plain space,
+/// zero-width and bidirectional-override characters; a plain space inside a name
+/// is fine. Lease time to live has a stated maximum (a day), and 0 is refused.
+#[test]
+fn lookalike_subjects_and_unbounded_lease_ttls_are_refused_at_the_front_door() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    assert_eq!(fl(&["init", "--dir", dir]).0, 0);
+    for bad in ["   ", "a\u{200B}b", "evil\u{202E}txt", "tab\tname", "nb\u{00A0}sp", "line\u{2028}sep"] {
+        let (code, v) = fl(&["heartbeat", "--dir", dir, "--subject", bad, "--generation", "1"]);
+        assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_SUBJECT")), "{bad:?}: {v}");
+    }
+    let (code, v) = fl(&["heartbeat", "--dir", dir, "--subject", "plain space", "--generation", "1"]);
+    assert_eq!((code, v["error"]["code"].as_str()), (3, Some("FENCED")), "a plain space is a valid subject: {v}");
+    for ttl in ["0", "86400001"] {
+        let (code, v) = fl(&[
+            "lease",
+            "acquire",
+            "--dir",
+            dir,
+            "--resource",
+            "r",
+            "--mode",
+            "write",
+            "--holder",
+            "h",
+            "--ttl-ms",
+            ttl,
+        ]);
+        assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_INPUT")), "{ttl}: {v}");
+    }
+    assert_eq!(
+        fl(&[
+            "lease",
+            "acquire",
+            "--dir",
+            dir,
+            "--resource",
+            "r",
+            "--mode",
+            "write",
+            "--holder",
+            "h",
+            "--ttl-ms",
+            "86400000"
+        ])
+        .0,
+        0
+    );
+}
+
+/// Proves: a generation never wraps: at u64::MAX a fence rotation is refused with
+/// GENERATION_EXHAUSTED instead of handing out generation 0 (or 1) again.
+#[test]
+fn generations_never_wrap() {
+    use fencelog::model::{Event, Projection, Txn};
+    let mut p = Projection::default();
+    let me = fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::nil()).unwrap();
+    let claim = Event::Claim { subject: "g".into(), owner: me, stale_after_ms: 1_000, lock: None, previous: None };
+    p.apply(1, &Txn::new(1, uuid::Uuid::nil(), vec![claim])).unwrap();
+    p.subjects.get_mut("g").unwrap().generation = u64::MAX;
+    let rotate = Event::RotateFence { subject: "g".into(), generation: u64::MAX };
+    let err = p.apply(2, &Txn::new(2, uuid::Uuid::nil(), vec![rotate])).unwrap_err();
+    assert_eq!(err.code(), "GENERATION_EXHAUSTED");
+    assert_eq!(p.subject("g").unwrap().generation, u64::MAX);
+}
+
+/// Proves: `inspect follow` without `--from` prints only records appended from now
+/// on (as its help says), not the history from sequence 1.
+#[test]
+fn follow_without_from_starts_at_records_appended_from_now_on() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    assert_eq!(fl(&["init", "--dir", dir]).0, 0);
+    let pid = std::process::id().to_string();
+    for i in 0..5 {
+        assert_eq!(fl(&["claim", "--dir", dir, "--subject", &format!("f/{i}"), "--pid", &pid]).0, 0);
+    }
+    let follower = Command::new(FENCELOG)
+        .args(["inspect", "follow", dir, "--json", "--max-records", "2", "--timeout-ms", "10000"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for i in 5..7 {
+        assert_eq!(fl(&["claim", "--dir", dir, "--subject", &format!("f/{i}"), "--pid", &pid]).0, 0);
+    }
+    let out = follower.wait_with_output().unwrap();
+    let seqs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![6, 7]);
+}

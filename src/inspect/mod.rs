@@ -645,7 +645,13 @@ pub fn follow(
 ) -> Result<u64, Error> {
     let from = match from_seq {
         Some(s) => s,
-        None => scan_dir(dir, u64::MAX, body_max(), |_| true)?.last_seq.map_or(1, |s| s + 1),
+        // From now on: after the last record there is (verified from the start of
+        // the last segment, nothing visited).
+        None => {
+            let mut end = Tailer::new(dir, body_max(), u64::MAX);
+            end.poll(|_| {})?;
+            end.next_seq().max(1)
+        }
     };
     let mut tailer = Tailer::new(dir, body_max(), from);
     let started = std::time::Instant::now();

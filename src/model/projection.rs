@@ -385,10 +385,11 @@ impl Projection {
                     }
                 }
                 let (generation, current) = self.current(subject);
+                let next = next_generation(subject, generation)?;
                 let Some(cur) = current else {
                     return Ok(Outcome::Claimed {
                         subject: subject.clone(),
-                        generation: generation + 1,
+                        generation: next,
                         owner: owner.clone(),
                         retired: None,
                     });
@@ -399,7 +400,7 @@ impl Projection {
                     let retired = Self::tenure_end(seq, now_ms, generation, cur, TenureEndHow::DeadOwner(dead.reason));
                     return Ok(Outcome::Claimed {
                         subject: subject.clone(),
-                        generation: generation + 1,
+                        generation: next,
                         owner: owner.clone(),
                         retired: Some(retired),
                     });
@@ -456,7 +457,7 @@ impl Projection {
             }
             Event::RotateFence { subject, generation } => {
                 self.owner_at(subject, *generation)?;
-                Ok(Outcome::Rotated { subject: subject.clone(), generation: generation + 1 })
+                Ok(Outcome::Rotated { subject: subject.clone(), generation: next_generation(subject, *generation)? })
             }
             Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, reason, .. } => {
                 validate_text("reason", reason)?;
@@ -482,13 +483,9 @@ impl Projection {
                         stale_after_ms: cur.stale_after_ms,
                     });
                 }
+                let next = next_generation(subject, generation)?;
                 let retired = Self::tenure_end(seq, now_ms, generation, cur, TenureEndHow::TakenOver);
-                Ok(Outcome::TookOver {
-                    subject: subject.clone(),
-                    generation: generation + 1,
-                    owner: owner.clone(),
-                    retired,
-                })
+                Ok(Outcome::TookOver { subject: subject.clone(), generation: next, owner: owner.clone(), retired })
             }
             Event::Note { subject, generation, text } => {
                 validate_text("note", text)?;
@@ -695,6 +692,12 @@ impl Projection {
         let (generation, owner) = self.current(subject);
         owner.map(|o| DeadOwner { generation, instance: o.identity.instance, reason })
     }
+}
+
+/// The generation after `g`: generations never wrap (a fencing token that came
+/// round again would let a fenced writer in).
+fn next_generation(subject: &str, g: u64) -> Result<u64, Refusal> {
+    g.checked_add(1).ok_or_else(|| Refusal::GenerationExhausted { subject: subject.to_owned(), generation: g })
 }
 
 fn push_bounded(v: &mut Vec<TenureEnd>, e: TenureEnd) {

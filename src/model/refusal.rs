@@ -63,6 +63,8 @@ pub enum Refusal {
     RequestIdConflict { request: String, committed_seq: u64 },
     #[error("condition failed: {condition}: expected {expected}, actual {actual}")]
     ConditionFailed { condition: String, expected: String, actual: String },
+    #[error("{subject}: generation {generation} is the last one; it never wraps")]
+    GenerationExhausted { subject: String, generation: u64 },
 }
 
 impl Refusal {

@@ -233,10 +233,42 @@ impl Intent for LeaseReleaseRequest {
     }
 }
 
-/// Refuse an invalid subject name (before anything is opened).
+/// Refuse an invalid subject name (before anything is opened). Beyond the state
+/// machine's own rule (1..=256 bytes, no control characters), new names may not be
+/// blank, hold whitespace other than a plain space, or invisible format characters
+/// (zero-width, bidirectional overrides, …): two subjects that print alike must be
+/// the same subject. (Checked here, at the front door, not on replay: names already
+/// in a log stay readable.)
 pub fn valid(s: &str) -> Result<(), OpError> {
-    validate_subject(s).map_err(OpError::Refused)
+    validate_subject(s).map_err(OpError::Refused)?;
+    let bad = |detail: &str| {
+        Err(OpError::Refused(Refusal::InvalidSubject { subject: s.chars().take(64).collect(), detail: detail.into() }))
+    };
+    if s.trim().is_empty() {
+        return bad("a subject is not blank");
+    }
+    if let Some(c) = s.chars().find(|&c| (c.is_whitespace() && c != ' ') || is_format_char(c)) {
+        return bad(&format!(
+            "a subject holds no whitespace but a plain space and no invisible format character (found U+{:04X})",
+            c as u32
+        ));
+    }
+    Ok(())
 }
+
+/// Unicode format characters (category Cf) and the like: invisible, or reordering
+/// what is shown.
+fn is_format_char(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F | 0x200B..=0x200F
+        | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFFB
+        | 0x0600..=0x0605 | 0x06DD | 0x070F | 0x08E2 | 0x110BD | 0x110CD | 0x1D173..=0x1D17A
+        | 0xE0000..=0xE0FFF)
+}
+
+/// Longest lease time to live a request may ask for (a day): a lease outliving its
+/// holder by more is a resource lost, not a lease.
+pub const LEASE_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
 
 /// The identity evidence of `pid` (default: the caller's), probed now.
 fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>, caller: Caller) -> Result<Identity, OpError> {
@@ -329,6 +361,11 @@ pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Resul
 }
 
 pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {
+    if req.ttl_ms == 0 || req.ttl_ms > LEASE_TTL_MS_MAX {
+        return Err(OpError::Refused(Refusal::InvalidInput {
+            detail: format!("ttl_ms is 1..={LEASE_TTL_MS_MAX} (a day)"),
+        }));
+    }
     let event = Event::LeaseAcquire {
         resource: req.resource.clone(),
         mode: req.mode,

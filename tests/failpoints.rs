@@ -168,15 +168,23 @@ fn failed_segment_creation_or_directory_sync_poisons_and_reopen_recovers() {
     }
 }
 
-/// Proves: failures while opening (mapping a segment, taking the lock) fail the
-/// open with IO_ERROR and change nothing on disk.
+/// Proves: failures while opening (opening or mapping a segment, taking the lock)
+/// fail the open with IO_ERROR and change nothing on disk; a failure linking a new
+/// log's first segment into place leaves no log and no temp file.
 #[test]
 fn failures_while_opening_fail_the_open_and_change_nothing() {
+    let _fp = fail::FailScenario::setup();
+    let fresh = tempfile::tempdir().unwrap();
+    fail::cfg("segment::link", "return").unwrap();
+    assert_eq!(Log::open(fresh.path(), LogOptions::default()).err().unwrap().code(), "IO_ERROR");
+    assert_eq!(fs::read_dir(fresh.path()).unwrap().count(), 0, "no segment, no temp file");
+    fail::remove("segment::link");
+    drop(_fp);
     let d = tempfile::tempdir().unwrap();
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     log.append(b"one").unwrap();
     drop(log);
-    for point in ["segment::mmap", "lock::acquire"] {
+    for point in ["segment::open", "segment::mmap", "lock::acquire"] {
         let _fp = fail::FailScenario::setup();
         let before = hash_tree(d.path());
         fail::cfg(point, "return").unwrap();
@@ -226,7 +234,7 @@ fn failures_while_recovering_a_torn_tail_cut_nothing_unkept() {
 /// goes on committing, and a reopen replays the whole log.
 #[test]
 fn failed_snapshot_writes_cost_only_the_snapshot() {
-    for point in ["snapshot::write", "snapshot::rename"] {
+    for point in ["snapshot::write", "snapshot::fsync", "snapshot::rename", "dir::fsync"] {
         let _fp = fail::FailScenario::setup();
         let d = tempfile::tempdir().unwrap();
         let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
@@ -244,6 +252,8 @@ fn failed_snapshot_writes_cost_only_the_snapshot() {
         }
         drop(l);
         let again = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+        // A snapshot whose directory fsync failed may exist, but no checkpoint vouches
+        // for it: never adopted.
         assert_eq!((again.open_report().snapshot_seq, again.projection().last_seq), (None, 2), "{point}");
     }
 }

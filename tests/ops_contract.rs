@@ -210,3 +210,33 @@ fn follow_without_from_starts_at_records_appended_from_now_on() {
         .collect();
     assert_eq!(seqs, vec![6, 7]);
 }
+
+/// Proves: the intent digests are frozen — the tuples each operation hashes, and
+/// their bincode encoding — because digests of earlier requests are in logs and a
+/// retry after an upgrade must still be recognised (pinned bytes, not ops vs ops).
+#[test]
+fn intent_digests_are_pinned() {
+    use fencelog::ledger::intent_digest;
+    use fencelog::ops::{GenerationOp, GenerationRequest, Intent};
+    let claim = ClaimRequest {
+        subject: "pin/a".into(),
+        pid: Some(42),
+        instance: None,
+        stale_after_ms: 20_000,
+        action: None,
+        request_id: Some("r".into()),
+    };
+    assert_eq!(
+        claim.digest(),
+        intent_digest(&("claim", "pin/a", Some(42u32), None::<uuid::Uuid>, 20_000u64, None::<String>))
+    );
+    let hb = GenerationRequest { subject: "pin/a".into(), generation: 3, request_id: Some("r".into()) };
+    let g = fencelog::ops::Generation(GenerationOp::Heartbeat, &hb);
+    assert_eq!(g.digest(), intent_digest(&("heartbeat", "pin/a", 3u64)));
+    let note = NoteRequest { subject: "pin/a".into(), generation: 3, text: "t".into(), request_id: None };
+    assert_eq!(note.digest(), intent_digest(&("note", "pin/a", 3u64, "t")));
+    assert_eq!(fencelog::format::hex(&claim.digest()), PINNED_CLAIM_DIGEST, "the claim digest's bytes changed");
+}
+
+/// Computed by the code before `ops` existed (commit 7b14295, its CLI tuple).
+const PINNED_CLAIM_DIGEST: &str = "244fd0a8a05b7fc43a924dc4b2737ed4b699a17afd7b42f76a5d1fdaa4e7775a";

@@ -458,3 +458,14 @@ impl Work {
         Some(story)
     }
 }
+
+/// A report is never written into the log directory (it could replace a segment or
+/// the lock file): refuse `out` there.
+pub fn check_report_path(log_dir: &Path, out: &Path) -> Result<(), String> {
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let (Ok(log), Ok(target)) = (log_dir.canonicalize(), parent.canonicalize()) else { return Ok(()) };
+    if target.starts_with(&log) {
+        return Err(format!("refusing to write the report inside the log directory {}", log.display()));
+    }
+    Ok(())
+}

@@ -5,8 +5,11 @@
 //! **Lock order.** (1) the backend's exclusive section (the cross-process append
 //! lock of the file backend) → (2) the ledger's `inner` mutex → (3) a waiter's own
 //! slot. A thread holding (2) never waits for (1) (the leader takes (1) before
-//! (2)), and never holds (2) across I/O: the leader lets go of it for each write
-//! and sync, so other threads can judge and queue the next group meanwhile.
+//! (2)). (2) is never held across a write or sync of the log: the leader lets go
+//! of it for each group, so other threads can judge and queue the next one. It is
+//! held across *reads* of the log — catching up, and the replay that rebuilds the
+//! state after another writer appended first (rare with the file backend) — which
+//! is what keeps every judgement on exactly the state it follows.
 //!
 //! **Wake-ups.** A thread whose answer rests on records not yet durable waits on
 //! its own slot; after each sync the leader wakes exactly the waiters whose
@@ -64,6 +67,11 @@ impl Slot {
         self.cv.notify_one();
     }
 
+    /// The signal if one was given (the leader's own slot, after its flush).
+    fn try_take(&self) -> Option<Signal> {
+        self.signal.lock().expect("slot").take()
+    }
+
     fn take(&self) -> Signal {
         let mut g = self.signal.lock().expect("slot");
         loop {
@@ -73,6 +81,16 @@ impl Slot {
             g = self.cv.wait(g).expect("slot");
         }
     }
+}
+
+/// Who may commit while the ledger drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// Callers' transactions: refused once draining began.
+    Callers,
+    /// The ledger's own records (checkpoints, coalesced audit counts on close):
+    /// admitted while draining, so a drained ledger can still close cleanly.
+    Internal,
 }
 
 /// Waiters by the last sequence their answer rests on.
@@ -155,21 +173,22 @@ impl Ledger {
     /// state `act` was judged on is gone: it runs again on the new state.
     pub(super) fn commit_with<T>(
         &self,
+        admission: Admission,
         mut act: impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
     ) -> Result<T, LedgerError> {
         for _ in 0..HEAD_MOVED_RETRIES_MAX {
-            if let Some(answer) = self.attempt(&mut act) {
+            if let Some(answer) = self.attempt(admission, &mut act) {
                 return answer;
             }
             tracing::debug!("judging a transaction again: another writer appended first");
         }
-        let head = self.inner.lock().expect("ledger").durable_seq;
-        Err(LedgerError::Storage(storage::Error::HeadMoved { expected: head, actual: head }))
+        Err(LedgerError::HeadMovedTooOften { retries: HEAD_MOVED_RETRIES_MAX })
     }
 
     /// One try of `commit_with`: `None` when it must be judged again.
     fn attempt<T>(
         &self,
+        admission: Admission,
         act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
     ) -> Option<Result<T, LedgerError>> {
         let mut inner = self.inner.lock().expect("ledger");
@@ -177,7 +196,7 @@ impl Ledger {
             if let Err(e) = Self::poison_check(&inner) {
                 return Some(Err(e));
             }
-            if inner.draining {
+            if inner.draining && admission == Admission::Callers {
                 return Some(Err(LedgerError::Draining));
             }
             let readers = inner.readers_waiting > 0;
@@ -209,7 +228,7 @@ impl Ledger {
         &self,
         act: &mut impl FnMut(&Self, &mut Inner) -> (Result<T, LedgerError>, u64),
     ) -> Option<Result<T, LedgerError>> {
-        let (mut own, mut opened, mut epoch) = (None, false, 0);
+        let (mut own, mut panicked, mut opened) = (None, None, false);
         let mut failed: Option<LedgerError> = None;
         let locked = self.backend.exclusive(&mut |x| {
             let mut inner = self.inner.lock().expect("ledger");
@@ -220,41 +239,60 @@ impl Ledger {
             inner.phase = Phase::Open;
             opened = true;
             self.changed.notify_all();
-            epoch = inner.epoch;
-            own = Some(self.guarded(&mut inner, act));
+            match self.guarded(&mut inner, act) {
+                Err(panic) => panicked = Some(panic),
+                Ok((answer, covers)) => {
+                    // Like every other thread's, the leader's answer waits on its own
+                    // slot: the group that makes it durable settles it — not a later
+                    // group that fails, or that another writer overtakes.
+                    let slot = (covers > inner.durable_seq).then(|| {
+                        let slot = Arc::new(Slot::default());
+                        inner.waiters.entry(covers).or_default().push(slot.clone());
+                        slot
+                    });
+                    own = Some((answer, slot));
+                }
+            }
             if let Err(e) = self.flush_groups(x, inner) {
                 failed = Some(e);
             }
             Ok(())
         });
-        let locked = match (locked, failed) {
-            (Err(e), _) => Err(LedgerError::from(e)),
-            (Ok(()), Some(e)) => Err(e),
-            (Ok(()), None) => Ok(()),
+        let error = match (locked, failed) {
+            (Err(e), _) => Some(LedgerError::from(e)),
+            (Ok(()), e) => e,
         };
-        // Off the append lock: a snapshot (the projection cloned) if one is due.
+        // Off the append lock: a snapshot (the projection cloned) if one is due and
+        // nothing is in flight.
         self.maybe_snapshot(&mut self.inner.lock().expect("ledger"));
-        let own = match own {
-            Some(Err(panic)) => {
-                // `flush_groups` found the ledger poisoned and ended the phase; now let the
-                // caller's panic go on.
-                std::panic::resume_unwind(panic);
-            }
-            Some(Ok(done)) => Some(done),
-            None => None,
-        };
-        let mut inner = self.inner.lock().expect("ledger");
+        if let Some(panic) = panicked {
+            // `flush_groups` found the ledger poisoned and ended the phase; now let
+            // the caller's panic go on.
+            std::panic::resume_unwind(panic);
+        }
         if !opened {
             // The lock was not taken or the catch-up failed: the phase is still this
-            // thread's `Starting`. (Once open, `flush_groups` alone ends the phase: by now
-            // another thread may have started the next one.)
+            // thread's `Starting`. (Once open, `flush_groups` alone ends the phase: by
+            // now another thread may have started the next one.)
+            let mut inner = self.inner.lock().expect("ledger");
             inner.phase = Phase::Idle;
             self.changed.notify_all();
         }
-        match (locked, own) {
-            (Err(e), _) => Some(Err(e)),
-            (Ok(()), Some((answer, covers))) => self.await_durable(inner, covers, epoch, answer),
-            (Ok(()), None) => unreachable!("the flusher ran its own act"),
+        match own {
+            None => Some(Err(error.unwrap_or(LedgerError::Storage(storage::Error::Closed)))),
+            // It rested on durable state only.
+            Some((answer, None)) => Some(answer),
+            Some((answer, Some(slot))) => match slot.try_take() {
+                Some(Signal::Durable) => Some(answer),
+                Some(Signal::Retry) => None,
+                // The leader hears what failed (an I/O error, say).
+                Some(Signal::Failed(cause)) => {
+                    Some(Err(error.unwrap_or(LedgerError::Storage(storage::Error::Poisoned { cause }))))
+                }
+                None => Some(Err(error.unwrap_or(LedgerError::Storage(storage::Error::Poisoned {
+                    cause: "the group ended without settling the leader's transaction".into(),
+                })))),
+            },
         }
     }
 
@@ -324,6 +362,9 @@ impl Ledger {
                     inner.epoch += 1;
                     inner.head_moved += 1;
                     wake_all(&mut inner, Signal::Retry);
+                    // Audit windows counted attempts judged on the discarded state:
+                    // the retries count them again, and the first is written again.
+                    inner.fenced.clear();
                     match replay(&*self.backend) {
                         Ok(r) => {
                             inner.tailer = r.tailer;

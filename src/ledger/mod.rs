@@ -80,6 +80,9 @@ pub enum LedgerError {
     Storage(#[from] storage::Error),
     #[error("the log does not hold the snapshot's {0}")]
     SnapshotNotInLog(String),
+    /// Another writer kept appending first: judged again this many times.
+    #[error("another writer appended first {retries} times in a row; the transaction was not appended")]
+    HeadMovedTooOften { retries: u32 },
     /// The ledger is draining (a cutover): this transaction was not judged and
     /// will never be appended.
     #[error("the ledger is draining for a cutover: the transaction was not judged and will never be appended")]
@@ -108,6 +111,7 @@ impl LedgerError {
             LedgerError::Storage(e) => e.code(),
             LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG",
             LedgerError::Draining => "DRAINING",
+            LedgerError::HeadMovedTooOften { .. } => "HEAD_MOVED",
             LedgerError::UndecodableRecord { .. } | LedgerError::LogShorterThanSnapshot { .. } => "CORRUPTION",
         }
     }
@@ -355,7 +359,9 @@ impl Ledger {
     ) -> Result<Committed, LedgerError> {
         // `build` may run more than once: again whenever another writer appended
         // first (each run sees the state its transaction would follow).
-        self.commit_with(|ledger, inner| ledger.check_and_queue(inner, request.clone(), &mut build))
+        self.commit_with(group::Admission::Callers, |ledger, inner| {
+            ledger.check_and_queue(inner, request.clone(), &mut build)
+        })
     }
 
     /// Build, check and (if it writes) apply and queue one transaction. Returns the
@@ -478,6 +484,12 @@ impl Ledger {
         if records < self.opts.snapshot_every_records && bytes < self.opts.snapshot_every_bytes {
             return;
         }
+        // Only durable state: another leader may already be writing a group (the
+        // projection runs ahead of the log while it does); the next leader to end
+        // with nothing in flight takes the snapshot.
+        if inner.phase != Phase::Idle || inner.durable_seq != inner.projection.last_seq || inner.poisoned.is_some() {
+            return;
+        }
         // One snapshot in flight at a time, written off the append path.
         if inner.snapshot_thread.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
@@ -512,7 +524,7 @@ impl Ledger {
     /// Write a snapshot now (also done on `close`) and append the checkpoint record
     /// that vouches for it. It covers only durable state. Returns where it is.
     pub fn snapshot_now(&self) -> Result<String, LedgerError> {
-        let written = {
+        let (last, head, projection) = {
             let mut inner = self.settled()?;
             if let Some(t) = inner.snapshot_thread.take() {
                 let _ = t.join();
@@ -523,12 +535,16 @@ impl Ledger {
                 // Nothing but our own checkpoint since the snapshot it vouches for.
                 return Ok(inner.last_snapshot.clone().unwrap_or_default());
             }
-            let written = self.backend.put_snapshot(last, &inner.head, &snapshot::body_of(&inner.projection))?;
-            inner.last_snapshot = Some(written.source.clone());
-            written
+            (last, inner.head, inner.projection.clone())
         };
+        // Encoded and written without holding the ledger: submitters go on.
+        let written = self.backend.put_snapshot(last, &head, &snapshot::body_of(&projection))?;
+        self.inner.lock().expect("ledger").last_snapshot = Some(written.source.clone());
         let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
-        let c = self.submit(None, |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![event.clone()])))?;
+        let c = self.commit_with(group::Admission::Internal, |ledger, inner| {
+            let txn = Txn::new(ledger.opts.log.now_ms(), ledger.writer_id(), vec![event.clone()]);
+            ledger.check_and_queue(inner, None, &mut |_, _, _| Ok(txn.clone()))
+        })?;
         self.inner.lock().expect("ledger").own_checkpoint_seq = c.seq.unwrap_or(0);
         Ok(written.source)
     }
@@ -548,7 +564,7 @@ impl Ledger {
         if self.inner.lock().expect("ledger").fenced.values().all(|f| f.pending == 0) {
             return Ok(());
         }
-        self.commit_with(|ledger, inner| {
+        self.commit_with(group::Admission::Internal, |ledger, inner| {
             let now_ms = ledger.opts.log.now_ms();
             let pending: Vec<String> =
                 inner.fenced.iter().filter(|(_, f)| f.pending > 0).map(|(s, _)| s.clone()).collect();

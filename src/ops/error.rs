@@ -79,12 +79,11 @@ pub enum ErrorDetail {
         code: &'static str,
         message: String,
     },
-    /// A committed attempt answered as an error (`LEASE_TOKEN_MISMATCH`). The
-    /// response comes first so that this `code` is the one that stands (the
-    /// outcome carries its own, `TOKEN_MISMATCH`).
+    /// A committed attempt answered as an error (`LEASE_TOKEN_MISMATCH`): the
+    /// response's fields (its own outcome code left out: one `code` per body).
     Committed {
         #[serde(flatten)]
-        response: Box<OpResponse>,
+        response: serde_json::Map<String, serde_json::Value>,
         code: &'static str,
         message: String,
     },
@@ -136,7 +135,12 @@ impl OpError {
                 ErrorDetail::Storage { code: e.code(), message, segment, offset, seq }
             }
             OpError::LeaseTokenMismatch(r) => {
-                ErrorDetail::Committed { response: r.clone(), code: "LEASE_TOKEN_MISMATCH", message }
+                let mut response = match serde_json::to_value(r) {
+                    Ok(serde_json::Value::Object(m)) => m,
+                    _ => serde_json::Map::new(),
+                };
+                response.remove("code");
+                ErrorDetail::Committed { response, code: "LEASE_TOKEN_MISMATCH", message }
             }
             other => ErrorDetail::Plain { code: other.code(), message },
         };

@@ -171,6 +171,9 @@ pub(crate) fn open_regular_rw(path: &Path, bytes_max: u64, seq: u64) -> Result<(
 }
 
 fn open_checked(path: &Path, bytes_max: u64, seq: u64, write: bool) -> Result<(File, u64)> {
+    fail::fail_point!("segment::open", |_| Err(Error::io("open", path)(std::io::Error::other(
+        "injected open failure"
+    ))));
     let f = OpenOptions::new()
         .read(true)
         .write(write)
@@ -223,6 +226,9 @@ pub(crate) fn create_first_segment(dir: &Path, header: &[u8]) -> Result<PathBuf>
         let mut f = open_private(&tmp, true)?;
         f.write_all(header).map_err(Error::io("write segment header", &tmp))?;
         f.sync_all().map_err(Error::io("fsync", &tmp))?;
+        fail::fail_point!("segment::link", |_| {
+            Err(Error::io("link first segment", &path)(std::io::Error::other("injected link failure")))
+        });
         match fs::hard_link(&tmp, &path) {
             Ok(()) => Ok(()),
             // Another creator won; its header is the same bytes.

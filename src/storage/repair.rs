@@ -133,6 +133,9 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         let bytes = std::fs::read(&segment).map_err(Error::io("read", &segment))?;
         let tail = &bytes[(offset as usize).min(bytes.len())..];
         let evidence = write_evidence(&segment, "repair-cut", offset, tail)?;
+        fail::fail_point!("segment::truncate", |_| {
+            Err(Error::io("truncate", &segment)(std::io::Error::other("injected truncate failure")))
+        });
         let f = std::fs::OpenOptions::new().write(true).open(&segment).map_err(Error::io("open", &segment))?;
         f.set_len(offset).map_err(Error::io("truncate", &segment))?;
         f.sync_all().map_err(Error::io("fsync", &segment))?;
@@ -180,6 +183,9 @@ fn set_aside_whole(dir: &Path, path: &Path) -> Result<Cut> {
         evidence = PathBuf::from(format!("{base}.{n}"));
         n += 1;
     }
+    fail::fail_point!("segment::rename", |_| {
+        Err(Error::io("rename to evidence", path)(std::io::Error::other("injected rename failure")))
+    });
     std::fs::rename(path, &evidence).map_err(Error::io("rename to evidence", path))?;
     sync_dir(dir)?;
     Ok(Cut { segment: path.to_path_buf(), offset: 0, bytes, evidence })

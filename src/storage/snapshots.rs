@@ -66,7 +66,8 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, body: &[u8]) -> Result<Snap
     static TEMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = TEMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = sdir.join(format!(".{seq:020}.snap.{}-{n}{TEMP_SUFFIX}", std::process::id()));
-    {
+    // Any failure removes the temp file: a failed snapshot leaves nothing behind.
+    let written = (|| {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = fs::OpenOptions::new()
             .write(true)
@@ -76,14 +77,18 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, body: &[u8]) -> Result<Snap
             .map_err(io("create snapshot", &tmp))?;
         fail::fail_point!("snapshot::write", |_| Err(io("write snapshot", &tmp)(std::io::Error::other("injected"))));
         f.write_all(&bytes).map_err(io("write snapshot", &tmp))?;
+        fail::fail_point!("snapshot::fsync", |_| Err(io("fsync snapshot", &tmp)(std::io::Error::other("injected"))));
         f.sync_all().map_err(io("fsync snapshot", &tmp))?;
-    }
-    fail::fail_point!("snapshot::rename", |_| {
+        fail::fail_point!("snapshot::rename", |_| {
+            Err(io("rename snapshot", &path)(std::io::Error::other("injected rename failure")))
+        });
+        fs::rename(&tmp, &path).map_err(io("rename snapshot", &path))
+    })();
+    if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
-        Err(io("rename snapshot", &path)(std::io::Error::other("injected rename failure")))
-    });
-    fs::rename(&tmp, &path).map_err(io("rename snapshot", &path))?;
-    fs::File::open(&sdir).and_then(|d| d.sync_all()).map_err(io("fsync directory", &sdir))?;
+        return Err(e);
+    }
+    super::dir::sync_dir(&sdir)?;
     // Pruning is best effort: another process may have pruned the same files.
     for old in list(&sdir).into_iter().rev().skip(SNAPSHOTS_KEPT) {
         let _ = fs::remove_file(old.1);

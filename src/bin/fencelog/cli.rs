@@ -57,7 +57,7 @@ pub(crate) enum Cmd {
         pid: Option<u32>,
         #[arg(long)]
         instance: Option<uuid::Uuid>,
-        #[arg(long, default_value_t = 20_000)]
+        #[arg(long, default_value_t = fencelog::ops::STALE_AFTER_MS_DEFAULT)]
         stale_after_ms: u64,
         /// Claim as a mutation lock doing ACTION (requires --request-id).
         #[arg(long, requires = "request_id")]
@@ -101,7 +101,7 @@ pub(crate) enum Cmd {
         pid: Option<u32>,
         #[arg(long)]
         instance: Option<uuid::Uuid>,
-        #[arg(long, default_value_t = 20_000)]
+        #[arg(long, default_value_t = fencelog::ops::STALE_AFTER_MS_DEFAULT)]
         stale_after_ms: u64,
         #[arg(long, default_value = "")]
         reason: String,
@@ -274,7 +274,7 @@ pub(crate) enum LeaseCmd {
         mode: Mode,
         #[arg(long)]
         holder: String,
-        #[arg(long, default_value_t = 30_000)]
+        #[arg(long, default_value_t = fencelog::ops::LEASE_TTL_MS_DEFAULT)]
         ttl_ms: u64,
         #[command(flatten)]
         req: Req,

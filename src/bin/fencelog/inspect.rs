@@ -62,19 +62,6 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
     Ok((Value::Null, code))
 }
 
-/// A report is never written into the log directory (it could replace a segment).
-fn refuse_inside_log(dir: &Path, out: &Path) -> Result<(), OpError> {
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let (Ok(log), Ok(target)) = (dir.canonicalize(), parent.canonicalize()) else { return Ok(()) };
-    if target.starts_with(&log) {
-        return Err(OpError::Usage {
-            code: "INVALID_INPUT",
-            message: format!("refusing to write the report inside the log directory {}", log.display()),
-        });
-    }
-    Ok(())
-}
-
 /// For the inspector, a log it cannot read at all (not a log, unreadable) is a
 /// usage error (2); damage it finds is reported in its output (1).
 fn unreadable(e: fencelog::storage::Error) -> OpError {
@@ -94,7 +81,8 @@ fn warn_if_unsafe(dir: &Path) {
 
 pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Option<PathBuf>) -> Printed {
     if let Some(path) = &out {
-        refuse_inside_log(dir, path)?;
+        fencelog::audit::check_report_path(dir, path)
+            .map_err(|message| OpError::Usage { code: "INVALID_INPUT", message })?;
     }
     let report = fencelog::audit::audit(dir, subject)?;
     let body = match format {

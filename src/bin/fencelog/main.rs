@@ -77,7 +77,7 @@ fn run(cmd: cli::Cmd) -> Printed {
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
-        Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(dir.dir, records, appenders, payload_bytes),
+        Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(&dir.dir, records, appenders, payload_bytes),
         other => mutate::run(other),
     }
 }

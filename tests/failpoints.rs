@@ -12,28 +12,9 @@ use std::fs;
 use std::process::Command;
 use std::sync::Barrier;
 
-use common::{hash_tree, records};
-use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity};
-use fencelog::model::{Event, Identity, Projection, Refusal, Txn};
+use common::{claim, hash_tree, me, records};
+use fencelog::ledger::{Ledger, LedgerError, LedgerOptions};
 use fencelog::storage::{Log, LogOptions, segment_path, verify_dir};
-
-fn me() -> Identity {
-    identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap()
-}
-
-fn claim(subject: &str, owner: &Identity) -> impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
-    let (subject, owner) = (subject.to_owned(), owner.clone());
-    move |_p, now_ms, writer| {
-        let event = Event::Claim {
-            subject: subject.clone(),
-            owner: owner.clone(),
-            stale_after_ms: 60_000,
-            lock: None,
-            previous: None,
-        };
-        Ok(Txn::new(now_ms, writer, vec![event]))
-    }
-}
 
 /// Proves: an injected write failure that leaves half a frame on disk poisons the
 /// writer (every later append fails with WRITER_POISONED), and reopening recovers by

@@ -23,6 +23,19 @@ fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
     (out.status.code().unwrap_or(-1), serde_json::from_str(s.trim()).unwrap_or(Value::Null))
 }
 
+/// Run `fencelog ARGS` and return its exit code and its own peak memory (KiB),
+/// as the kernel accounts it for that child alone (`wait4`).
+fn run_measured(args: &[&str]) -> (i32, i64) {
+    let child = Command::new(FENCELOG).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let (mut status, mut ru) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    let pid = child.id() as i32;
+    // Reaped here (wait4 gives this child's own usage); `child` is then only dropped.
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut ru) }, pid);
+    #[allow(clippy::zombie_processes)]
+    drop(child);
+    (libc::WEXITSTATUS(status), ru.ru_maxrss)
+}
+
 fn code_of(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
@@ -481,7 +494,12 @@ fn abandoned_lock_waits_never_release_a_lock_another_caller_holds() {
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     for _ in 0..20 {
         match log.append(b"blocked") {
-            Err(fencelog::storage::Error::LockTimeout { holder_pid, .. }) => assert_eq!(holder_pid, Some(pid as u32)),
+            Err(fencelog::storage::Error::LockTimeout { holder_pid, .. }) => assert_eq!(
+                holder_pid,
+                Some(pid as u32),
+                "/proc/locks: {}",
+                std::fs::read_to_string("/proc/locks").unwrap_or_default()
+            ),
             other => panic!("expected LOCK_TIMEOUT, got {other:?}"),
         }
     }
@@ -613,11 +631,9 @@ fn a_huge_bogus_snapshot_is_refused_without_reading_it() {
     let dir = d.path();
     let snap = dir.join("snapshots").join(format!("{:020}.snap", 3));
     fs::File::create(&snap).unwrap().set_len(1 << 30).unwrap();
-    let out = Command::new(FENCELOG).args(["state", "--dir", dir.to_str().unwrap()]).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) }, 0);
-    assert!(ru.ru_maxrss < 200 * 1024, "a child used {} KiB", ru.ru_maxrss);
+    let (code, rss_kib) = run_measured(&["state", "--dir", dir.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(rss_kib < 200 * 1024, "state used {rss_kib} KiB");
 }
 
 /// Proves (second review): the first segment is created whole, so a first segment
@@ -740,11 +756,9 @@ fn a_torn_new_segment_is_a_torn_tail_for_readers_and_unvouched_snapshots_are_not
     let snap = dir.join("snapshots").join(format!("{:020}.snap", 3));
     fs::write(&snap, &h).unwrap();
     fs::OpenOptions::new().write(true).open(&snap).unwrap().set_len(60 + body_len).unwrap();
-    let out = Command::new(FENCELOG).args(["state", "--dir", dir.to_str().unwrap()]).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) }, 0);
-    assert!(ru.ru_maxrss < 200 * 1024, "a child used {} KiB", ru.ru_maxrss);
+    let (code, rss_kib) = run_measured(&["state", "--dir", dir.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(rss_kib < 200 * 1024, "state used {rss_kib} KiB");
 }
 
 /// Proves (second review): a report is never written into the log directory; an

@@ -4,30 +4,15 @@
 //! backend shows: writers that overtake each other (`HeadMoved`) get the answer for
 //! the state their transaction actually follows.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use fencelog::ledger::{Ledger, LedgerError, LedgerOptions, identity};
-use fencelog::model::{Event, Identity, Projection, Refusal, Txn};
+use common::{claim, me};
+use fencelog::ledger::{Ledger, LedgerError, LedgerOptions};
+use fencelog::model::{Event, Projection, Refusal, Txn};
 use fencelog::storage::{FileBackend, LogBackend, MemoryBackend};
-
-fn me() -> Identity {
-    identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap()
-}
-
-fn claim(subject: &str, owner: &Identity) -> impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
-    let (subject, owner) = (subject.to_owned(), owner.clone());
-    move |_p, now_ms, writer| {
-        let event = Event::Claim {
-            subject: subject.clone(),
-            owner: owner.clone(),
-            stale_after_ms: 60_000,
-            lock: None,
-            previous: None,
-        };
-        Ok(Txn::new(now_ms, writer, vec![event]))
-    }
-}
 
 fn heartbeat(subject: &str) -> impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
     let subject = subject.to_owned();
@@ -302,30 +287,42 @@ fn several_threads_per_writer_overtaking_never_append_twice() {
     let ledgers: Vec<Ledger> =
         (0..2).map(|_| Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap()).collect();
     let owner = me();
-    let acked: Vec<(String, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .flat_map(|w| (0..6).map(move |t| (w, t)))
-            .map(|(w, t)| {
-                let (l, owner) = (&ledgers[w], &owner);
-                s.spawn(move || {
-                    let mut acked = vec![];
-                    for i in 0..40 {
-                        // Half contested across writers, half private to this thread.
-                        let subject = if i % 2 == 0 { format!("shared/{i}") } else { format!("own/{w}/{t}/{i}") };
-                        match l.submit(None, claim(&subject, owner)) {
-                            Ok(c) => acked.push((subject, c.seq.unwrap())),
-                            Err(LedgerError::Refused(Refusal::AlreadyActive { .. })) => {
-                                assert!(subject.starts_with("shared/"), "{subject} refused by its own claim")
+    let mut acked: Vec<(String, u64)> = vec![];
+    // Batches until the writers have overtaken each other (bounded): the test must
+    // exercise the path it is about.
+    for batch in 0..50 {
+        if ledgers.iter().map(Ledger::head_moved_count).sum::<u64>() > 0 {
+            break;
+        }
+        acked.extend(std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .flat_map(|w| (0..6).map(move |t| (w, t)))
+                .map(|(w, t)| {
+                    let (l, owner) = (&ledgers[w], &owner);
+                    s.spawn(move || {
+                        let mut acked = vec![];
+                        for i in 0..40 {
+                            // Half contested across writers, half private to this thread.
+                            let subject = if i % 2 == 0 {
+                                format!("shared/{batch}/{i}")
+                            } else {
+                                format!("own/{batch}/{w}/{t}/{i}")
+                            };
+                            match l.submit(None, claim(&subject, owner)) {
+                                Ok(c) => acked.push((subject, c.seq.unwrap())),
+                                Err(LedgerError::Refused(Refusal::AlreadyActive { .. })) => {
+                                    assert!(subject.starts_with("shared/"), "{subject} refused by its own claim")
+                                }
+                                Err(e) => panic!("{subject}: {e}"),
                             }
-                            Err(e) => panic!("{subject}: {e}"),
                         }
-                    }
-                    acked
+                        acked
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        }));
+    }
     assert!(ledgers.iter().map(Ledger::head_moved_count).sum::<u64>() > 0, "the writers overtook each other");
     let mut in_log: Vec<(String, u64)> = vec![];
     m.reader(1)

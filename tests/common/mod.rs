@@ -84,3 +84,28 @@ pub fn seed() -> u64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
     })
 }
+
+/// This process's identity evidence (a live owner).
+pub fn me() -> fencelog::model::Identity {
+    fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap()
+}
+
+/// A transaction builder claiming `subject` for `owner` (re-runnable: the ledger
+/// may judge it again).
+pub fn claim(
+    subject: &str,
+    owner: &fencelog::model::Identity,
+) -> impl FnMut(&fencelog::model::Projection, u64, uuid::Uuid) -> Result<fencelog::model::Txn, fencelog::model::Refusal>
+{
+    let (subject, owner) = (subject.to_owned(), owner.clone());
+    move |_p, now_ms, writer| {
+        let event = fencelog::model::Event::Claim {
+            subject: subject.clone(),
+            owner: owner.clone(),
+            stale_after_ms: 60_000,
+            lock: None,
+            previous: None,
+        };
+        Ok(fencelog::model::Txn::new(now_ms, writer, vec![event]))
+    }
+}

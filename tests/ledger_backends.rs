@@ -352,3 +352,117 @@ fn a_drained_ledger_closes_and_its_snapshot_is_adopted() {
     let again = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
     assert_eq!(again.open_report().snapshot_seq, Some(1));
 }
+
+/// A backend that forwards to an in-memory log but whose every append finds the
+/// head moved (as if another writer always got there first).
+struct AlwaysOvertaken(MemoryBackend);
+
+impl LogBackend for AlwaysOvertaken {
+    fn head(&self) -> fencelog::storage::Result<fencelog::storage::Head> {
+        self.0.head()
+    }
+    fn reader(&self, from_seq: u64) -> Box<dyn fencelog::storage::RecordReader> {
+        self.0.reader(from_seq)
+    }
+    fn append_if_head(
+        &self,
+        _expect_seq: u64,
+        _payloads: Vec<Vec<u8>>,
+    ) -> fencelog::storage::Result<fencelog::storage::AppendOutcome> {
+        Ok(fencelog::storage::AppendOutcome::HeadMoved { actual: self.0.head()?.seq })
+    }
+    fn exclusive(
+        &self,
+        f: &mut dyn FnMut(&mut dyn fencelog::storage::Exclusive) -> fencelog::storage::Result<()>,
+    ) -> fencelog::storage::Result<()> {
+        struct Plain<'a>(&'a AlwaysOvertaken);
+        impl fencelog::storage::Exclusive for Plain<'_> {
+            fn append_if_head(
+                &mut self,
+                e: u64,
+                p: Vec<Vec<u8>>,
+            ) -> fencelog::storage::Result<fencelog::storage::AppendOutcome> {
+                self.0.append_if_head(e, p)
+            }
+        }
+        f(&mut Plain(self))
+    }
+    fn put_snapshot(
+        &self,
+        seq: u64,
+        head: &fencelog::format::ChainLink,
+        body: &[u8],
+    ) -> fencelog::storage::Result<fencelog::storage::snapshots::SnapshotMeta> {
+        self.0.put_snapshot(seq, head, body)
+    }
+    fn newest_snapshots(&self) -> (Vec<fencelog::storage::snapshots::SnapshotMeta>, Vec<String>) {
+        self.0.newest_snapshots()
+    }
+    fn snapshot_body(&self, meta: &fencelog::storage::snapshots::SnapshotMeta) -> Result<Vec<u8>, String> {
+        self.0.snapshot_body(meta)
+    }
+    fn writer_id(&self) -> uuid::Uuid {
+        self.0.writer_id()
+    }
+    fn open_report(&self) -> fencelog::storage::OpenReport {
+        self.0.open_report()
+    }
+}
+
+/// Proves: the retries after `HeadMoved` are bounded: a writer that is overtaken
+/// every time gets HEAD_MOVED after `HEAD_MOVED_RETRIES_MAX` judgements, with
+/// nothing appended, and the ledger is not poisoned by it.
+#[test]
+fn a_writer_overtaken_every_time_gives_up_after_the_bound_with_head_moved() {
+    let l = Ledger::with_backend(Arc::new(AlwaysOvertaken(MemoryBackend::new())), LedgerOptions::default()).unwrap();
+    let mut judged = 0u32;
+    let owner = me();
+    let mut build = claim("never", &owner);
+    let err = l
+        .submit(None, |p, t, w| {
+            judged += 1;
+            build(p, t, w)
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), "HEAD_MOVED", "{err}");
+    assert_eq!(judged, fencelog::ledger::HEAD_MOVED_RETRIES_MAX);
+    assert_eq!(l.head_moved_count(), u64::from(fencelog::ledger::HEAD_MOVED_RETRIES_MAX));
+    assert_eq!(l.projection().last_seq, 0, "nothing appended, the ledger still answers");
+}
+
+/// Proves: booting from a snapshot with a tail longer than the ledger keeps in
+/// memory while vouching (more than 200,000 records) reads the tail again and
+/// reaches the same state as a full replay.
+#[test]
+fn a_long_tail_after_a_snapshot_is_read_again_and_gives_the_full_replay_state() {
+    let d = tempfile::tempdir().unwrap();
+    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let owner = me();
+    l.submit(None, claim("long", &owner)).unwrap();
+    l.snapshot_now().unwrap();
+    drop(l);
+    // 200,001 heartbeats appended as raw records (fast), all valid transactions.
+    let log = fencelog::storage::Log::open(d.path(), fencelog::storage::LogOptions::default()).unwrap();
+    let beat = fencelog::model::encode_txn(&Txn::new(
+        1,
+        uuid::Uuid::nil(),
+        vec![Event::Heartbeat { subject: "long".into(), generation: 1 }],
+    ));
+    let mut left = 200_001usize;
+    while left > 0 {
+        let n = left.min(4096);
+        log.append_batch(vec![beat.clone(); n]).unwrap();
+        left -= n;
+    }
+    drop(log);
+    let booted = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let r = booted.open_report().clone();
+    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(1), 200_002), "{r:?}");
+    let from_snapshot = booted.projection();
+    drop(booted);
+    std::fs::remove_dir_all(d.path().join("snapshots")).unwrap();
+    std::fs::create_dir(d.path().join("snapshots")).unwrap();
+    let full = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    assert_eq!(full.open_report().snapshot_seq, None);
+    assert_eq!(full.projection(), from_snapshot);
+}

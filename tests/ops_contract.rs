@@ -240,3 +240,25 @@ fn intent_digests_are_pinned() {
 
 /// Computed by the code before `ops` existed (commit 7b14295, its CLI tuple).
 const PINNED_CLAIM_DIGEST: &str = "244fd0a8a05b7fc43a924dc4b2737ed4b699a17afd7b42f76a5d1fdaa4e7775a";
+
+/// Proves: `audit` exits 0 on a consistent log and 4 when a record does not decode,
+/// saying which in its output (text and JSON `findings`).
+#[test]
+fn audit_exits_4_and_names_the_finding_when_a_record_does_not_decode() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    assert_eq!(fl(&["init", "--dir", dir]).0, 0);
+    let pid = std::process::id().to_string();
+    assert_eq!(fl(&["claim", "--dir", dir, "--subject", "a/1", "--pid", &pid]).0, 0);
+    let out = Command::new(FENCELOG).args(["audit", dir]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let log = fencelog::storage::Log::open(d.path(), fencelog::storage::LogOptions::default()).unwrap();
+    log.append(b"\xff\xfe not a transaction").unwrap();
+    drop(log);
+    let out = Command::new(FENCELOG).args(["audit", dir]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("finding: 1 record(s) do not decode (first: 2)"));
+    let out = Command::new(FENCELOG).args(["audit", dir, "--format", "json"]).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((out.status.code(), v["findings"].as_array().map(Vec::len)), (Some(4), Some(1)), "{v}");
+}

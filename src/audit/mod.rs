@@ -139,7 +139,27 @@ pub struct Report {
     pub last_seq: Option<u64>,
     pub chain_head: String,
     pub log_problems: Vec<Value>,
+    /// What makes the audit fail (exit 4): a subject whose verdict is violated, a
+    /// record that does not decode. One line each, at most `FINDINGS_LISTED_MAX`.
+    pub findings: Vec<String>,
     pub subjects: Vec<SubjectStory>,
+}
+
+/// Findings listed in a report (the count of undecodable records is always given).
+pub const FINDINGS_LISTED_MAX: usize = 1000;
+
+impl Report {
+    /// 0 consistent · 1 the log is damaged (the story is incomplete) · 4 a verdict is
+    /// violated or a record does not decode.
+    pub fn exit_code(&self) -> u8 {
+        if !self.log_problems.is_empty() {
+            1
+        } else if !self.findings.is_empty() {
+            4
+        } else {
+            0
+        }
+    }
 }
 
 /// A request-tagged record touching a subject.
@@ -214,6 +234,7 @@ impl Work {
 /// Replay the log in `dir` and tell every subject's story (`only`: one subject).
 pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
     let mut p = Projection::default();
+    let mut undecodable: Vec<u64> = Vec::new();
     let mut work: BTreeMap<String, Work> = BTreeMap::new();
     let summary = scan_dir(dir, 1, body_max(), |item| {
         let ScanItem::Record { rec, .. } = item else { return true };
@@ -222,6 +243,9 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
         }
         let Ok(txn) = decode_txn(rec.payload) else {
             p.skip_undecodable(rec.seq);
+            if undecodable.len() < FINDINGS_LISTED_MAX {
+                undecodable.push(rec.seq);
+            }
             return true;
         };
         let writer = uuid::Uuid::from_bytes(rec.writer).to_string();
@@ -374,8 +398,22 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
         }
         true
     })?;
-    let subjects = work.into_values().filter_map(|w| w.finish(&p)).collect();
+    let subjects: Vec<SubjectStory> = work.into_values().filter_map(|w| w.finish(&p)).collect();
+    let mut findings: Vec<String> = Vec::new();
+    if p.undecodable > 0 {
+        findings.push(format!(
+            "{} record(s) do not decode (first: {}); their effect on the state is unknown",
+            p.undecodable,
+            undecodable.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    for s in subjects.iter().filter(|s| s.verdict != "consistent") {
+        if findings.len() < FINDINGS_LISTED_MAX {
+            findings.push(format!("{}: {}", s.subject, s.verdict));
+        }
+    }
     Ok(Report {
+        findings,
         records: summary.records,
         last_seq: summary.last_seq,
         chain_head: summary.chain_head.clone(),

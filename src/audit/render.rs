@@ -116,6 +116,9 @@ pub fn text(r: &Report) -> String {
     for p in &r.log_problems {
         let _ = writeln!(out, "log problem: {p} (the story stops being complete there)");
     }
+    for f in &r.findings {
+        let _ = writeln!(out, "finding: {f}");
+    }
     for s in &r.subjects {
         out.push('\n');
         story_text(s, &mut out);
@@ -199,6 +202,9 @@ pub fn html(r: &Report) -> String {
     );
     for p in &r.log_problems {
         let _ = writeln!(h, "<p class=\"bad\">log problem: {}</p>", esc(&p.to_string()));
+    }
+    for f in &r.findings {
+        let _ = writeln!(h, "<p class=\"bad\">finding: {}</p>", esc(f));
     }
     for s in &r.subjects {
         let class = if s.verdict == "consistent" { "ok" } else { "bad" };

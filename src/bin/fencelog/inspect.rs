@@ -99,5 +99,5 @@ pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Opti
             stdout.write_all(body.as_bytes()).and_then(|_| stdout.flush()).map_err(crate::stdout_error)?
         }
     }
-    Ok((Value::Null, if report.log_problems.is_empty() { 0 } else { 1 }))
+    Ok((Value::Null, report.exit_code()))
 }

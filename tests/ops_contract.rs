@@ -262,3 +262,21 @@ fn audit_exits_4_and_names_the_finding_when_a_record_does_not_decode() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((out.status.code(), v["findings"].as_array().map(Vec::len)), (Some(4), Some(1)), "{v}");
 }
+
+/// Proves: a refused operation on a subject that never existed leaves no subject
+/// entry (a mistyped name does not appear in `state`), while the refused attempt
+/// is still kept in the log; an empty request id is invalid input (exit 2).
+#[test]
+fn a_refusal_on_a_subject_that_never_existed_creates_no_entry_and_empty_request_ids_are_invalid() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    assert_eq!(fl(&["init", "--dir", dir]).0, 0);
+    let (code, v) = fl(&["heartbeat", "--dir", dir, "--subject", "typo/x", "--generation", "1"]);
+    assert_eq!((code, v["error"]["code"].as_str()), (3, Some("FENCED")), "{v}");
+    let (code, v) = fl(&["state", "--dir", dir]);
+    assert_eq!(code, 0);
+    assert_eq!(v["subjects"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["last_seq"].as_u64(), Some(1), "the refused attempt is kept in the log: {v}");
+    let (code, v) = fl(&["heartbeat", "--dir", dir, "--subject", "a", "--generation", "1", "--request-id", " "]);
+    assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_INPUT")), "{v}");
+}

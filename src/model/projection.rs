@@ -612,7 +612,11 @@ impl Projection {
                 if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
             }
             (Event::FencedAttempts { subject, count, .. }, _) => {
-                self.subjects.entry(subject.clone()).or_default().fenced_attempts += count;
+                // The record is kept either way; a subject that never existed gets
+                // no entry from a refused attempt on it (a typo stays out of `state`).
+                if let Some(s) = self.subjects.get_mut(subject) {
+                    s.fenced_attempts += count;
+                }
             }
             (
                 Event::LeaseAcquire { holder, .. },

@@ -294,6 +294,16 @@ fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result
     move |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, events.clone()))
 }
 
+/// An empty request id is no request id at all: refused, as invalid input.
+fn valid_request_id(id: Option<&str>) -> Result<(), OpError> {
+    match id {
+        Some(id) if id.trim().is_empty() => {
+            Err(OpError::Refused(Refusal::InvalidInput { detail: "a request id is not empty".into() }))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// One committed single-event transaction as a response; a lease release with the
 /// wrong token is committed (the attempt is on record) but answered as an error.
 fn respond(c: Committed) -> Result<OpResponse, OpError> {
@@ -307,6 +317,7 @@ fn respond(c: Committed) -> Result<OpResponse, OpError> {
 }
 
 pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     if req.action.is_some() && req.request_id.is_none() {
         return Err(OpError::Refused(Refusal::InvalidInput {
@@ -331,6 +342,7 @@ pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpRe
 }
 
 pub fn generation(ledger: &Ledger, op: GenerationOp, req: &GenerationRequest) -> Result<OpResponse, OpError> {
+    valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let (subject, generation) = (req.subject.clone(), req.generation);
     let event = match op {
@@ -342,12 +354,14 @@ pub fn generation(ledger: &Ledger, op: GenerationOp, req: &GenerationRequest) ->
 }
 
 pub fn note(ledger: &Ledger, req: &NoteRequest) -> Result<OpResponse, OpError> {
+    valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let event = Event::Note { subject: req.subject.clone(), generation: req.generation, text: req.text.clone() };
     respond(ledger.submit(req.tag(), single(vec![event]))?)
 }
 
 pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let owner = owner(req.pid, req.instance, caller)?;
     let event = Event::Takeover {
@@ -362,6 +376,7 @@ pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Resul
 }
 
 pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {
+    valid_request_id(req.request_id.as_deref())?;
     if req.ttl_ms == 0 || req.ttl_ms > LEASE_TTL_MS_MAX {
         return Err(OpError::Refused(Refusal::InvalidInput {
             detail: format!("ttl_ms is 1..={LEASE_TTL_MS_MAX} (a day)"),
@@ -377,6 +392,7 @@ pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpRes
 }
 
 pub fn lease_release(ledger: &Ledger, req: &LeaseReleaseRequest) -> Result<OpResponse, OpError> {
+    valid_request_id(req.request_id.as_deref())?;
     respond(ledger.submit(req.tag(), single(vec![Event::LeaseRelease { lease: req.lease, token: req.token }]))?)
 }
 

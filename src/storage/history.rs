@@ -40,7 +40,7 @@ pub fn check_whole_history(dir: &Path, body_max: u32) -> Result<()> {
 
 /// First look for a sealed segment's last record in this many final bytes (records
 /// are usually small); only if it is not there, in one largest record's worth.
-const LAST_RECORD_PROBE_BYTES: u64 = 64 * 1024;
+const LAST_RECORD_PROBE_BYTES: u64 = 4 * 1024;
 
 /// Check the segments of `dir` (as listed, in order): the first is named for
 /// sequence 1 and starts at the genesis link; every header matches its name; every

@@ -804,3 +804,30 @@ fn reports_stay_out_of_the_log_lost_answers_are_told_and_lookalike_names_are_for
     let (code, v) = fl(&other, &["state"]);
     assert_eq!((code, code_of(&v)), (2, "NOT_A_LOG"), "not a trace of a log: {v}");
 }
+
+/// Proves: a sealed segment whose last record's payload imitates frame headers
+/// (hundreds of length fields that reach the end of the file) does not fool or
+/// stall the history check: past `LAST_RECORD_CANDIDATES_MAX` candidates it scans the
+/// segment, finds the real last record, and the log opens and reads whole.
+#[test]
+fn a_payload_imitating_frames_at_the_end_of_a_sealed_segment_is_read_correctly() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LogOptions { segment_bytes_max: 1_200, ..LogOptions::default() };
+    let log = Log::open(d.path(), opts.clone()).unwrap();
+    let mut payload = vec![b'x'; 1_000];
+    for k in 0..150usize {
+        let to_end = 80 + 4 * k; // bytes from this field to the end of the segment
+        let at = payload.len() - to_end;
+        payload[at..at + 4].copy_from_slice(&((to_end - 8) as u32).to_le_bytes());
+    }
+    log.append(b"first").unwrap();
+    log.append(&payload).unwrap();
+    log.append(b"in the next segment").unwrap();
+    drop(log);
+    assert_eq!(common::segment_files(d.path()).len(), 3, "the crafted record ends a sealed segment");
+    let log = Log::open(d.path(), opts).unwrap();
+    assert_eq!(log.open_report().last_seq, 3);
+    drop(log);
+    let (code, v) = fl(d.path(), &["inspect", "verify", d.path().to_str().unwrap(), "--json"]);
+    assert_eq!((code, v["records"].as_u64()), (0, Some(3)), "{v}");
+}

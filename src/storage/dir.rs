@@ -265,18 +265,26 @@ pub(crate) fn open_private(path: &Path, create_new: bool) -> Result<File> {
     o.open(path).map_err(Error::io("open", path))
 }
 
+/// A name not yet taken for evidence of `what` cut from `segment` at `offset`:
+/// `<segment><EVIDENCE_INFIX><what>-<offset>`, then `.1`, `.2`, … (evidence is never
+/// overwritten).
+pub(crate) fn evidence_path(segment: &Path, what: &str, offset: u64) -> PathBuf {
+    let base = format!("{}{EVIDENCE_INFIX}{what}-{offset}", segment.display());
+    let mut path = PathBuf::from(&base);
+    let mut n = 1;
+    while fs::symlink_metadata(&path).is_ok() {
+        path = PathBuf::from(format!("{base}.{n}"));
+        n += 1;
+    }
+    path
+}
+
 /// Write `bytes` to a new evidence file beside `segment` and make it durable before
 /// the caller cuts anything: the cut bytes are never lost. If any step fails (a
 /// full disk), the partial evidence file is removed: a failed repair leaves the
 /// directory as it found it, however often it is retried.
 pub(crate) fn write_evidence(segment: &Path, what: &str, offset: u64, bytes: &[u8]) -> Result<PathBuf> {
-    let base = format!("{}{EVIDENCE_INFIX}{what}-{offset}", segment.display());
-    let mut path = PathBuf::from(&base);
-    let mut n = 1;
-    while path.exists() {
-        path = PathBuf::from(format!("{base}.{n}"));
-        n += 1;
-    }
+    let path = evidence_path(segment, what, offset);
     let dir = segment.parent().unwrap_or(Path::new("."));
     let written = (|| {
         let mut f = open_private(&path, true)?;

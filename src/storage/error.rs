@@ -78,6 +78,14 @@ impl Error {
         }
     }
 
+    /// `NOT_A_LOG` for a directory that holds no log, with the way to make one.
+    pub(crate) fn no_log_here(dir: &std::path::Path) -> Error {
+        Error::NotALogDirectory {
+            path: dir.into(),
+            detail: format!("it holds no log; create one with `fencelog init --dir {}`", dir.display()),
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
         move |e| Error::Io { op, path, source: Arc::new(e) }

@@ -30,10 +30,7 @@ pub fn check_whole_history(dir: &Path, body_max: u32) -> Result<()> {
     found.refuse_odd_names(dir)?;
     if found.segments.is_empty() {
         found.refuse_lost_history(dir)?;
-        return Err(Error::NotALogDirectory {
-            path: dir.into(),
-            detail: format!("it holds no log; create one with `fencelog init --dir {}`", dir.display()),
-        });
+        return Err(Error::no_log_here(dir));
     }
     check_history(dir, &found.segments, body_max)
 }

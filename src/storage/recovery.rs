@@ -226,10 +226,7 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     if segments.is_empty() {
         found.refuse_lost_history(dir)?;
         if !opts.create {
-            return Err(Error::NotALogDirectory {
-                path: dir.into(),
-                detail: format!("it holds no log; create one with `fencelog init --dir {}`", dir.display()),
-            });
+            return Err(Error::no_log_here(dir));
         }
         if let Some(name) = &found.foreign {
             return Err(Error::NotALogDirectory {

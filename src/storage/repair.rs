@@ -176,13 +176,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
 
 fn set_aside_whole(dir: &Path, path: &Path) -> Result<Cut> {
     let bytes = std::fs::metadata(path).map_err(Error::io("stat", path))?.len();
-    let base = format!("{}{EVIDENCE_INFIX}repair-whole-0", path.display());
-    let mut evidence = PathBuf::from(&base);
-    let mut n = 1;
-    while evidence.exists() {
-        evidence = PathBuf::from(format!("{base}.{n}"));
-        n += 1;
-    }
+    let evidence = super::dir::evidence_path(path, "repair-whole", 0);
     fail::fail_point!("segment::rename", |_| {
         Err(Error::io("rename to evidence", path)(std::io::Error::other("injected rename failure")))
     });

@@ -8,7 +8,8 @@
 //! - [`ops`]: every operation as a typed request → transaction → response, shared
 //!   by every front end (the CLI; the daemon and the supervisor next);
 //! - services: [`inspect`] (offline inspector) and [`audit`] (forensic audit), both
-//!   read-only; the `fencelog` binary wires them to the command line.
+//!   read-only, and [`supervisor`] (process supervision: every spawn and exit a
+//!   record); the `fencelog` binary wires them to the command line.
 //!
 //! ```
 //! use fencelog::storage::{Log, LogOptions, verify_dir};
@@ -29,3 +30,4 @@ pub mod ledger;
 pub mod model;
 pub mod ops;
 pub mod storage;
+pub mod supervisor;

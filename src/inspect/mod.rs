@@ -423,6 +423,24 @@ fn event_text(e: &Event) -> String {
         Event::Checkpoint { snapshot_seq, digest } => {
             format!("checkpoint of snapshot at {snapshot_seq} blake3 {}", crate::format::hex(digest))
         }
+        Event::SpawnRequested { command, owner, leases, .. } => {
+            let mut s = format!("spawn-requested {:?} in {}", command.argv, command.cwd);
+            if let Some(o) = owner {
+                s += &format!(" owner {}@{}", o.subject, o.generation);
+            }
+            for l in leases {
+                s += &format!(" lease {}:{:?}", l.resource, l.mode);
+            }
+            s
+        }
+        Event::ProcessStarted { process, runner, command_pid, .. } => {
+            format!("process-started {process} pid {command_pid} runner pid {}", runner.pid)
+        }
+        Event::ProcessCancelRequested { process, by } => match by {
+            Some(o) => format!("process-cancel {process} by {}@{}", o.subject, o.generation),
+            None => format!("process-cancel {process}"),
+        },
+        Event::ProcessEnded { process, end } => format!("process-ended {process} {}", end.status().as_str()),
     }
 }
 

@@ -34,6 +34,12 @@ fn exe_fingerprint(pid: u32) -> String {
     }
 }
 
+/// Start time (clock ticks since boot) of a live process; `None` if there is no
+/// such process or it has exited (a zombie).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    stat(pid).filter(|(state, _)| !matches!(state, 'Z' | 'X')).map(|(_, start)| start)
+}
+
 /// Identity evidence of a running process, or `None` if it does not exist.
 pub fn probe(pid: u32, instance: uuid::Uuid) -> Option<Identity> {
     let (state, start_ticks) = stat(pid)?;

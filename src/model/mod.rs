@@ -4,11 +4,13 @@
 //! the log reproduces exactly what each writer validated when it appended.
 
 mod codec;
+mod process;
 mod projection;
 mod refusal;
 mod types;
 
 pub use codec::{CodecError, decode_txn, encode_txn};
+pub use process::*;
 pub use projection::{
     Checked, Lease, LeaseState, Outcome, Owner, Projection, REQUESTS_RETAINED, RequestEntry, Resource, Subject,
     TERMINAL_LEASES_RETAINED, TenureEnd, TenureEndHow,

@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{validate_subject, validate_text};
 use super::{
-    Blocker, Condition, DeadOwner, DeathReason, Event, Identity, LeaseMode, LockIntent, Refusal, TXN_CONDITIONS_MAX,
-    TXN_EVENTS_MAX, Txn,
+    ARGS_BYTES_MAX, ARGS_MAX, Blocker, Condition, DeadOwner, DeathReason, ENV_ENTRIES_MAX, Ended, Event, Identity,
+    LeaseMode, LockIntent, OUTPUT_TAIL_BYTES_MAX, PATH_BYTES_MAX, PROCESS_LEASES_MAX, Process, ProcessEnd,
+    ProcessStatus, Refusal, Started, TXN_CONDITIONS_MAX, TXN_EVENTS_MAX, Txn,
 };
 
 /// Request ids remembered in the projection (the most recent, by sequence). Older
@@ -17,6 +18,16 @@ pub const REQUESTS_RETAINED: usize = 100_000;
 pub const TERMINAL_LEASES_RETAINED: usize = 10_000;
 /// Ended tenures remembered per subject (the audit reads the full story from the log).
 pub const TENURES_RETAINED: usize = 32;
+/// Ended processes remembered (live ones are always kept): `process show` of an
+/// older one reads the log.
+pub const TERMINAL_PROCESSES_RETAINED: usize = 10_000;
+/// A lease held by a process never expires by time: it ends with the process.
+pub const LEASE_HELD_UNTIL_END_MS: u64 = u64::MAX;
+
+/// The holder name of the leases a process holds.
+pub fn process_holder(process: u64) -> String {
+    format!("process:{process}")
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
@@ -192,6 +203,33 @@ pub enum Outcome {
     Checkpointed {
         snapshot_seq: u64,
     },
+    /// A spawn intent recorded as process `process`, with the leases it now holds.
+    SpawnRecorded {
+        process: u64,
+        leases: Vec<GrantedLease>,
+        displaced: Vec<u64>,
+    },
+    ProcessStarted {
+        process: u64,
+        command_pid: u32,
+    },
+    CancelRecorded {
+        process: u64,
+    },
+    ProcessEnded {
+        process: u64,
+        status: ProcessStatus,
+        leases_released: Vec<u64>,
+    },
+}
+
+/// A lease granted with a spawn (held until the process ends).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantedLease {
+    pub lease: u64,
+    pub resource: String,
+    pub mode: LeaseMode,
+    pub token: u64,
 }
 
 impl Outcome {
@@ -230,6 +268,10 @@ pub struct Projection {
     pub leases: BTreeMap<u64, Lease>,
     pub last_lease_id: u64,
     pub requests: BTreeMap<String, RequestEntry>,
+    pub processes: BTreeMap<u64, Process>,
+    pub last_process_id: u64,
+    /// Ended processes by the sequence that ended them, for bounded retention.
+    terminal_processes: BTreeMap<u64, u64>,
     /// Request ids by commit sequence, for bounded retention.
     request_order: BTreeMap<u64, String>,
     /// Terminal leases by the sequence that ended them, for bounded retention, and
@@ -275,22 +317,32 @@ impl Projection {
         // Events of one transaction are checked against the same state, so each must
         // touch a different subject, lease or resource.
         let mut targets = BTreeSet::new();
-        for e in txn.events.iter().filter(|_| txn.events.len() > 1) {
-            let target = match e {
-                Event::LeaseAcquire { resource, .. } => format!("resource:{resource}"),
-                Event::LeaseRelease { lease, .. } => format!("lease:{lease}"),
-                Event::Checkpoint { snapshot_seq, .. } => format!("checkpoint:{snapshot_seq}"),
-                other => format!("subject:{}", other.subject().unwrap_or_default()),
+        for e in &txn.events {
+            let names: Vec<String> = match e {
+                Event::LeaseAcquire { resource, .. } => vec![format!("resource:{resource}")],
+                Event::LeaseRelease { lease, .. } => vec![format!("lease:{lease}")],
+                Event::Checkpoint { snapshot_seq, .. } => vec![format!("checkpoint:{snapshot_seq}")],
+                Event::SpawnRequested { leases, .. } => std::iter::once("spawn".to_owned())
+                    .chain(leases.iter().map(|l| format!("resource:{}", l.resource)))
+                    .collect(),
+                Event::ProcessStarted { process, .. }
+                | Event::ProcessCancelRequested { process, .. }
+                | Event::ProcessEnded { process, .. } => vec![format!("process:{process}")],
+                other => vec![format!("subject:{}", other.subject().unwrap_or_default())],
             };
-            if !targets.insert(target.clone()) {
-                return refuse(Refusal::InvalidInput { detail: format!("{target} appears twice in one transaction") });
+            for target in names {
+                if !targets.insert(target.clone()) {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("{target} appears twice in one transaction"),
+                    });
+                }
             }
         }
-        let mut lease_id = self.last_lease_id;
+        let mut ids = Ids { lease: self.last_lease_id, process: self.last_process_id };
         let outcomes = txn
             .events
             .iter()
-            .map(|e| self.check_event(seq, txn.time_ms, e, &mut lease_id))
+            .map(|e| self.check_event(seq, txn.time_ms, e, &mut ids))
             .collect::<Result<Vec<_>, _>>()?;
         let writes = outcomes.iter().any(|o| !o.is_noop());
         Ok(Checked::Valid { outcomes, writes })
@@ -309,8 +361,9 @@ impl Projection {
                 return Err(r);
             }
         };
+        let request = txn.request.as_ref().map(|t| t.id.as_str());
         for (e, o) in txn.events.iter().zip(&outcomes) {
-            self.mutate(seq, txn.time_ms, e, o);
+            self.mutate(seq, txn.time_ms, request, e, o);
         }
         if let Some(tag) = &txn.request {
             self.remember_request(seq, &tag.id, tag.digest, outcomes.clone());
@@ -370,7 +423,7 @@ impl Projection {
         owner.ok_or_else(|| Refusal::NotActive { subject: subject.into(), generation: current })
     }
 
-    fn check_event(&self, seq: u64, now_ms: u64, e: &Event, lease_id: &mut u64) -> Result<Outcome, Refusal> {
+    fn check_event(&self, seq: u64, now_ms: u64, e: &Event, ids: &mut Ids) -> Result<Outcome, Refusal> {
         if let Some(s) = e.subject() {
             validate_subject(s)?;
         }
@@ -503,35 +556,89 @@ impl Projection {
             Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
                 validate_subject(resource)?;
                 validate_text("holder", holder)?;
-                let res = self.resources.get(resource);
-                let mut displaced = Vec::new();
-                let mut blockers = Vec::new();
-                for id in res.map(|r| r.live.iter()).into_iter().flatten() {
-                    let l = &self.leases[id];
-                    if l.expires_ms <= now_ms {
-                        displaced.push(l.id);
-                    } else if *mode == LeaseMode::Write || l.mode == LeaseMode::Write {
-                        blockers.push(Blocker {
-                            lease: l.id,
-                            holder: l.holder.clone(),
-                            mode: l.mode,
-                            token: l.token,
-                            expires_ms: l.expires_ms,
-                        });
-                    }
-                }
-                if !blockers.is_empty() {
-                    return refuse(Refusal::LeaseConflict { resource: resource.clone(), blockers });
-                }
-                *lease_id += 1;
+                let (token, displaced) = self.lease_grant(resource, *mode, now_ms)?;
+                ids.lease += 1;
                 Ok(Outcome::LeaseAcquired {
-                    lease: *lease_id,
+                    lease: ids.lease,
                     resource: resource.clone(),
                     mode: *mode,
-                    token: res.map_or(0, |r| r.token) + 1,
+                    token,
                     expires_ms: now_ms.saturating_add(*ttl_ms),
                     displaced,
                 })
+            }
+            Event::SpawnRequested { command, owner, leases, .. } => {
+                validate_command(command)?;
+                if let Some(o) = owner {
+                    validate_subject(&o.subject)?;
+                    self.owner_at(&o.subject, o.generation)?;
+                }
+                if leases.len() > PROCESS_LEASES_MAX {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("a process holds at most {PROCESS_LEASES_MAX} leases"),
+                    });
+                }
+                let mut granted = Vec::new();
+                let mut displaced = Vec::new();
+                for want in leases {
+                    validate_subject(&want.resource)?;
+                    let (token, mut gone) = self.lease_grant(&want.resource, want.mode, now_ms)?;
+                    ids.lease += 1;
+                    granted.push(GrantedLease {
+                        lease: ids.lease,
+                        resource: want.resource.clone(),
+                        mode: want.mode,
+                        token,
+                    });
+                    displaced.append(&mut gone);
+                }
+                ids.process += 1;
+                Ok(Outcome::SpawnRecorded { process: ids.process, leases: granted, displaced })
+            }
+            Event::ProcessStarted { process, command_pid, .. } => {
+                let p = self.live_process(*process)?;
+                if let Some(s) = &p.started {
+                    return refuse(Refusal::AlreadyStarted { process: *process, runner_pid: s.runner.pid });
+                }
+                Ok(Outcome::ProcessStarted { process: *process, command_pid: *command_pid })
+            }
+            Event::ProcessCancelRequested { process, by } => {
+                let p = self.live_process(*process)?;
+                if let Some(o) = by {
+                    self.owner_at(&o.subject, o.generation)?;
+                }
+                if p.started.is_none() {
+                    return refuse(Refusal::NotRunning { process: *process, status: p.status().as_str().into() });
+                }
+                Ok(Outcome::CancelRecorded { process: *process })
+            }
+            Event::ProcessEnded { process, end } => {
+                let p = self.live_process(*process)?;
+                let needs_start = matches!(end, ProcessEnd::Exited(_) | ProcessEnd::CompletedUnknown { .. });
+                if needs_start && p.started.is_none() {
+                    return refuse(Refusal::NotRunning { process: *process, status: p.status().as_str().into() });
+                }
+                // "Never ran" is only true of a process no runner started.
+                if let (ProcessEnd::Failed { .. }, Some(s)) = (end, &p.started) {
+                    return refuse(Refusal::AlreadyStarted { process: *process, runner_pid: s.runner.pid });
+                }
+                if let ProcessEnd::Exited(x) = end
+                    && (x.stdout.tail.len() > OUTPUT_TAIL_BYTES_MAX || x.stderr.tail.len() > OUTPUT_TAIL_BYTES_MAX)
+                {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("an output tail is at most {OUTPUT_TAIL_BYTES_MAX} bytes"),
+                    });
+                }
+                match end {
+                    ProcessEnd::Failed { code, detail } => {
+                        validate_text("code", code)?;
+                        validate_text("detail", detail)?;
+                    }
+                    ProcessEnd::CompletedUnknown { runner, .. } => validate_text("runner", runner)?,
+                    ProcessEnd::Exited(_) => {}
+                }
+                let leases_released = p.leases.iter().copied().filter(|id| self.lease_is_live(*id)).collect();
+                Ok(Outcome::ProcessEnded { process: *process, status: end.status(), leases_released })
             }
             Event::Checkpoint { snapshot_seq, .. } if *snapshot_seq >= seq => refuse(Refusal::InvalidInput {
                 detail: format!("a checkpoint at {seq} cannot vouch for a snapshot at {snapshot_seq}"),
@@ -561,6 +668,47 @@ impl Projection {
         }
     }
 
+    /// The token a new lease on `resource` would get and the expired leases it
+    /// displaces, or the conflict.
+    fn lease_grant(&self, resource: &str, mode: LeaseMode, now_ms: u64) -> Result<(u64, Vec<u64>), Refusal> {
+        let res = self.resources.get(resource);
+        let mut displaced = Vec::new();
+        let mut blockers = Vec::new();
+        for id in res.map(|r| r.live.iter()).into_iter().flatten() {
+            let l = &self.leases[id];
+            if l.expires_ms <= now_ms {
+                displaced.push(l.id);
+            } else if mode == LeaseMode::Write || l.mode == LeaseMode::Write {
+                blockers.push(Blocker {
+                    lease: l.id,
+                    holder: l.holder.clone(),
+                    mode: l.mode,
+                    token: l.token,
+                    expires_ms: l.expires_ms,
+                });
+            }
+        }
+        if !blockers.is_empty() {
+            return refuse(Refusal::LeaseConflict { resource: resource.to_owned(), blockers });
+        }
+        Ok((res.map_or(0, |r| r.token) + 1, displaced))
+    }
+
+    fn lease_is_live(&self, id: u64) -> bool {
+        self.leases.get(&id).is_some_and(Lease::is_live)
+    }
+
+    /// A process that has not ended, or why not.
+    fn live_process(&self, process: u64) -> Result<&Process, Refusal> {
+        let Some(p) = self.processes.get(&process) else {
+            return refuse(Refusal::UnknownProcess { process });
+        };
+        if let Some(e) = &p.ended {
+            return refuse(Refusal::AlreadyTerminal { process, status: e.end.status().as_str().into(), seq: e.seq });
+        }
+        Ok(p)
+    }
+
     fn tenure_end(seq: u64, now_ms: u64, generation: u64, cur: &Owner, how: TenureEndHow) -> TenureEnd {
         TenureEnd {
             generation,
@@ -573,7 +721,7 @@ impl Projection {
         }
     }
 
-    fn mutate(&mut self, seq: u64, now_ms: u64, e: &Event, o: &Outcome) {
+    fn mutate(&mut self, seq: u64, now_ms: u64, request: Option<&str>, e: &Event, o: &Outcome) {
         match (e, o) {
             (
                 Event::Claim { subject, owner, stale_after_ms, lock, .. },
@@ -625,23 +773,73 @@ impl Projection {
                 for id in displaced {
                     self.end_lease(*id, LeaseState::Displaced { seq }, seq);
                 }
-                let r = self.resources.entry(resource.clone()).or_default();
-                r.token = *token;
-                r.live.insert(*lease);
-                self.last_lease_id = *lease;
-                self.leases.insert(
-                    *lease,
-                    Lease {
-                        id: *lease,
-                        resource: resource.clone(),
-                        mode: *mode,
-                        holder: holder.clone(),
-                        token: *token,
-                        acquired_seq: seq,
-                        expires_ms: *expires_ms,
-                        state: LeaseState::Held,
+                self.install_lease(seq, *lease, resource, *mode, holder.clone(), *token, *expires_ms);
+            }
+            (
+                Event::SpawnRequested { fingerprint, command, owner, timeout_ms, output_bytes_max, .. },
+                Outcome::SpawnRecorded { process, leases, displaced },
+            ) => {
+                for id in displaced {
+                    if self.lease_is_live(*id) {
+                        self.end_lease(*id, LeaseState::Displaced { seq }, seq);
+                    }
+                }
+                for g in leases {
+                    self.install_lease(
+                        seq,
+                        g.lease,
+                        &g.resource,
+                        g.mode,
+                        process_holder(*process),
+                        g.token,
+                        LEASE_HELD_UNTIL_END_MS,
+                    );
+                }
+                self.last_process_id = *process;
+                self.processes.insert(
+                    *process,
+                    Process {
+                        id: *process,
+                        request: request.map(str::to_owned),
+                        fingerprint: *fingerprint,
+                        command: command.clone(),
+                        owner: owner.clone(),
+                        leases: leases.iter().map(|g| g.lease).collect(),
+                        timeout_ms: *timeout_ms,
+                        output_bytes_max: *output_bytes_max,
+                        requested_seq: seq,
+                        requested_ms: now_ms,
+                        started: None,
+                        cancel_requested_seq: None,
+                        ended: None,
                     },
                 );
+            }
+            (Event::ProcessStarted { process, runner, command_pid, command_start_ticks }, _) => {
+                let p = self.processes.get_mut(process).expect("checked");
+                p.started = Some(Started {
+                    runner: runner.clone(),
+                    command_pid: *command_pid,
+                    command_start_ticks: *command_start_ticks,
+                    seq,
+                    time_ms: now_ms,
+                });
+            }
+            (Event::ProcessCancelRequested { process, .. }, _) => {
+                self.processes.get_mut(process).expect("checked").cancel_requested_seq = Some(seq);
+            }
+            (Event::ProcessEnded { process, end }, Outcome::ProcessEnded { leases_released, .. }) => {
+                for id in leases_released {
+                    self.end_lease(*id, LeaseState::Released { seq }, seq);
+                }
+                let p = self.processes.get_mut(process).expect("checked");
+                p.ended =
+                    Some(Ended { seq, time_ms: now_ms, end: end.clone(), leases_released: leases_released.clone() });
+                self.terminal_processes.insert(seq, *process);
+                while self.terminal_processes.len() > TERMINAL_PROCESSES_RETAINED {
+                    let (_, old) = self.terminal_processes.pop_first().expect("non-empty");
+                    self.processes.remove(&old);
+                }
             }
             (Event::LeaseRelease { .. }, Outcome::LeaseReleased { lease, .. }) => {
                 self.end_lease(*lease, LeaseState::Released { seq }, seq);
@@ -662,6 +860,36 @@ impl Projection {
         }
         s.generation = generation;
         s.owner = Some(owner);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn install_lease(
+        &mut self,
+        seq: u64,
+        lease: u64,
+        resource: &str,
+        mode: LeaseMode,
+        holder: String,
+        token: u64,
+        expires_ms: u64,
+    ) {
+        let r = self.resources.entry(resource.to_owned()).or_default();
+        r.token = token;
+        r.live.insert(lease);
+        self.last_lease_id = lease;
+        self.leases.insert(
+            lease,
+            Lease {
+                id: lease,
+                resource: resource.to_owned(),
+                mode,
+                holder,
+                token,
+                acquired_seq: seq,
+                expires_ms,
+                state: LeaseState::Held,
+            },
+        );
     }
 
     fn end_lease(&mut self, id: u64, state: LeaseState, seq: u64) {
@@ -696,6 +924,29 @@ impl Projection {
         let (generation, owner) = self.current(subject);
         owner.map(|o| DeadOwner { generation, instance: o.identity.instance, reason })
     }
+}
+
+/// Ids a transaction hands out, one after another.
+struct Ids {
+    lease: u64,
+    process: u64,
+}
+
+fn validate_command(c: &super::CommandSpec) -> Result<(), Refusal> {
+    let bad = |detail: String| refuse(Refusal::InvalidInput { detail });
+    if c.argv.is_empty() || c.argv.len() > ARGS_MAX {
+        return bad(format!("a command has 1..={ARGS_MAX} arguments (argv[0] included)"));
+    }
+    if c.argv.iter().map(String::len).sum::<usize>() > ARGS_BYTES_MAX {
+        return bad(format!("a command's arguments total at most {ARGS_BYTES_MAX} bytes"));
+    }
+    if c.exe.len() > PATH_BYTES_MAX || c.cwd.len() > PATH_BYTES_MAX || c.exe_fingerprint.len() > PATH_BYTES_MAX {
+        return bad(format!("a path is at most {PATH_BYTES_MAX} bytes"));
+    }
+    if c.env.len() > ENV_ENTRIES_MAX || c.env.iter().any(|e| e.name.is_empty() || e.name.len() > PATH_BYTES_MAX) {
+        return bad(format!("at most {ENV_ENTRIES_MAX} environment entries, each with a name"));
+    }
+    Ok(())
 }
 
 /// The generation after `g`: generations never wrap (a fencing token that came

@@ -65,6 +65,14 @@ pub enum Refusal {
     ConditionFailed { condition: String, expected: String, actual: String },
     #[error("{subject}: generation {generation} is the last one; it never wraps")]
     GenerationExhausted { subject: String, generation: u64 },
+    #[error("no process {process}")]
+    UnknownProcess { process: u64 },
+    #[error("process {process} was already started by runner pid {runner_pid}")]
+    AlreadyStarted { process: u64, runner_pid: u32 },
+    #[error("process {process} already ended ({status}) at sequence {seq}; the first outcome stands")]
+    AlreadyTerminal { process: u64, status: String, seq: u64 },
+    #[error("process {process} is {status}, not running")]
+    NotRunning { process: u64, status: String },
 }
 
 impl Refusal {

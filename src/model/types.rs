@@ -143,6 +143,35 @@ pub enum Event {
         snapshot_seq: u64,
         digest: [u8; 32],
     },
+    /// The intent to run a command (the projection gives it the next process id),
+    /// and the leases it holds, all or none. `owner`, when given, must be current.
+    SpawnRequested {
+        #[serde(with = "super::process::hex32")]
+        fingerprint: [u8; 32],
+        command: super::CommandSpec,
+        owner: Option<super::OwnerRef>,
+        leases: Vec<super::LeaseWant>,
+        timeout_ms: u64,
+        output_bytes_max: u64,
+    },
+    /// A runner took the process and started its command: at most once.
+    ProcessStarted {
+        process: u64,
+        runner: Identity,
+        command_pid: u32,
+        command_start_ticks: u64,
+    },
+    /// A cancel was asked for (before any signal); `by` is the owner presented.
+    ProcessCancelRequested {
+        process: u64,
+        by: Option<super::OwnerRef>,
+    },
+    /// The one terminal record of a process; it ends every lease the process held.
+    /// Never blocked by fencing: it is evidence, not a decision.
+    ProcessEnded {
+        process: u64,
+        end: super::ProcessEnd,
+    },
 }
 
 impl Event {
@@ -158,6 +187,10 @@ impl Event {
             Event::LeaseAcquire { .. } => "lease_acquire",
             Event::LeaseRelease { .. } => "lease_release",
             Event::Checkpoint { .. } => "checkpoint",
+            Event::SpawnRequested { .. } => "spawn_requested",
+            Event::ProcessStarted { .. } => "process_started",
+            Event::ProcessCancelRequested { .. } => "process_cancel_requested",
+            Event::ProcessEnded { .. } => "process_ended",
         }
     }
 
@@ -171,7 +204,13 @@ impl Event {
             | Event::RotateFence { subject, .. }
             | Event::Note { subject, .. }
             | Event::FencedAttempts { subject, .. } => Some(subject),
-            Event::LeaseAcquire { .. } | Event::LeaseRelease { .. } | Event::Checkpoint { .. } => None,
+            Event::LeaseAcquire { .. }
+            | Event::LeaseRelease { .. }
+            | Event::Checkpoint { .. }
+            | Event::SpawnRequested { .. }
+            | Event::ProcessStarted { .. }
+            | Event::ProcessCancelRequested { .. }
+            | Event::ProcessEnded { .. } => None,
         }
     }
 }

@@ -12,6 +12,8 @@ use super::error::{Error, Result};
 /// directory (see `lock.rs`), so old and new writers exclude each other.
 pub const LOCK_FILE: &str = "LOCK";
 pub const SNAPSHOT_DIR: &str = "snapshots";
+/// Supervised processes' output files (`processes/ID/`): created only in a log.
+pub const PROCESS_DIR: &str = "processes";
 const SEGMENT_SUFFIX: &str = ".seg";
 /// Evidence files are named `<segment>.seg<EVIDENCE_INFIX><what>-<offset>`.
 pub const EVIDENCE_INFIX: &str = ".evidence.";
@@ -56,9 +58,10 @@ pub fn listing(dir: &Path) -> Result<Listing> {
             out.odd_segment_names.push(name);
         } else if name == LOCK_FILE || is_trace_of_records(&name) {
             out.log_traces.push(name);
-        } else if name == SNAPSHOT_DIR {
-            // Created right after the first segment: it marks a log that existed.
-            out.log_traces.push(format!("{SNAPSHOT_DIR}/"));
+        } else if name == SNAPSHOT_DIR || name == PROCESS_DIR {
+            // Created only in a log (snapshots/ right after the first segment): it
+            // marks a log that existed.
+            out.log_traces.push(format!("{name}/"));
         } else if !is_evidence(&name) && !is_segment_temp(&name) && out.foreign.is_none() {
             out.foreign = Some(name);
         }

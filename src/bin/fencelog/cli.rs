@@ -162,6 +162,73 @@ pub(crate) enum Cmd {
         #[arg(long, default_value_t = 200)]
         payload_bytes: usize,
     },
+    /// Run a command under supervision: its intent, start and exit are records, its
+    /// leases are held until it ends, and with a request id it runs at most once.
+    /// Prints the result within --wait-ms, else a handle (status `running`). Exit 0
+    /// when it answered (the command's own exit code is in the JSON).
+    Run {
+        #[command(flatten)]
+        dir: Dir,
+        #[command(flatten)]
+        req: Req,
+        /// RESOURCE:read or RESOURCE:write (repeatable): all or none, held until the end.
+        #[arg(long = "lease")]
+        leases: Vec<String>,
+        /// On a lease conflict, retry until this long (at most 30000).
+        #[arg(long, default_value_t = 0)]
+        lease_wait_ms: u64,
+        /// Stop the command's process group after this long (0: never).
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u64,
+        /// Answer with the result within this long, else with a handle (0: at once).
+        #[arg(long, default_value_t = fencelog::supervisor::WAIT_MS_DEFAULT)]
+        wait_ms: u64,
+        #[arg(long)]
+        cwd: Option<PathBuf>,
+        /// NAME=VALUE (repeatable); the value never enters the log, only its blake3.
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Bytes of each output stream kept on disk (at most 64 MiB).
+        #[arg(long, default_value_t = fencelog::supervisor::OUTPUT_BYTES_MAX_DEFAULT)]
+        output_bytes_max: u64,
+        /// The owner the command runs for (refused if GENERATION is not current).
+        #[arg(long, requires = "generation")]
+        owner: Option<String>,
+        #[arg(long, requires = "owner")]
+        generation: Option<u64>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Supervised processes: show, wait, cancel, logs, list.
+    Process {
+        #[command(subcommand)]
+        cmd: ProcessCmd,
+    },
+    /// Settle every process that has not ended: runner alive → left running; runner
+    /// gone without an exit → completed_unknown; never started within the grace →
+    /// failed PRESPAWN_ABANDONED. Nothing is ever run again.
+    Recover {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, default_value_t = fencelog::supervisor::PRESPAWN_GRACE_MS_DEFAULT)]
+        prespawn_grace_ms: u64,
+    },
+    /// The runner of a supervised process (started by `run`).
+    #[command(name = "__runner", hide = true)]
+    Runner {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        process: u64,
+    },
+    /// The gate a supervised command waits behind until its start is on record.
+    #[command(name = "__gate", hide = true)]
+    Gate {
+        exe: PathBuf,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        argv: Vec<String>,
+    },
     /// The offline inspector: reads a live log or a copy, never writes.
     Inspect {
         #[command(subcommand)]
@@ -289,6 +356,61 @@ pub(crate) enum LeaseCmd {
         #[command(flatten)]
         req: Req,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ProcessCmd {
+    Show {
+        #[command(flatten)]
+        dir: Dir,
+        id: u64,
+    },
+    /// Wait until the process is terminal (or TIMEOUT_MS passed: then as it is).
+    Wait {
+        #[command(flatten)]
+        dir: Dir,
+        id: u64,
+        #[arg(long, default_value_t = fencelog::supervisor::WAIT_MS_DEFAULT)]
+        timeout_ms: u64,
+    },
+    /// TERM the command's process group (after checking its pid and start time),
+    /// KILL it after --grace-ms. With --owner/--generation, refused FENCED (before
+    /// any signal) unless that generation is current.
+    Cancel {
+        #[command(flatten)]
+        dir: Dir,
+        id: u64,
+        #[arg(long, requires = "generation")]
+        owner: Option<String>,
+        #[arg(long, requires = "owner")]
+        generation: Option<u64>,
+        #[arg(long, default_value_t = 2_000)]
+        grace_ms: u64,
+    },
+    /// The kept output, raw bytes (--follow: until the process ends).
+    Logs {
+        #[command(flatten)]
+        dir: Dir,
+        id: u64,
+        #[arg(long, value_enum, default_value = "stdout")]
+        stream: StreamArg,
+        #[arg(long)]
+        follow: bool,
+    },
+    List {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum StreamArg {
+    Stdout,
+    Stderr,
 }
 
 #[derive(Subcommand)]

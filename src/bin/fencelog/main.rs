@@ -10,6 +10,7 @@ mod cli;
 mod demo;
 mod inspect;
 mod mutate;
+mod process;
 
 use std::process::ExitCode;
 
@@ -78,6 +79,12 @@ fn run(cmd: cli::Cmd) -> Printed {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(&dir.dir, records, appenders, payload_bytes),
+        cmd @ (Cmd::Run { .. } | Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
+        Cmd::Runner { dir, process } => {
+            let exe = std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
+            std::process::exit(fencelog::supervisor::runner::runner_main(&dir.dir, process, &exe))
+        }
+        Cmd::Gate { exe, argv } => std::process::exit(fencelog::supervisor::runner::gate_main(&exe, &argv)),
         other => mutate::run(other),
     }
 }

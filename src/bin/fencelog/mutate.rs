@@ -10,13 +10,13 @@ use crate::cli::{Cmd, Dir, LeaseCmd, Mode, RequestCmd};
 use crate::{Printed, printed};
 
 /// The command line never creates a log by accident: only `init` does.
-fn ledger_options() -> LedgerOptions {
+pub(crate) fn ledger_options() -> LedgerOptions {
     let mut opts = LedgerOptions::default();
     opts.log.create = false;
     opts
 }
 
-fn open(dir: &Dir) -> Result<Ledger, ops::OpError> {
+pub(crate) fn open(dir: &Dir) -> Result<Ledger, ops::OpError> {
     Ok(Ledger::open(&dir.dir, ledger_options())?)
 }
 
@@ -103,7 +103,14 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             let r = fencelog::storage::repair(&dir.dir, cut_from, &LogOptions::default())?;
             Ok((serde_json::to_value(&r).expect("report serializes"), if r.intact { 0 } else { 1 }))
         }
-        Cmd::Demo { .. } | Cmd::Inspect { .. } | Cmd::Audit { .. } => unreachable!("dispatched in main"),
+        Cmd::Demo { .. }
+        | Cmd::Inspect { .. }
+        | Cmd::Audit { .. }
+        | Cmd::Run { .. }
+        | Cmd::Process { .. }
+        | Cmd::Recover { .. }
+        | Cmd::Runner { .. }
+        | Cmd::Gate { .. } => unreachable!("dispatched in main"),
     }
 }
 

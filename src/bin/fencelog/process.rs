@@ -1,0 +1,116 @@
+//! `run`, `process …` and `recover`: parsing and printing; the decisions are in
+//! `fencelog::supervisor`.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::time::Duration;
+
+use fencelog::ledger::Ledger;
+use fencelog::ops::OpError;
+use fencelog::storage::LogOptions;
+use fencelog::supervisor::{self as sup, RunRequest, Stream};
+
+use crate::cli::{Cmd, ProcessCmd, StreamArg};
+use crate::mutate::{ledger_options, open};
+use crate::{Printed, printed};
+
+fn self_exe() -> Result<std::path::PathBuf, OpError> {
+    std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })
+}
+
+/// The log directory as an absolute path (the runner starts in `/`).
+fn absolute(dir: &std::path::Path) -> Result<std::path::PathBuf, OpError> {
+    std::path::absolute(dir).map_err(|e| OpError::Io { message: format!("{}: {e}", dir.display()) })
+}
+
+pub(crate) fn run(cmd: Cmd) -> Printed {
+    match cmd {
+        Cmd::Run {
+            dir,
+            req,
+            leases,
+            lease_wait_ms,
+            timeout_ms,
+            wait_ms,
+            cwd,
+            env,
+            output_bytes_max,
+            owner,
+            generation,
+            command,
+        } => {
+            let r = RunRequest {
+                command,
+                request_id: req.request_id,
+                leases,
+                lease_wait_ms,
+                timeout_ms,
+                wait_ms,
+                cwd,
+                env,
+                output_bytes_max,
+                owner,
+                generation,
+            };
+            let ledger = open(&dir)?;
+            printed(&sup::run(&ledger, &absolute(&dir.dir)?, &r, &self_exe()?)?)
+        }
+        Cmd::Recover { dir, prespawn_grace_ms } => {
+            let ledger = open(&dir)?;
+            printed(&sup::recover(&ledger, prespawn_grace_ms, LogOptions::default().now_ms())?)
+        }
+        Cmd::Process { cmd } => match cmd {
+            ProcessCmd::Show { dir, id } => {
+                printed(&sup::show(&Ledger::read_only(&dir.dir, &ledger_options())?.projection, id)?)
+            }
+            ProcessCmd::List { dir, status, owner } => printed(&sup::list(
+                &Ledger::read_only(&dir.dir, &ledger_options())?.projection,
+                status.as_deref(),
+                owner.as_deref(),
+            )?),
+            ProcessCmd::Wait { dir, id, timeout_ms } => printed(&sup::wait(&open(&dir)?, id, timeout_ms)?),
+            ProcessCmd::Cancel { dir, id, owner, generation, grace_ms } => {
+                let by = match (owner, generation) {
+                    (Some(subject), Some(generation)) => Some(fencelog::model::OwnerRef { subject, generation }),
+                    _ => None,
+                };
+                printed(&sup::cancel(&open(&dir)?, id, by, grace_ms)?)
+            }
+            ProcessCmd::Logs { dir, id, stream, follow } => {
+                let stream = match stream {
+                    StreamArg::Stdout => Stream::Stdout,
+                    StreamArg::Stderr => Stream::Stderr,
+                };
+                logs(&dir.dir, id, stream, follow)
+            }
+        },
+        _ => unreachable!("dispatched in main"),
+    }
+}
+
+/// Raw bytes of the kept output; with `follow`, until the process has ended and
+/// everything it kept is printed.
+fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed {
+    let view = Ledger::read_only(dir, &ledger_options())?;
+    sup::show(&view.projection, id)?; // an unknown process is UNKNOWN_PROCESS, not an empty output
+    let ledger = if follow { Some(Ledger::open(dir, ledger_options())?) } else { None };
+    let path = sup::output_path(dir, id, stream);
+    let mut out = std::io::stdout().lock();
+    let mut pos = 0u64;
+    loop {
+        let ended = match &ledger {
+            Some(l) => sup::show(&l.refresh()?, id)?.status.is_terminal(),
+            None => true,
+        };
+        if let Ok(mut f) = std::fs::File::open(&path) {
+            f.seek(SeekFrom::Start(pos)).map_err(|e| OpError::Io { message: format!("{}: {e}", path.display()) })?;
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf).map_err(|e| OpError::Io { message: format!("{}: {e}", path.display()) })?;
+            pos += buf.len() as u64;
+            out.write_all(&buf).and_then(|_| out.flush()).map_err(crate::stdout_error)?;
+        }
+        if ended {
+            return Ok((serde_json::Value::Null, 0));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

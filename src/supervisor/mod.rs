@@ -1,0 +1,559 @@
+//! `supervisor`: process supervision on the ledger. Every spawn and every exit is
+//! a record in the one log — the intent (with the leases the process holds), the
+//! runner's start, a cancel request, and exactly one terminal record, which also
+//! ends the process's leases — so nothing runs twice and nothing is forgotten:
+//!
+//! - **At most once.** A request id binds one command fingerprint. The spawn intent
+//!   is compare-and-appended; a runner starts the command only if its `started`
+//!   record lands (see [`runner`]: the command waits behind a gate until then).
+//! - **Independent evidence.** The runner lives in its own session and records
+//!   the exit itself; that record is never blocked by fencing.
+//! - **Recovery never guesses.** A runner that is gone without an exit record makes
+//!   the process `completed_unknown`; it is never run again.
+//!
+//! The CLI (`fencelog run`, `process …`, `recover`) and the daemon call these
+//! functions. See `docs/SUPERVISOR.md`.
+
+pub mod command;
+pub mod runner;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::{Ledger, LedgerError, identity, intent_digest};
+use crate::model::{
+    Capture, CommandSpec, Event, LeaseMode, LeaseWant, Outcome, OwnerRef, Process, ProcessEnd, ProcessStatus,
+    Projection, Refusal, Txn,
+};
+use crate::ops::OpError;
+
+/// Where processes' files live under the log directory.
+pub const PROCESS_DIR: &str = crate::storage::PROCESS_DIR;
+/// Default bound on each output stream kept on disk.
+pub const OUTPUT_BYTES_MAX_DEFAULT: u64 = 8 << 20;
+/// Largest bound a request may ask for.
+pub const OUTPUT_BYTES_MAX_LIMIT: u64 = 64 << 20;
+/// Default time `run` waits for the result before it answers with a handle.
+pub const WAIT_MS_DEFAULT: u64 = 10_000;
+/// Longest any wait (`run`, `process wait`) may be asked to be.
+pub const WAIT_MS_MAX: u64 = 3_600_000;
+/// Longest `--lease-wait-ms`.
+pub const LEASE_WAIT_MS_MAX: u64 = 30_000;
+/// Longest `--timeout-ms` (a week); 0 means none.
+pub const TIMEOUT_MS_MAX: u64 = 7 * 24 * 3_600_000;
+/// A spawn intent no runner started for this long is abandoned on recovery.
+pub const PRESPAWN_GRACE_MS_DEFAULT: u64 = 5 * 60_000;
+/// Between polls of a lease conflict under `--lease-wait-ms`.
+const LEASE_RETRY_MS: u64 = 50;
+
+fn default_wait_ms() -> u64 {
+    WAIT_MS_DEFAULT
+}
+fn default_output_bytes_max() -> u64 {
+    OUTPUT_BYTES_MAX_DEFAULT
+}
+
+/// `DIR/processes/ID/`: the process's `stdout`, `stderr` and `runner.log`.
+pub fn process_dir(dir: &Path, process: u64) -> PathBuf {
+    dir.join(PROCESS_DIR).join(process.to_string())
+}
+
+fn invalid(detail: impl Into<String>) -> OpError {
+    OpError::Refused(Refusal::InvalidInput { detail: detail.into() })
+}
+
+/// `fencelog run` / `POST /v1/run`: the CLI's flags in snake_case.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub request_id: Option<String>,
+    /// `RESOURCE:read` or `RESOURCE:write`.
+    #[serde(default)]
+    pub leases: Vec<String>,
+    #[serde(default)]
+    pub lease_wait_ms: u64,
+    /// 0: no timeout.
+    #[serde(default)]
+    pub timeout_ms: u64,
+    #[serde(default = "default_wait_ms")]
+    pub wait_ms: u64,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// `NAME=VALUE`; values never enter the log (only their blake3).
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default = "default_output_bytes_max")]
+    pub output_bytes_max: u64,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub generation: Option<u64>,
+}
+
+/// A process as every front end shows it. `exit_code` … `stderr_tail` appear once
+/// it is terminal.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessView {
+    pub id: u64,
+    pub status: ProcessStatus,
+    /// The command's pid (once started).
+    pub pid: Option<u32>,
+    pub deduplicated: bool,
+    pub request_id: Option<String>,
+    pub fingerprint: String,
+    pub command: CommandSpec,
+    pub owner: Option<OwnerRef>,
+    pub leases: Vec<u64>,
+    pub timeout_ms: u64,
+    pub output_bytes_max: u64,
+    pub requested_seq: u64,
+    pub requested_ms: u64,
+    pub runner_pid: Option<u32>,
+    pub started_seq: Option<u64>,
+    pub cancel_requested_seq: Option<u64>,
+    #[serde(flatten)]
+    pub terminal: Option<TerminalView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TerminalView {
+    pub ended_seq: u64,
+    pub ended_ms: u64,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub duration_ms: Option<u64>,
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+    pub stdout: Option<CaptureView>,
+    pub stderr: Option<CaptureView>,
+    /// Why it never ran or why its outcome is unknown (`PRESPAWN_ABANDONED`,
+    /// `SPAWN_FAILED`, `EXE_CHANGED`, or the runner's failed identity check).
+    pub end_code: Option<String>,
+    pub end_detail: Option<String>,
+    pub leases_released: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CaptureView {
+    pub bytes_seen: u64,
+    pub bytes_kept: u64,
+    pub truncated: bool,
+    pub kept_blake3: String,
+}
+
+impl From<&Capture> for CaptureView {
+    fn from(c: &Capture) -> Self {
+        CaptureView {
+            bytes_seen: c.bytes_seen,
+            bytes_kept: c.bytes_kept,
+            truncated: c.truncated,
+            kept_blake3: crate::format::hex(&c.kept_blake3),
+        }
+    }
+}
+
+/// Bytes as text for JSON (invalid UTF-8 replaced; a tail cut inside a character
+/// loses only that character).
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl ProcessView {
+    pub fn of(p: &Process, deduplicated: bool) -> ProcessView {
+        let terminal = p.ended.as_ref().map(|e| {
+            let mut t = TerminalView {
+                ended_seq: e.seq,
+                ended_ms: e.time_ms,
+                exit_code: None,
+                signal: None,
+                timed_out: false,
+                cancelled: false,
+                duration_ms: None,
+                stdout_tail: String::new(),
+                stderr_tail: String::new(),
+                stdout: None,
+                stderr: None,
+                end_code: None,
+                end_detail: None,
+                leases_released: e.leases_released.clone(),
+            };
+            match &e.end {
+                ProcessEnd::Exited(x) => {
+                    t.exit_code = x.exit_code;
+                    t.signal = x.signal;
+                    t.timed_out = x.timed_out;
+                    t.cancelled = x.cancelled;
+                    t.duration_ms = Some(x.duration_ms);
+                    t.stdout_tail = text(&x.stdout.tail);
+                    t.stderr_tail = text(&x.stderr.tail);
+                    t.stdout = Some((&x.stdout).into());
+                    t.stderr = Some((&x.stderr).into());
+                }
+                ProcessEnd::CompletedUnknown { runner, command_alive } => {
+                    t.end_code = Some(runner.clone());
+                    t.end_detail = Some(format!(
+                        "the runner is gone ({runner}) and recorded no exit; the command {}",
+                        if *command_alive { "was still running when this was recorded" } else { "is gone" }
+                    ));
+                }
+                ProcessEnd::Failed { code, detail } => {
+                    t.end_code = Some(code.clone());
+                    t.end_detail = Some(detail.clone());
+                }
+            }
+            t
+        });
+        ProcessView {
+            id: p.id,
+            status: p.status(),
+            pid: p.started.as_ref().map(|s| s.command_pid),
+            deduplicated,
+            request_id: p.request.clone(),
+            fingerprint: crate::format::hex(&p.fingerprint),
+            command: p.command.clone(),
+            owner: p.owner.clone(),
+            leases: p.leases.clone(),
+            timeout_ms: p.timeout_ms,
+            output_bytes_max: p.output_bytes_max,
+            requested_seq: p.requested_seq,
+            requested_ms: p.requested_ms,
+            runner_pid: p.started.as_ref().map(|s| s.runner.pid),
+            started_seq: p.started.as_ref().map(|s| s.seq),
+            cancel_requested_seq: p.cancel_requested_seq,
+            terminal,
+        }
+    }
+}
+
+fn parse_leases(specs: &[String]) -> Result<Vec<LeaseWant>, OpError> {
+    specs
+        .iter()
+        .map(|s| {
+            let (resource, mode) =
+                s.rsplit_once(':').ok_or_else(|| invalid(format!("lease {s:?} is RESOURCE:read or RESOURCE:write")))?;
+            let mode = match mode {
+                "read" => LeaseMode::Read,
+                "write" => LeaseMode::Write,
+                _ => return Err(invalid(format!("lease {s:?}: the mode is read or write"))),
+            };
+            crate::ops::valid(resource)?;
+            Ok(LeaseWant { resource: resource.to_owned(), mode })
+        })
+        .collect()
+}
+
+fn parse_env(specs: &[String]) -> Result<Vec<(String, String)>, OpError> {
+    specs
+        .iter()
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| invalid(format!("--env {:?} is NAME=VALUE", s.split('=').next().unwrap_or(""))))
+        })
+        .collect()
+}
+
+fn owner_ref(owner: &Option<String>, generation: Option<u64>) -> Result<Option<OwnerRef>, OpError> {
+    match (owner, generation) {
+        (None, None) => Ok(None),
+        (Some(subject), Some(generation)) => {
+            crate::ops::valid(subject)?;
+            Ok(Some(OwnerRef { subject: subject.clone(), generation }))
+        }
+        _ => Err(invalid("--owner and --generation go together")),
+    }
+}
+
+/// Everything the intent of a run is: the request id stands for exactly this.
+fn run_digest(
+    fingerprint: &[u8; 32],
+    leases: &[LeaseWant],
+    owner: &Option<OwnerRef>,
+    timeout_ms: u64,
+    output_bytes_max: u64,
+) -> [u8; 32] {
+    intent_digest(&("run", fingerprint, leases, owner, timeout_ms, output_bytes_max))
+}
+
+/// `fencelog run`: record the intent (and leases), start a runner, and answer
+/// within `wait_ms` with the result or a handle. `self_exe` is the fencelog binary
+/// the runner is started from.
+pub fn run(ledger: &Ledger, dir: &Path, req: &RunRequest, self_exe: &Path) -> Result<ProcessView, OpError> {
+    if req.request_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
+        return Err(invalid("a request id is not empty"));
+    }
+    if req.wait_ms > WAIT_MS_MAX || req.lease_wait_ms > LEASE_WAIT_MS_MAX || req.timeout_ms > TIMEOUT_MS_MAX {
+        return Err(invalid(format!(
+            "wait_ms is at most {WAIT_MS_MAX}, lease_wait_ms at most {LEASE_WAIT_MS_MAX}, timeout_ms at most \
+             {TIMEOUT_MS_MAX}"
+        )));
+    }
+    if req.output_bytes_max == 0 || req.output_bytes_max > OUTPUT_BYTES_MAX_LIMIT {
+        return Err(invalid(format!("output_bytes_max is 1..={OUTPUT_BYTES_MAX_LIMIT}")));
+    }
+    let leases = parse_leases(&req.leases)?;
+    let env = parse_env(&req.env)?;
+    let owner = owner_ref(&req.owner, req.generation)?;
+    let spec = command::resolve(&req.command, req.cwd.as_deref(), &env)?;
+    let fingerprint = command::fingerprint(&spec);
+    let tag = req
+        .request_id
+        .clone()
+        .map(|id| (id, run_digest(&fingerprint, &leases, &owner, req.timeout_ms, req.output_bytes_max)));
+    let deadline = Instant::now() + Duration::from_millis(req.lease_wait_ms);
+    let committed = loop {
+        let r = ledger.submit(tag.clone(), |_, now_ms, writer| {
+            Ok(Txn::new(
+                now_ms,
+                writer,
+                vec![Event::SpawnRequested {
+                    fingerprint,
+                    command: spec.clone(),
+                    owner: owner.clone(),
+                    leases: leases.clone(),
+                    timeout_ms: req.timeout_ms,
+                    output_bytes_max: req.output_bytes_max,
+                }],
+            ))
+        });
+        match r {
+            Err(LedgerError::Refused(Refusal::LeaseConflict { .. })) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(LEASE_RETRY_MS));
+            }
+            other => break other?,
+        }
+    };
+    let Some(Outcome::SpawnRecorded { process, .. }) = committed.outcomes.first() else {
+        return Err(OpError::Io { message: "the spawn intent was recorded without a process id".into() });
+    };
+    let (process, deduplicated) = (*process, committed.deduplicated);
+    // A retried request whose first caller never started a runner (it was killed,
+    // say) starts one now. Runners race safely: only one `started` record lands.
+    let p = find(ledger, process)?;
+    if p.status() == ProcessStatus::Requested {
+        runner::start_runner(dir, process, self_exe, &env)
+            .map_err(|e| OpError::Io { message: format!("cannot start the runner for process {process}: {e}") })?;
+    }
+    let p = wait_for(ledger, process, req.wait_ms, |p| p.status().is_terminal())?;
+    Ok(ProcessView::of(&p, deduplicated))
+}
+
+/// A process from the ledger (caught up with the log), or `UNKNOWN_PROCESS`.
+fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
+    let p = ledger.refresh()?;
+    p.processes.get(&process).cloned().ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
+}
+
+/// Poll the log until `done(process)` or `wait_ms` passed; the process as last seen.
+fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut nap = Duration::from_millis(2);
+    loop {
+        let p = find(ledger, process)?;
+        let now = Instant::now();
+        if done(&p) || now >= deadline {
+            return Ok(p);
+        }
+        std::thread::sleep(nap.min(deadline - now));
+        nap = (nap * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// `process show`.
+pub fn show(projection: &Projection, process: u64) -> Result<ProcessView, OpError> {
+    projection
+        .processes
+        .get(&process)
+        .map(|p| ProcessView::of(p, false))
+        .ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
+}
+
+/// `process wait`: the process once terminal, or as it is when `timeout_ms` passed.
+pub fn wait(ledger: &Ledger, process: u64, timeout_ms: u64) -> Result<ProcessView, OpError> {
+    if timeout_ms > WAIT_MS_MAX {
+        return Err(invalid(format!("timeout_ms is at most {WAIT_MS_MAX}")));
+    }
+    Ok(ProcessView::of(&wait_for(ledger, process, timeout_ms, |p| p.status().is_terminal())?, false))
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ListResponse {
+    pub processes: Vec<ProcessView>,
+}
+
+/// `process list [--status S] [--owner SUBJECT]`.
+pub fn list(projection: &Projection, status: Option<&str>, owner: Option<&str>) -> Result<ListResponse, OpError> {
+    let status = status
+        .map(|s| {
+            s.parse::<ProcessStatus>().map_err(|_| {
+                invalid(format!(
+                    "status {s:?} is one of requested, running, succeeded, failed, timed_out, cancelled, \
+                     completed_unknown"
+                ))
+            })
+        })
+        .transpose()?;
+    let processes = projection
+        .processes
+        .values()
+        .filter(|p| status.is_none_or(|s| p.status() == s))
+        .filter(|p| owner.is_none_or(|o| p.owner.as_ref().is_some_and(|x| x.subject == o)))
+        .map(|p| ProcessView::of(p, false))
+        .collect();
+    Ok(ListResponse { processes })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The file holding a process's kept output.
+pub fn output_path(dir: &Path, process: u64, stream: Stream) -> PathBuf {
+    process_dir(dir, process).join(match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CancelResponse {
+    #[serde(flatten)]
+    pub process: ProcessView,
+    /// Whether a signal was sent (only to the process recorded: pid and start time
+    /// checked first).
+    pub signalled: bool,
+    /// Why not, when not.
+    pub not_signalled_because: Option<String>,
+}
+
+/// Is the command recorded for `p` still that process (pid and start time)?
+fn command_is_alive(p: &Process) -> bool {
+    p.started.as_ref().is_some_and(|s| {
+        identity::start_ticks(s.command_pid) == Some(s.command_start_ticks) && identity::boot_id() == s.runner.boot_id
+    })
+}
+
+/// `process cancel`: record the cancel (refused for a fenced owner generation,
+/// before any signal), check the command's identity, TERM its process group, and
+/// KILL it after `grace_ms` if it has not ended.
+pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64) -> Result<CancelResponse, OpError> {
+    if grace_ms > WAIT_MS_MAX {
+        return Err(invalid(format!("grace_ms is at most {WAIT_MS_MAX}")));
+    }
+    if let Some(o) = &by {
+        crate::ops::valid(&o.subject)?;
+    }
+    let p = find(ledger, process)?;
+    if p.ended.is_some() {
+        return Ok(CancelResponse {
+            process: ProcessView::of(&p, false),
+            signalled: false,
+            not_signalled_because: Some("already terminal: the first outcome stands".into()),
+        });
+    }
+    ledger.submit(None, |_, now_ms, writer| {
+        Ok(Txn::new(now_ms, writer, vec![Event::ProcessCancelRequested { process, by: by.clone() }]))
+    })?;
+    let p = find(ledger, process)?;
+    let pgid = p.started.as_ref().map_or(0, |s| s.command_pid);
+    if !command_is_alive(&p) {
+        let p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
+        return Ok(CancelResponse {
+            process: ProcessView::of(&p, false),
+            signalled: false,
+            not_signalled_because: Some(
+                "the recorded command (pid and start time) is no longer running: no signal sent".into(),
+            ),
+        });
+    }
+    runner::signal_group(pgid, libc::SIGTERM);
+    let p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
+    if p.ended.is_none() && command_is_alive(&p) {
+        runner::signal_group(pgid, libc::SIGKILL);
+    }
+    let p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
+    Ok(CancelResponse { process: ProcessView::of(&p, false), signalled: true, not_signalled_because: None })
+}
+
+/// What one recovery pass did, by process id.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecoverReport {
+    /// Runner alive (its identity matches): left running.
+    pub left_running: Vec<u64>,
+    /// Runner gone without an exit record.
+    pub completed_unknown: Vec<u64>,
+    /// Intent older than the grace, never started.
+    pub prespawn_abandoned: Vec<u64>,
+    /// Intent younger than the grace: a runner may still be starting.
+    pub young_untouched: Vec<u64>,
+    /// Owned by a subject generation another live owner has replaced: theirs to decide.
+    pub other_owner_untouched: Vec<u64>,
+    /// Ended by someone else while this pass looked.
+    pub ended_meanwhile: Vec<u64>,
+    pub prespawn_grace_ms: u64,
+}
+
+/// `fencelog recover`: settle every process that has not ended, from the log and
+/// the identities of its runner — never by guessing, never by running anything.
+pub fn recover(ledger: &Ledger, prespawn_grace_ms: u64, now_ms: u64) -> Result<RecoverReport, OpError> {
+    let projection = ledger.refresh()?;
+    let mut report = RecoverReport { prespawn_grace_ms, ..Default::default() };
+    let open: Vec<&Process> = projection.processes.values().filter(|p| p.ended.is_none()).collect();
+    for p in open {
+        if let Some(o) = &p.owner
+            && let Some(s) = projection.subject(&o.subject)
+            && s.generation != o.generation
+            && s.owner.as_ref().is_some_and(|cur| identity::death_of(&cur.identity).is_none())
+        {
+            report.other_owner_untouched.push(p.id);
+            continue;
+        }
+        let end = match &p.started {
+            Some(s) => match identity::death_of(&s.runner) {
+                None => {
+                    report.left_running.push(p.id);
+                    continue;
+                }
+                Some(reason) => {
+                    ProcessEnd::CompletedUnknown { runner: reason.code().into(), command_alive: command_is_alive(p) }
+                }
+            },
+            None if now_ms.saturating_sub(p.requested_ms) < prespawn_grace_ms => {
+                report.young_untouched.push(p.id);
+                continue;
+            }
+            None => ProcessEnd::Failed {
+                code: "PRESPAWN_ABANDONED".into(),
+                detail: format!(
+                    "no runner started it within {prespawn_grace_ms} ms of its request (at sequence {})",
+                    p.requested_seq
+                ),
+            },
+        };
+        let id = p.id;
+        let unknown = matches!(end, ProcessEnd::CompletedUnknown { .. });
+        // Judged again by the state machine against the state it will follow: if
+        // the runner recorded its exit meanwhile, this is refused ALREADY_TERMINAL.
+        let r = ledger.submit(None, |_, t_ms, writer| {
+            Ok(Txn::new(t_ms, writer, vec![Event::ProcessEnded { process: id, end: end.clone() }]))
+        });
+        match r {
+            Ok(_) if unknown => report.completed_unknown.push(id),
+            Ok(_) => report.prespawn_abandoned.push(id),
+            Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. } | Refusal::AlreadyStarted { .. })) => {
+                report.ended_meanwhile.push(id)
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,416 @@
+//! The independent runner, and the gate it starts commands through.
+//!
+//! The runner (`fencelog __runner --dir D --process ID`) is started by whoever
+//! recorded the spawn intent, in a session of its own, so it outlives its caller.
+//! It starts the command *behind a gate*: a child (`fencelog __gate …`) that waits
+//! for one byte on its stdin before it `exec`s the command. While the child waits,
+//! the runner appends `ProcessStarted` with the child's pid and start time. Only if
+//! that record lands does the runner open the gate; if another runner took the
+//! process first, the record is refused and the gate is closed (the child sees end
+//! of file and exits without running anything). So a command runs at most once,
+//! however many runners race for it, and the record names the exact process (its
+//! pid and start time survive the `exec`).
+//!
+//! Then the runner captures stdout and stderr to files (bounded), enforces the
+//! timeout on the whole process group (TERM, then KILL after a grace), and appends
+//! the one terminal record, which also ends the process's leases.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use crate::ledger::{Ledger, LedgerError, LedgerOptions, identity};
+use crate::model::{Capture, Event, Exit, OUTPUT_TAIL_BYTES_MAX, ProcessEnd, Refusal, Txn};
+
+use super::process_dir;
+
+/// Exit code of a runner that found its process already started (or ended) by
+/// another: it started nothing.
+pub const EXIT_ALREADY_STARTED: i32 = 75;
+/// Exit code of the gate when it was closed without the go byte: nothing ran.
+pub const GATE_CLOSED_EXIT: i32 = 125;
+/// Between TERM and KILL of a process group that is being stopped.
+pub const TERM_TO_KILL_GRACE_MS: u64 = 1_000;
+/// After the command exits, how long its output pipes may stay open (held by
+/// processes it left behind) before the runner stops reading them.
+pub const OUTPUT_DRAIN_MS: u64 = 2_000;
+/// Attempts to append the terminal record before the runner gives up (the
+/// process then reads `completed_unknown` on recovery: never a guess).
+const TERMINAL_APPEND_ATTEMPTS_MAX: u32 = 30;
+
+fn ledger_options() -> LedgerOptions {
+    let mut o = LedgerOptions::default();
+    o.log.create = false;
+    o
+}
+
+/// A diagnostic line for the runner's log (its stderr is `runner.log`).
+fn say(process: u64, what: impl std::fmt::Display) {
+    eprintln!("fencelog runner [process {process}, pid {}]: {what}", std::process::id());
+}
+
+/// The runner's whole life; returns its exit code.
+pub fn runner_main(dir: &Path, process: u64, self_exe: &Path) -> i32 {
+    let ledger = match Ledger::open(dir, ledger_options()) {
+        Ok(l) => l,
+        Err(e) => {
+            say(process, format!("cannot open the log: {e}"));
+            return 1;
+        }
+    };
+    let Some(p) = ledger.projection().processes.get(&process).cloned() else {
+        say(process, "no such process in the log");
+        return 2;
+    };
+    if p.started.is_some() || p.ended.is_some() {
+        say(process, format!("already {}; nothing started", p.status().as_str()));
+        return EXIT_ALREADY_STARTED;
+    }
+    // The environment this runner was given must be the one recorded (by digest).
+    for e in &p.command.env {
+        let ok = std::env::var_os(&e.name)
+            .is_some_and(|v| blake3::hash(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str())) == e.value_blake3);
+        if !ok {
+            say(process, format!("environment variable {} differs from the recorded digest; nothing started", e.name));
+            return 2;
+        }
+    }
+    match super::command::file_fingerprint(Path::new(&p.command.exe)) {
+        Ok(f) if f == p.command.exe_fingerprint => {}
+        found => {
+            let detail = format!(
+                "{} is no longer the file the request named (recorded {}, found {})",
+                p.command.exe,
+                p.command.exe_fingerprint,
+                found.unwrap_or_else(|e| e.to_string())
+            );
+            end_unstarted(&ledger, process, "EXE_CHANGED", &detail);
+            return 1;
+        }
+    }
+    let mut child = match Command::new(self_exe)
+        .arg("__gate")
+        .arg(&p.command.exe)
+        .args(&p.command.argv)
+        .current_dir(&p.command.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            end_unstarted(&ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
+            return 1;
+        }
+    };
+    let pid = child.id();
+    let (Some(me), Some(command_start_ticks)) =
+        (identity::probe(std::process::id(), ledger.writer_id()), identity::start_ticks(pid))
+    else {
+        say(process, "cannot read process identities from /proc; nothing started");
+        let _ = child.kill();
+        let _ = child.wait();
+        return 1;
+    };
+    let started = ledger.submit(None, |_, now_ms, writer| {
+        Ok(Txn::new(
+            now_ms,
+            writer,
+            vec![Event::ProcessStarted { process, runner: me.clone(), command_pid: pid, command_start_ticks }],
+        ))
+    });
+    if let Err(e) = started {
+        // The gate is closed: the child exits without running anything.
+        drop(child.stdin.take());
+        let _ = child.wait();
+        return match e {
+            LedgerError::Refused(r @ (Refusal::AlreadyStarted { .. } | Refusal::AlreadyTerminal { .. })) => {
+                say(process, format!("{r}; nothing started"));
+                EXIT_ALREADY_STARTED
+            }
+            other => {
+                say(process, format!("cannot record the start ({other}); nothing started"));
+                1
+            }
+        };
+    }
+    let t0 = Instant::now();
+    let outputs = match open_outputs(dir, process) {
+        Ok(o) => o,
+        Err(e) => {
+            // Started on record: the command must still run and end on record; its
+            // output is discarded rather than the run lost.
+            say(process, format!("cannot create output files ({e}); output is counted but not kept"));
+            [None, None]
+        }
+    };
+    if let Some(mut gate) = child.stdin.take()
+        && let Err(e) = gate.write_all(b"g")
+    {
+        say(process, format!("cannot open the gate: {e}"));
+    }
+    let [out_file, err_file] = outputs;
+    let max = p.output_bytes_max;
+    let stdout = Capturer::start(child.stdout.take().expect("piped"), out_file, max);
+    let stderr = Capturer::start(child.stderr.take().expect("piped"), err_file, max);
+    let (status, timed_out) = wait_with_timeout(&mut child, p.timeout_ms, pid);
+    let drain_until = Instant::now() + Duration::from_millis(OUTPUT_DRAIN_MS);
+    let (stdout, stderr) = (stdout.finish(drain_until), stderr.finish(drain_until));
+    let exit = Exit {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
+        timed_out,
+        cancelled: false,
+        duration_ms: t0.elapsed().as_millis() as u64,
+        stdout,
+        stderr,
+    };
+    record_exit(dir, &ledger, process, exit);
+    0
+}
+
+/// Record that a process never ran (`code`): only while no runner has started it.
+fn end_unstarted(ledger: &Ledger, process: u64, code: &str, detail: &str) {
+    say(process, detail);
+    let end = ProcessEnd::Failed { code: code.into(), detail: detail.chars().take(1000).collect() };
+    if let Err(e) = ledger.submit(None, |_, now_ms, writer| {
+        Ok(Txn::new(now_ms, writer, vec![Event::ProcessEnded { process, end: end.clone() }]))
+    }) {
+        say(process, format!("cannot record {code}: {e}"));
+    }
+}
+
+/// Append the terminal record, retrying (reopening the log) on failure: it is the
+/// only evidence of how the command ended. A cancel recorded before it makes the
+/// outcome `cancelled`.
+fn record_exit(dir: &Path, first: &Ledger, process: u64, mut exit: Exit) {
+    let mut reopened;
+    let mut ledger = first;
+    for attempt in 1..=TERMINAL_APPEND_ATTEMPTS_MAX {
+        let r = ledger.submit(None, |p, now_ms, writer| {
+            exit.cancelled = p.processes.get(&process).is_some_and(|x| x.cancel_requested_seq.is_some());
+            Ok(Txn::new(now_ms, writer, vec![Event::ProcessEnded { process, end: ProcessEnd::Exited(exit.clone()) }]))
+        });
+        match r {
+            Ok(_) => return,
+            Err(LedgerError::Refused(r)) => {
+                // Ended already (a recovery that judged this runner gone): the first
+                // outcome stands.
+                say(process, format!("exit not recorded: {r}"));
+                return;
+            }
+            Err(e) => {
+                say(process, format!("cannot record the exit (attempt {attempt}): {e}"));
+                std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(10))));
+                match Ledger::open(dir, ledger_options()) {
+                    Ok(l) => {
+                        reopened = l;
+                        ledger = &reopened;
+                    }
+                    Err(e) => say(process, format!("cannot reopen the log: {e}")),
+                }
+            }
+        }
+    }
+    say(process, "giving up: the exit is not on record; recovery will say completed_unknown");
+}
+
+/// Wait for the command; after `timeout_ms` (0: none) stop its process group:
+/// TERM, then KILL after a grace. Returns the exit status (`None` if waiting
+/// failed) and whether it timed out.
+fn wait_with_timeout(child: &mut Child, timeout_ms: u64, pgid: u32) -> (Option<std::process::ExitStatus>, bool) {
+    if timeout_ms == 0 {
+        return (child.wait().ok(), false);
+    }
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    let poll = |child: &mut Child, until: Instant| -> Option<std::process::ExitStatus> {
+        let mut nap = Duration::from_millis(1);
+        loop {
+            if let Ok(Some(s)) = child.try_wait() {
+                return Some(s);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return None;
+            }
+            std::thread::sleep(nap.min(until - now));
+            nap = (nap * 2).min(Duration::from_millis(20));
+        }
+    };
+    if let Some(s) = poll(child, deadline) {
+        return (Some(s), false);
+    }
+    signal_group(pgid, libc::SIGTERM);
+    if let Some(s) = poll(child, Instant::now() + Duration::from_millis(TERM_TO_KILL_GRACE_MS)) {
+        signal_group(pgid, libc::SIGKILL); // whatever it left behind in its group
+        return (Some(s), true);
+    }
+    signal_group(pgid, libc::SIGKILL);
+    (child.wait().ok(), true)
+}
+
+/// Send `signal` to process group `pgid`.
+pub fn signal_group(pgid: u32, signal: i32) -> bool {
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory is shared.
+    pgid > 1 && unsafe { libc::kill(-(pgid as i32), signal) } == 0
+}
+
+fn open_outputs(dir: &Path, process: u64) -> std::io::Result<[Option<File>; 2]> {
+    let d = process_dir(dir, process);
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&d)?;
+    let open = |name: &str| {
+        OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(d.join(name)).map(Some)
+    };
+    Ok([open("stdout")?, open("stderr")?])
+}
+
+struct CaptureState {
+    capture: Capture,
+    hasher: blake3::Hasher,
+    tail: std::collections::VecDeque<u8>,
+    done: bool,
+}
+
+/// Reads one output stream on its own thread: the first `max` bytes go to the
+/// file (and the digest), every byte is counted, the last ones are kept as the tail.
+struct Capturer {
+    state: Arc<Mutex<CaptureState>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Capturer {
+    fn start(mut pipe: impl Read + Send + 'static, mut file: Option<File>, max: u64) -> Capturer {
+        let state = Arc::new(Mutex::new(CaptureState {
+            capture: Capture::default(),
+            hasher: blake3::Hasher::new(),
+            tail: std::collections::VecDeque::with_capacity(OUTPUT_TAIL_BYTES_MAX),
+            done: false,
+        }));
+        let (tx, done) = mpsc::channel();
+        let shared = Arc::clone(&state);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                let chunk = &buf[..n];
+                let mut s = shared.lock().expect("capture state");
+                let c = &mut s.capture;
+                c.bytes_seen += n as u64;
+                let room = max.saturating_sub(c.bytes_kept) as usize;
+                let keep = &chunk[..room.min(n)];
+                if keep.len() < n {
+                    c.truncated = true;
+                }
+                if !keep.is_empty() {
+                    let written = file.as_mut().is_some_and(|f| f.write_all(keep).is_ok());
+                    if written {
+                        s.capture.bytes_kept += keep.len() as u64;
+                        s.hasher.update(keep);
+                    } else {
+                        s.capture.truncated = true;
+                        file = None;
+                    }
+                }
+                let tail = &mut s.tail;
+                let from = n.saturating_sub(OUTPUT_TAIL_BYTES_MAX);
+                tail.extend(&chunk[from..]);
+                while tail.len() > OUTPUT_TAIL_BYTES_MAX {
+                    tail.pop_front();
+                }
+            }
+            if let Some(f) = file {
+                let _ = f.sync_all();
+            }
+            shared.lock().expect("capture state").done = true;
+            let _ = tx.send(());
+        });
+        Capturer { state, done }
+    }
+
+    /// What was captured, once the stream ended or `until` passed (then the part
+    /// read so far, marked truncated: the rest was never read).
+    fn finish(self, until: Instant) -> Capture {
+        let _ = self.done.recv_timeout(until.saturating_duration_since(Instant::now()));
+        let s = self.state.lock().expect("capture state");
+        let mut c = s.capture.clone();
+        if !s.done {
+            c.truncated = true;
+        }
+        c.kept_blake3 = *s.hasher.clone().finalize().as_bytes();
+        c.tail = s.tail.iter().copied().collect();
+        c
+    }
+}
+
+/// The gate (`fencelog __gate EXE ARGV0 ARGS…`): wait for the go byte on stdin,
+/// then put /dev/null on stdin and become the command. Without the byte (end of
+/// file: the runner did not get the process) it exits [`GATE_CLOSED_EXIT`] having
+/// run nothing.
+pub fn gate_main(exe: &Path, argv: &[String]) -> i32 {
+    let mut go = [0u8; 1];
+    let mut stdin = std::io::stdin().lock();
+    match stdin.read(&mut go) {
+        Ok(1) if go[0] == b'g' => {}
+        _ => return GATE_CLOSED_EXIT,
+    }
+    drop(stdin);
+    match File::open("/dev/null") {
+        // SAFETY: dup2 onto fd 0 of this (single-threaded) process.
+        Ok(null) => unsafe {
+            libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0);
+        },
+        Err(e) => {
+            eprintln!("fencelog: cannot open /dev/null: {e}");
+            return 127;
+        }
+    }
+    let Some((argv0, args)) = argv.split_first() else { return 127 };
+    let e = Command::new(exe).arg0(argv0).args(args).exec();
+    eprintln!("fencelog: cannot execute {}: {e}", exe.display());
+    127
+}
+
+/// Start a runner for `process` in a session of its own, its stderr appended to
+/// the process's `runner.log`, with `env` added to its environment (the command's
+/// `--env` values, which never enter the log). It is reaped on a thread of ours.
+pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<u32> {
+    let d = process_dir(dir, process);
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&d)?;
+    let log = OpenOptions::new().append(true).create(true).mode(0o600).open(d.join("runner.log"))?;
+    let mut cmd = Command::new(self_exe);
+    cmd.arg("__runner")
+        .arg("--dir")
+        .arg(dir)
+        .arg("--process")
+        .arg(process.to_string())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: setsid(2) is async-signal-safe; called in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let pid = child.id();
+    std::thread::spawn(move || child.wait());
+    Ok(pid)
+}

@@ -1,0 +1,488 @@
+//! Process supervision (issue 10), through the real CLI: real commands, real
+//! runner processes, real `kill -9`. Each test opens with what it proves.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelog::ledger::{Ledger, LedgerOptions};
+use fencelog::model::{CommandSpec, Event, ProcessEnd, Refusal, Txn};
+use serde_json::Value;
+
+const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+
+fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
+    let out = Command::new(FENCELOG).args(args).env("FENCELOG_DIR", dir).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(s.trim()).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn code_of(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
+
+fn new_log() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    let (code, v) = fl(&dir, &["init"]);
+    assert_eq!(code, 0, "{v}");
+    (t, dir)
+}
+
+/// `fencelog run [ARGS] -- CMD…` → (exit code, JSON).
+fn run(dir: &Path, args: &[&str], cmd: &[&str]) -> (i32, Value) {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.push("--");
+    all.extend_from_slice(cmd);
+    fl(dir, &all)
+}
+
+fn show(dir: &Path, id: u64) -> Value {
+    let (code, v) = fl(dir, &["process", "show", &id.to_string()]);
+    assert_eq!(code, 0, "{v}");
+    v
+}
+
+/// Poll until `f(process)` holds (bounded: a test never waits forever).
+fn until(dir: &Path, id: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = show(dir, id);
+        if f(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "process {id} never became {what}: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn lines(path: &Path) -> usize {
+    fs::read_to_string(path).map(|s| s.lines().count()).unwrap_or(0)
+}
+
+/// Members of process group `pgid` still alive (zombies excluded).
+fn group_members(pgid: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f[2].parse::<u32>().ok() == Some(pgid) && f[0] != "Z" {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fencelog::ledger::identity::start_ticks(pid).is_some() {
+        assert!(Instant::now() < deadline, "pid {pid} still alive");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn kill9(pid: u32) {
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Proves: a short command's result comes back in one call — exit code, output
+/// tails and their digests — and its intent, start and exit are three records.
+#[test]
+fn a_short_command_answers_with_its_exit_code_and_output() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &[], &["sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["status"], "failed");
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["signal"], Value::Null);
+    assert_eq!(v["stdout_tail"], "out\n");
+    assert_eq!(v["stderr_tail"], "err\n");
+    assert_eq!(v["deduplicated"], false);
+    assert_eq!(v["stdout"]["kept_blake3"], blake3::hash(b"out\n").to_hex().as_str());
+    assert_eq!(
+        (v["requested_seq"].as_u64(), v["started_seq"].as_u64(), v["ended_seq"].as_u64()),
+        (Some(1), Some(2), Some(3))
+    );
+    let (code, ok) = run(&dir, &[], &["true"]);
+    assert_eq!((code, ok["status"].as_str(), ok["exit_code"].as_i64()), (0, Some("succeeded"), Some(0)));
+    // The kept output is a file of its own, 0600, read back raw by `process logs`.
+    let out = Command::new(FENCELOG)
+        .args(["process", "logs", "1", "--stream", "stderr"])
+        .env("FENCELOG_DIR", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.stdout, b"err\n");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = fs::metadata(dir.join("processes/1/stdout")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+/// Proves: with --wait-ms 50 a long command answers at once with a running
+/// handle; `process wait` later returns the result under the same id.
+#[test]
+fn a_long_command_returns_a_handle_and_wait_returns_its_result() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &["--wait-ms", "50"], &["sh", "-c", "sleep 0.5; echo finished"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["status"], "running");
+    assert!(v["pid"].as_u64().is_some(), "{v}");
+    assert!(v.get("exit_code").is_none(), "not terminal: no exit code field: {v}");
+    let id = v["id"].as_u64().unwrap().to_string();
+    let (code, w) = fl(&dir, &["process", "wait", &id, "--timeout-ms", "20000"]);
+    assert_eq!(code, 0, "{w}");
+    assert_eq!(
+        (w["id"].as_u64(), w["status"].as_str(), w["stdout_tail"].as_str()),
+        (Some(1), Some("succeeded"), Some("finished\n"))
+    );
+    let (code, list) = fl(&dir, &["process", "list", "--status", "succeeded"]);
+    assert_eq!((code, list["processes"].as_array().unwrap().len()), (0, 1));
+    let (code, bad) = fl(&dir, &["process", "list", "--status", "sleeping"]);
+    assert_eq!((code, code_of(&bad)), (2, "INVALID_INPUT"));
+    let (code, missing) = fl(&dir, &["process", "show", "99"]);
+    assert_eq!((code, code_of(&missing)), (3, "UNKNOWN_PROCESS"));
+}
+
+/// Proves: two concurrent `run`s with one request id run the command once (a
+/// marker file gets one line); both answer for the same process, one of them
+/// deduplicated; a retry after both ended is deduplicated and runs nothing.
+#[test]
+fn two_concurrent_runs_with_one_request_id_run_the_command_once() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let script = format!("echo ran >> {}; sleep 0.2", marker.display());
+    for round in 0..3 {
+        let id = format!("once-{round}");
+        let spawn = || {
+            Command::new(FENCELOG)
+                .args(["run", "--request-id", &id, "--", "sh", "-c", &script])
+                .env("FENCELOG_DIR", &dir)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        let a: Value = serde_json::from_slice(&a.stdout).unwrap();
+        let b: Value = serde_json::from_slice(&b.stdout).unwrap();
+        assert_eq!(a["id"], b["id"], "{a}\n{b}");
+        assert_eq!((a["status"].as_str(), b["status"].as_str()), (Some("succeeded"), Some("succeeded")));
+        assert_ne!(a["deduplicated"], b["deduplicated"], "exactly one recorded the intent: {a}\n{b}");
+        assert_eq!(lines(&marker), round + 1, "round {round}: the command ran exactly once");
+        let (code, again) = run(&dir, &["--request-id", &id], &["sh", "-c", &script]);
+        assert_eq!((code, again["deduplicated"].as_bool(), again["id"].clone()), (0, Some(true), a["id"].clone()));
+        assert_eq!(lines(&marker), round + 1, "a retry after the end ran nothing");
+    }
+}
+
+/// Proves: the same request id with another command is REQUEST_ID_CONFLICT and
+/// the second command never runs.
+#[test]
+fn the_same_request_id_with_another_command_is_a_conflict_and_never_runs() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let (code, v) = run(&dir, &["--request-id", "r"], &["true"]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")));
+    let (code, v) = run(&dir, &["--request-id", "r"], &["sh", "-c", &format!("echo ran > {}", marker.display())]);
+    assert_eq!((code, code_of(&v)), (3, "REQUEST_ID_CONFLICT"), "{v}");
+    // Another --env value is another command too (compared by digest).
+    let (code, _) = run(&dir, &["--request-id", "e", "--env", "X=1"], &["true"]);
+    assert_eq!(code, 0);
+    let (code, v) = run(&dir, &["--request-id", "e", "--env", "X=2"], &["true"]);
+    assert_eq!((code, code_of(&v)), (3, "REQUEST_ID_CONFLICT"), "{v}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!marker.exists(), "the conflicting command never ran");
+}
+
+/// Proves: a write lease conflicts at once (LEASE_CONFLICT naming the holder, the
+/// command never starts), two read leases coexist, and a process's leases end in
+/// the same record as the process.
+#[test]
+fn write_leases_conflict_fast_read_leases_coexist_and_leases_end_with_the_process() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let (code, holder) = run(&dir, &["--lease", "db:write", "--wait-ms", "0"], &["sleep", "30"]);
+    assert_eq!(code, 0, "{holder}");
+    let started = Instant::now();
+    let (code, v) = run(&dir, &["--lease", "db:read"], &["sh", "-c", &format!("echo ran > {}", marker.display())]);
+    assert_eq!((code, code_of(&v)), (3, "LEASE_CONFLICT"), "{v}");
+    assert_eq!(v["error"]["blockers"][0]["holder"], "process:1");
+    assert!(started.elapsed() < Duration::from_secs(5), "fails fast without --lease-wait-ms");
+    // With a wait it still fails once the wait is over, having run nothing.
+    let (code, v) = run(&dir, &["--lease", "db:write", "--lease-wait-ms", "200"], &["true"]);
+    assert_eq!((code, code_of(&v)), (3, "LEASE_CONFLICT"));
+    assert!(!marker.exists());
+    let (code, r1) = run(&dir, &["--lease", "cache:read", "--wait-ms", "0"], &["sleep", "30"]);
+    assert_eq!(code, 0, "{r1}");
+    let (code, r2) = run(&dir, &["--lease", "cache:read", "--wait-ms", "0"], &["sleep", "30"]);
+    assert_eq!(code, 0, "two read leases coexist: {r2}");
+    // Cancel the writer: its lease ends in its terminal record; now a writer fits.
+    let (code, c) = fl(&dir, &["process", "cancel", "1"]);
+    assert_eq!(code, 0, "{c}");
+    assert_eq!(
+        (c["status"].as_str(), c["cancelled"].as_bool(), c["signalled"].as_bool()),
+        (Some("cancelled"), Some(true), Some(true))
+    );
+    assert_eq!(c["leases_released"], serde_json::json!(holder["leases"]));
+    let (code, w) = run(&dir, &["--lease", "db:write"], &["true"]);
+    assert_eq!((code, w["status"].as_str()), (0, Some("succeeded")), "{w}");
+    for id in [r1["id"].as_u64().unwrap(), r2["id"].as_u64().unwrap()] {
+        let (code, _) = fl(&dir, &["process", "cancel", &id.to_string()]);
+        assert_eq!(code, 0);
+    }
+    let (_, state) = fl(&dir, &["state"]);
+    let live: Vec<&Value> = state["leases"].as_array().unwrap().iter().filter(|l| l["state"] == "Held").collect();
+    assert!(live.is_empty(), "every lease ended with its process: {live:?}");
+}
+
+/// Proves: a kill -9 of the caller does not stop the run: the runner (its own
+/// session) still records the exit.
+#[test]
+fn kill_9_of_the_caller_leaves_the_runner_to_record_the_exit() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let mut caller = Command::new(FENCELOG)
+        .args(["run", "--", "sh", "-c", &format!("sleep 0.4; echo done > {}", marker.display())])
+        .env("FENCELOG_DIR", &dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until it is running, then kill the caller.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("processes/1/stdout").exists() {
+        assert!(Instant::now() < deadline, "never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    caller.kill().unwrap();
+    caller.wait().unwrap();
+    let v = until(&dir, 1, "terminal", |v| v["status"] != "running");
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(fs::read_to_string(&marker).unwrap(), "done\n");
+}
+
+/// Proves: a kill -9 of the runner leaves no exit record, and `recover` says
+/// `completed_unknown` (never a guessed failure) and does not run it again; a
+/// second recovery changes nothing.
+#[test]
+fn kill_9_of_the_runner_is_completed_unknown_on_recovery_and_recovery_is_idempotent() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let (code, v) = run(
+        &dir,
+        &["--wait-ms", "0", "--lease", "db:write"],
+        &["sh", "-c", &format!("echo ran >> {}; sleep 30", marker.display())],
+    );
+    assert_eq!(code, 0, "{v}");
+    let v = until(&dir, 1, "running", |v| v["status"] == "running");
+    let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
+    // A live runner is left alone.
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["left_running"].clone()), (0, serde_json::json!([1])), "{r}");
+    kill9(runner);
+    wait_gone(runner);
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(r["completed_unknown"], serde_json::json!([1]), "{r}");
+    let v = show(&dir, 1);
+    assert_eq!(v["status"], "completed_unknown");
+    assert_eq!(v["end_code"], "process_dead");
+    assert!(v["end_detail"].as_str().unwrap().contains("still running"), "the command outlived its runner: {v}");
+    assert_eq!(v["leases_released"], v["leases"], "its leases ended in the same record");
+    let (_, head) = fl(&dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]);
+    let (code, again) = fl(&dir, &["recover"]);
+    assert_eq!(code, 0);
+    assert_eq!(again["completed_unknown"], serde_json::json!([]));
+    let (_, head2) = fl(&dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(head, head2, "a second recovery wrote nothing");
+    assert_eq!(lines(&marker), 1, "never run again");
+    fencelog::supervisor::runner::signal_group(pid, libc::SIGKILL);
+}
+
+/// Proves: a timeout stops the whole process group (TERM, then KILL): no member
+/// of it is left, background children included.
+#[test]
+fn a_timeout_kills_the_whole_process_group_and_leaves_no_orphan() {
+    let (_t, dir) = new_log();
+    // The shell ignores TERM, so the KILL after the grace is what ends it.
+    let (code, v) = run(&dir, &["--timeout-ms", "300"], &["sh", "-c", "trap '' TERM; sleep 30 & sleep 30; wait"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["status"].as_str(), v["timed_out"].as_bool()), (Some("timed_out"), Some(true)), "{v}");
+    assert_eq!(v["signal"], libc::SIGKILL);
+    let pgid = v["pid"].as_u64().unwrap() as u32;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !group_members(pgid).is_empty() {
+        assert!(Instant::now() < deadline, "group {pgid} still has {:?}", group_members(pgid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Proves: output beyond --output-bytes-max is counted but not kept (truncated),
+/// the digest covers exactly what was kept, and the tail is the last bytes seen.
+#[test]
+fn output_is_bounded_with_a_truncated_flag_a_digest_of_what_was_kept_and_a_tail() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &["--output-bytes-max", "1000"], &["sh", "-c", "head -c 100000 /dev/zero; printf END"]);
+    assert_eq!(code, 0, "{v}");
+    let out = &v["stdout"];
+    assert_eq!(
+        (out["bytes_seen"].as_u64(), out["bytes_kept"].as_u64(), out["truncated"].as_bool()),
+        (Some(100_003), Some(1000), Some(true))
+    );
+    assert_eq!(out["kept_blake3"], blake3::hash(&[0u8; 1000]).to_hex().as_str());
+    let tail = v["stdout_tail"].as_str().unwrap();
+    assert!(tail.ends_with("END") && tail.len() == 4096, "last 4 KiB seen");
+    let logs = Command::new(FENCELOG).args(["process", "logs", "1"]).env("FENCELOG_DIR", &dir).output().unwrap();
+    assert_eq!(logs.stdout, vec![0u8; 1000]);
+    let (code, big) = run(&dir, &["--output-bytes-max", &(65u64 << 20).to_string()], &["true"]);
+    assert_eq!((code, code_of(&big)), (2, "INVALID_INPUT"));
+}
+
+/// Proves: an owner whose generation was fenced cannot cancel (FENCED, exit 3,
+/// before any signal: the command keeps running); the current generation can;
+/// and a run for a fenced owner is refused before anything starts.
+#[test]
+fn a_fenced_owner_cannot_cancel_and_cannot_run() {
+    let (t, dir) = new_log();
+    let me = std::process::id().to_string();
+    let (code, c) = fl(&dir, &["claim", "--subject", "svc", "--pid", &me]);
+    assert_eq!(code, 0, "{c}");
+    let (code, v) = run(&dir, &["--owner", "svc", "--generation", "1", "--wait-ms", "0"], &["sleep", "30"]);
+    assert_eq!(code, 0, "{v}");
+    let v = until(&dir, 1, "running", |v| v["status"] == "running");
+    let pid = v["pid"].as_u64().unwrap() as u32;
+    let (code, _) = fl(&dir, &["rotate-fence", "--subject", "svc", "--generation", "1"]);
+    assert_eq!(code, 0);
+    let (code, e) = fl(&dir, &["process", "cancel", "1", "--owner", "svc", "--generation", "1"]);
+    assert_eq!((code, code_of(&e)), (3, "FENCED"), "{e}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(fencelog::ledger::identity::start_ticks(pid).is_some(), "no signal was sent");
+    assert_eq!(show(&dir, 1)["status"], "running");
+    let marker = t.path().join("marker");
+    let (code, e) =
+        run(&dir, &["--owner", "svc", "--generation", "1"], &["sh", "-c", &format!("echo > {}", marker.display())]);
+    assert_eq!((code, code_of(&e)), (3, "FENCED"), "{e}");
+    let (code, ok) = fl(&dir, &["process", "cancel", "1", "--owner", "svc", "--generation", "2"]);
+    assert_eq!((code, ok["status"].as_str()), (0, Some("cancelled")), "{ok}");
+    // Cancelling what has ended answers with the first outcome, sends nothing.
+    let (code, again) = fl(&dir, &["process", "cancel", "1"]);
+    assert_eq!((code, again["signalled"].as_bool(), again["status"].as_str()), (0, Some(false), Some("cancelled")));
+    assert!(!marker.exists());
+}
+
+/// A spawn intent with no runner, as a caller killed right after recording it
+/// leaves behind.
+fn orphan_intent(dir: &Path) -> u64 {
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let command = CommandSpec {
+        exe: "/bin/true".into(),
+        exe_fingerprint: "x".into(),
+        argv: vec!["true".into()],
+        cwd: "/".into(),
+        env: vec![],
+    };
+    let e = Event::SpawnRequested {
+        fingerprint: [7; 32],
+        command,
+        owner: None,
+        leases: vec![],
+        timeout_ms: 0,
+        output_bytes_max: 1000,
+    };
+    let c = l.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![e.clone()]))).unwrap();
+    match &c.outcomes[0] {
+        fencelog::model::Outcome::SpawnRecorded { process, .. } => *process,
+        o => panic!("{o:?}"),
+    }
+}
+
+/// Proves: an intent no runner started is left alone while young (a runner may be
+/// starting) and failed PRESPAWN_ABANDONED once older than the grace; a second
+/// terminal record is refused ALREADY_TERMINAL and the first outcome stands.
+#[test]
+fn prespawn_abandonment_waits_for_the_grace_and_terminal_is_final() {
+    let (_t, dir) = new_log();
+    let id = orphan_intent(&dir);
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["young_untouched"].clone()), (0, serde_json::json!([id])), "{r}");
+    assert_eq!(show(&dir, id)["status"], "requested");
+    let (code, r) = fl(&dir, &["recover", "--prespawn-grace-ms", "0"]);
+    assert_eq!((code, r["prespawn_abandoned"].clone()), (0, serde_json::json!([id])), "{r}");
+    let v = show(&dir, id);
+    assert_eq!((v["status"].as_str(), v["end_code"].as_str()), (Some("failed"), Some("PRESPAWN_ABANDONED")));
+    let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let end = ProcessEnd::Failed { code: "X".into(), detail: "again".into() };
+    let e = l.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessEnded { process: id, end: end.clone() }])));
+    assert!(matches!(e, Err(fencelog::ledger::LedgerError::Refused(Refusal::AlreadyTerminal { .. }))), "{e:?}");
+    drop(l);
+    // A runner started now for it refuses before spawning anything.
+    let out = Command::new(FENCELOG)
+        .args(["__runner", "--process", &id.to_string()])
+        .env("FENCELOG_DIR", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+}
+
+/// Proves: a second runner for a process that already started refuses before
+/// spawning: the command ran once.
+#[test]
+fn a_second_runner_for_a_started_process_starts_nothing() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let (code, v) = run(&dir, &[], &["sh", "-c", &format!("echo ran >> {}", marker.display())]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")));
+    let out = Command::new(FENCELOG).args(["__runner", "--process", "1"]).env("FENCELOG_DIR", &dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+    assert_eq!(lines(&marker), 1);
+}
+
+/// Proves: an --env value reaches the command but never the log (only its digest).
+#[test]
+fn env_values_reach_the_command_but_never_the_log() {
+    let (t, dir) = new_log();
+    // The command compares with a file, so the secret is not in its arguments either.
+    let expected = t.path().join("expected");
+    fs::write(&expected, "hunter2-xyzzy").unwrap();
+    let check = format!("test \"$SECRET\" = \"$(cat {})\"", expected.display());
+    let (code, v) = run(&dir, &["--env", "SECRET=hunter2-xyzzy"], &["sh", "-c", &check]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert_eq!(v["command"]["env"][0]["name"], "SECRET");
+    for seg in common::segment_files(&dir) {
+        let bytes = fs::read(seg).unwrap();
+        assert!(!bytes.windows(7).any(|w| w == b"hunter2"), "the secret is in the log");
+    }
+}
+
+/// Proves, across real kill -9s at every moment of a `run` (before, during and
+/// after the intent and the runner's start): retrying with the same request id
+/// always ends with the command run exactly once.
+#[test]
+fn a_retry_after_a_kill_9_of_the_caller_at_any_moment_runs_the_command_once() {
+    let (t, dir) = new_log();
+    for (i, delay_ms) in [0u64, 2, 5, 8, 12, 20, 40].into_iter().enumerate() {
+        let marker = t.path().join(format!("marker-{i}"));
+        let id = format!("retry-{i}");
+        let script = format!("echo ran >> {}", marker.display());
+        let mut caller = Command::new(FENCELOG)
+            .args(["run", "--request-id", &id, "--", "sh", "-c", &script])
+            .env("FENCELOG_DIR", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = caller.kill();
+        caller.wait().unwrap();
+        let (code, v) = run(&dir, &["--request-id", &id], &["sh", "-c", &script]);
+        assert_eq!(code, 0, "{v}");
+        assert_eq!(v["status"], "succeeded", "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(lines(&marker), 1, "kill after {delay_ms} ms: the command ran exactly once");
+    }
+}

@@ -486,3 +486,56 @@ fn a_retry_after_a_kill_9_of_the_caller_at_any_moment_runs_the_command_once() {
         assert_eq!(lines(&marker), 1, "kill after {delay_ms} ms: the command ran exactly once");
     }
 }
+
+/// Proves: a lease held by an owner tenure ends in the record that ends the tenure
+/// (here a claim over the dead owner), while its process keeps its own lease until
+/// it ends; the audit lists at that cutover only that subject's leases and its
+/// processes in flight — not another subject's lease — and how each ended.
+#[test]
+fn owner_leases_end_with_the_tenure_and_the_audit_lists_only_that_subjects_leases_and_processes() {
+    let (_t, dir) = new_log();
+    let mut owner = Command::new("sleep").arg("60").spawn().unwrap();
+    let (code, c) = fl(&dir, &["claim", "--subject", "svc", "--pid", &owner.id().to_string()]);
+    assert_eq!(code, 0, "{c}");
+    let me = std::process::id().to_string();
+    let (code, _) = fl(&dir, &["claim", "--subject", "other", "--pid", &me]);
+    assert_eq!(code, 0);
+    let (code, l) =
+        fl(&dir, &["lease", "acquire", "--resource", "cfg", "--mode", "write", "--owner", "svc", "--generation", "1"]);
+    assert_eq!(code, 0, "{l}");
+    let owner_lease = l["lease"].as_u64().unwrap();
+    let (code, other) = fl(
+        &dir,
+        &["lease", "acquire", "--resource", "unrelated", "--mode", "write", "--owner", "other", "--generation", "1"],
+    );
+    assert_eq!(code, 0, "{other}");
+    let (code, fenced) =
+        fl(&dir, &["lease", "acquire", "--resource", "x", "--mode", "read", "--owner", "svc", "--generation", "7"]);
+    assert_eq!((code, code_of(&fenced)), (3, "FENCED"));
+    let (code, p) =
+        run(&dir, &["--owner", "svc", "--generation", "1", "--lease", "db:write", "--wait-ms", "0"], &["sleep", "30"]);
+    assert_eq!(code, 0, "{p}");
+    let process_lease = p["leases"][0].as_u64().unwrap();
+    until(&dir, 1, "running", |v| v["status"] == "running");
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let (code, c) = fl(&dir, &["claim", "--subject", "svc", "--pid", &me]);
+    assert_eq!((code, c["generation"].as_u64()), (0, Some(2)), "{c}");
+    let (_, state) = fl(&dir, &["state"]);
+    let lease = |id: u64| state["leases"].as_array().unwrap().iter().find(|l| l["id"] == id).unwrap().clone();
+    assert_eq!(lease(owner_lease)["state"]["Released"]["seq"], c["seq"], "ended in the claim's own record");
+    assert_eq!(lease(process_lease)["state"], "Held", "the process holds its own lease until it ends");
+    // The process belongs to the retired tenure: recovery leaves it to the new owner.
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["other_owner_untouched"].clone()), (0, serde_json::json!([1])), "{r}");
+    let (code, x) = fl(&dir, &["process", "cancel", "1"]);
+    assert_eq!((code, x["status"].as_str()), (0, Some("cancelled")));
+    let (code, audit) = fl(&dir, &["audit", dir.to_str().unwrap(), "--subject", "svc", "--format", "json"]);
+    assert_eq!(code, 0, "{audit}");
+    let cut = &audit["subjects"][0]["cutovers"][0];
+    let leases: Vec<u64> =
+        cut["leases_live"].as_array().unwrap().iter().map(|l| l["lease"].as_u64().unwrap()).collect();
+    assert_eq!(leases, vec![owner_lease, process_lease], "{cut}");
+    assert_eq!(cut["processes_in_flight"][0]["process"], 1);
+    assert_eq!(cut["processes_in_flight"][0]["status"], "cancelled");
+}

@@ -118,8 +118,22 @@ pub struct Cutover {
     pub from_generation: u64,
     pub to_generation: u64,
     pub how: String,
+    /// Leases live at the cutover that belong to the tenure handed over or to its
+    /// processes — plus free-text-holder leases, which the ledger cannot attribute.
     pub leases_live: Vec<LeaseFate>,
+    /// Processes owned by the subject that had not ended at the cutover.
+    pub processes_in_flight: Vec<ProcessFate>,
     pub requests_in_flight: Vec<RequestFate>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessFate {
+    pub process: u64,
+    pub argv: Vec<String>,
+    pub owner_generation: u64,
+    /// Its status at the end of the log, and the record that ended it.
+    pub status: String,
+    pub ended_seq: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -177,6 +191,18 @@ struct Work {
     violations: Vec<String>,
     /// Lease ids live at each cutover (indexed like `cutovers`).
     cutover_leases: Vec<Vec<u64>>,
+    /// Processes in flight at each cutover: (id, owner generation).
+    cutover_processes: Vec<Vec<(u64, u64)>>,
+}
+
+/// The subject a live lease belongs to, for the cutover listing: `None` for a
+/// free-text holder (unattributable: listed at every cutover).
+fn lease_subject(p: &Projection, l: &crate::model::Lease) -> Option<String> {
+    if let Some(o) = &l.owner {
+        return Some(o.subject.clone());
+    }
+    l.process
+        .map(|id| p.processes.get(&id).and_then(|x| x.owner.as_ref()).map(|o| o.subject.clone()).unwrap_or_default())
 }
 
 impl Work {
@@ -249,12 +275,35 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
             return true;
         };
         let writer = uuid::Uuid::from_bytes(rec.writer).to_string();
-        let live_leases: Vec<u64> = p
-            .leases
-            .values()
-            .filter(|l| matches!(l.state, LeaseState::Held | LeaseState::ReleasePending { .. }))
-            .map(|l| l.id)
-            .collect();
+        // What is live before this record, if it may be a cutover.
+        let may_cut = txn.events.iter().any(|e| matches!(e, Event::Claim { .. } | Event::Takeover { .. }));
+        let live_leases: Vec<(u64, Option<String>)> = if may_cut {
+            p.leases
+                .values()
+                .filter(|l| matches!(l.state, LeaseState::Held | LeaseState::ReleasePending { .. }))
+                .map(|l| (l.id, lease_subject(&p, l)))
+                .collect()
+        } else {
+            vec![]
+        };
+        let open_processes: Vec<(u64, String, u64)> = if may_cut {
+            p.processes
+                .values()
+                .filter(|x| x.ended.is_none())
+                .filter_map(|x| x.owner.as_ref().map(|o| (x.id, o.subject.clone(), o.generation)))
+                .collect()
+        } else {
+            vec![]
+        };
+        let in_flight = |subject: &str| -> (Vec<u64>, Vec<(u64, u64)>) {
+            let leases = live_leases
+                .iter()
+                .filter(|(_, s)| s.as_deref().is_none_or(|s| s == subject))
+                .map(|(id, _)| *id)
+                .collect();
+            let procs = open_processes.iter().filter(|(_, s, _)| s == subject).map(|(id, _, g)| (*id, *g)).collect();
+            (leases, procs)
+        };
         let pre_generation: BTreeMap<String, u64> = txn
             .events
             .iter()
@@ -316,7 +365,7 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                         r.generation,
                         *generation,
                         format!("dead owner claimed ({})", reason.code()),
-                        &live_leases,
+                        in_flight(subject),
                     );
                     w.begin(
                         subject,
@@ -341,7 +390,14 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                         ms,
                         Ended::Retired { cut_off_seq: retired.cut_off_seq, by: "takeover of a stale owner".into() },
                     );
-                    w.cutover(seq, ms, retired.generation, *generation, "stale owner taken over".into(), &live_leases);
+                    w.cutover(
+                        seq,
+                        ms,
+                        retired.generation,
+                        *generation,
+                        "stale owner taken over".into(),
+                        in_flight(subject),
+                    );
                     let began = Began::TakeoverOfStaleOwner {
                         previous_generation: retired.generation,
                         expected_heartbeat_ms: *expect_heartbeat_ms,
@@ -427,7 +483,7 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
 }
 
 impl Work {
-    fn cutover(&mut self, seq: u64, ms: u64, from: u64, to: u64, how: String, live: &[u64]) {
+    fn cutover(&mut self, seq: u64, ms: u64, from: u64, to: u64, how: String, live: (Vec<u64>, Vec<(u64, u64)>)) {
         let story = self.story.as_mut().expect("a cutover follows a tenure");
         story.cutovers.push(Cutover {
             seq,
@@ -436,9 +492,11 @@ impl Work {
             to_generation: to,
             how,
             leases_live: vec![],
+            processes_in_flight: vec![],
             requests_in_flight: vec![],
         });
-        self.cutover_leases.push(live.to_vec());
+        self.cutover_leases.push(live.0);
+        self.cutover_processes.push(live.1);
     }
 
     /// Fill in what the end of the log says (lease fates, requests), and the verdict.
@@ -462,6 +520,21 @@ impl Work {
                         token: 0,
                         fate: json!({"kind": "forgotten (beyond retention)"}),
                     },
+                })
+                .collect();
+        }
+        for (c, procs) in story.cutovers.iter_mut().zip(&self.cutover_processes) {
+            c.processes_in_flight = procs
+                .iter()
+                .map(|(id, generation)| {
+                    let x = end.processes.get(id);
+                    ProcessFate {
+                        process: *id,
+                        argv: x.map(|x| x.command.argv.clone()).unwrap_or_default(),
+                        owner_generation: *generation,
+                        status: x.map_or("forgotten (beyond retention)", |x| x.status().as_str()).into(),
+                        ended_seq: x.and_then(|x| x.ended.as_ref().map(|e| e.seq)),
+                    }
                 })
                 .collect();
         }

@@ -78,6 +78,14 @@ fn story_text(s: &SubjectStory, out: &mut String) {
                 l.lease, l.resource, l.holder, l.token, l.fate
             );
         }
+        for x in &c.processes_in_flight {
+            let ended = x.ended_seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    process {} {:?} (owner generation {}): {}{ended}",
+                x.process, x.argv, x.owner_generation, x.status
+            );
+        }
         if c.requests_in_flight.is_empty() {
             let _ = writeln!(out, "    requests in flight: none");
         }

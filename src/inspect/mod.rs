@@ -441,6 +441,9 @@ fn event_text(e: &Event) -> String {
             None => format!("process-cancel {process}"),
         },
         Event::ProcessEnded { process, end } => format!("process-ended {process} {}", end.status().as_str()),
+        Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
+            format!("lease-acquire {resource} {mode:?} owner {}@{} ttl {ttl_ms} ms", owner.subject, owner.generation)
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::types::{validate_subject, validate_text};
 use super::{
     ARGS_BYTES_MAX, ARGS_MAX, Blocker, Condition, DeadOwner, DeathReason, ENV_ENTRIES_MAX, Ended, Event, Identity,
-    LeaseMode, LockIntent, OUTPUT_TAIL_BYTES_MAX, PATH_BYTES_MAX, PROCESS_LEASES_MAX, Process, ProcessEnd,
+    LeaseMode, LockIntent, OUTPUT_TAIL_BYTES_MAX, OwnerRef, PATH_BYTES_MAX, PROCESS_LEASES_MAX, Process, ProcessEnd,
     ProcessStatus, Refusal, Started, TXN_CONDITIONS_MAX, TXN_EVENTS_MAX, Txn,
 };
 
@@ -87,6 +87,9 @@ pub struct Subject {
     /// Notes presented under a retired generation: kept in the log, not authoritative.
     pub late_notes: u64,
     pub fenced_attempts: u64,
+    /// Live leases held by the current tenure (`lease acquire --owner`): they end
+    /// in the record that ends the tenure.
+    pub leases: BTreeSet<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,10 +119,23 @@ pub struct Lease {
     pub acquired_seq: u64,
     pub expires_ms: u64,
     pub state: LeaseState,
+    /// Held by this owner tenure (ends with it), if it is.
+    pub owner: Option<OwnerRef>,
+    /// Held by this supervised process (ends with it), if it is.
+    pub process: Option<u64>,
+}
+
+/// Who holds a lease, as the ledger knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeldBy<'a> {
+    /// A free-text holder the ledger cannot attribute.
+    Text,
+    Owner(&'a OwnerRef),
+    Process(u64),
 }
 
 impl Lease {
-    fn is_live(&self) -> bool {
+    pub fn is_live(&self) -> bool {
         matches!(self.state, LeaseState::Held | LeaseState::ReleasePending { .. })
     }
 }
@@ -319,7 +335,9 @@ impl Projection {
         let mut targets = BTreeSet::new();
         for e in &txn.events {
             let names: Vec<String> = match e {
-                Event::LeaseAcquire { resource, .. } => vec![format!("resource:{resource}")],
+                Event::LeaseAcquire { resource, .. } | Event::OwnerLeaseAcquire { resource, .. } => {
+                    vec![format!("resource:{resource}")]
+                }
                 Event::LeaseRelease { lease, .. } => vec![format!("lease:{lease}")],
                 Event::Checkpoint { snapshot_seq, .. } => vec![format!("checkpoint:{snapshot_seq}")],
                 Event::SpawnRequested { leases, .. } => std::iter::once("spawn".to_owned())
@@ -567,6 +585,21 @@ impl Projection {
                     displaced,
                 })
             }
+            Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
+                validate_subject(resource)?;
+                validate_subject(&owner.subject)?;
+                self.owner_at(&owner.subject, owner.generation)?;
+                let (token, displaced) = self.lease_grant(resource, *mode, now_ms)?;
+                ids.lease += 1;
+                Ok(Outcome::LeaseAcquired {
+                    lease: ids.lease,
+                    resource: resource.clone(),
+                    mode: *mode,
+                    token,
+                    expires_ms: now_ms.saturating_add(*ttl_ms),
+                    displaced,
+                })
+            }
             Event::SpawnRequested { command, owner, leases, .. } => {
                 validate_command(command)?;
                 if let Some(o) = owner {
@@ -728,11 +761,11 @@ impl Projection {
                 Outcome::Claimed { generation, retired, .. },
             ) => {
                 let owner = Owner::new(owner, seq, now_ms, *stale_after_ms, lock.clone());
-                self.install(subject, *generation, owner, retired.clone());
+                self.install(seq, subject, *generation, owner, retired.clone());
             }
             (Event::Takeover { subject, owner, stale_after_ms, .. }, Outcome::TookOver { generation, retired, .. }) => {
                 let owner = Owner::new(owner, seq, now_ms, *stale_after_ms, None);
-                self.install(subject, *generation, owner, Some(retired.clone()));
+                self.install(seq, subject, *generation, owner, Some(retired.clone()));
             }
             (Event::Heartbeat { subject, .. }, Outcome::Heartbeat { heartbeat_ms, .. }) => {
                 if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
@@ -740,6 +773,7 @@ impl Projection {
                 }
             }
             (Event::Release { subject, .. }, Outcome::Released { .. }) => {
+                self.end_tenure_leases(subject, seq);
                 let s = self.subjects.get_mut(subject).expect("checked");
                 let o = s.owner.take().expect("checked");
                 let end = TenureEnd {
@@ -773,7 +807,17 @@ impl Projection {
                 for id in displaced {
                     self.end_lease(*id, LeaseState::Displaced { seq }, seq);
                 }
-                self.install_lease(seq, *lease, resource, *mode, holder.clone(), *token, *expires_ms);
+                self.install_lease(seq, *lease, resource, *mode, holder.clone(), *token, *expires_ms, HeldBy::Text);
+            }
+            (
+                Event::OwnerLeaseAcquire { owner, .. },
+                Outcome::LeaseAcquired { lease, resource, mode, token, expires_ms, displaced },
+            ) => {
+                for id in displaced {
+                    self.end_lease(*id, LeaseState::Displaced { seq }, seq);
+                }
+                let holder = format!("owner:{}@{}", owner.subject, owner.generation);
+                self.install_lease(seq, *lease, resource, *mode, holder, *token, *expires_ms, HeldBy::Owner(owner));
             }
             (
                 Event::SpawnRequested { fingerprint, command, owner, timeout_ms, output_bytes_max, .. },
@@ -793,6 +837,7 @@ impl Projection {
                         process_holder(*process),
                         g.token,
                         LEASE_HELD_UNTIL_END_MS,
+                        HeldBy::Process(*process),
                     );
                 }
                 self.last_process_id = *process;
@@ -853,13 +898,27 @@ impl Projection {
     }
 
     /// A new owner at `generation`, in the same record that ends the previous tenure.
-    fn install(&mut self, subject: &str, generation: u64, owner: Owner, ended: Option<TenureEnd>) {
+    fn install(&mut self, seq: u64, subject: &str, generation: u64, owner: Owner, ended: Option<TenureEnd>) {
+        if ended.is_some() {
+            self.end_tenure_leases(subject, seq);
+        }
         let s = self.subjects.entry(subject.to_owned()).or_default();
         if let Some(e) = ended {
             push_bounded(&mut s.ended, e);
         }
         s.generation = generation;
         s.owner = Some(owner);
+    }
+
+    /// End the live leases the current tenure of `subject` holds (in the record
+    /// at `seq` that ends the tenure).
+    fn end_tenure_leases(&mut self, subject: &str, seq: u64) {
+        let ids: Vec<u64> = self.subjects.get(subject).map(|s| s.leases.iter().copied().collect()).unwrap_or_default();
+        for id in ids {
+            if self.lease_is_live(id) {
+                self.end_lease(id, LeaseState::Released { seq }, seq);
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -872,7 +931,18 @@ impl Projection {
         holder: String,
         token: u64,
         expires_ms: u64,
+        held_by: HeldBy<'_>,
     ) {
+        let (owner, process) = match held_by {
+            HeldBy::Text => (None, None),
+            HeldBy::Owner(o) => {
+                if let Some(s) = self.subjects.get_mut(&o.subject) {
+                    s.leases.insert(lease);
+                }
+                (Some(o.clone()), None)
+            }
+            HeldBy::Process(p) => (None, Some(p)),
+        };
         let r = self.resources.entry(resource.to_owned()).or_default();
         r.token = token;
         r.live.insert(lease);
@@ -888,6 +958,8 @@ impl Projection {
                 acquired_seq: seq,
                 expires_ms,
                 state: LeaseState::Held,
+                owner,
+                process,
             },
         );
     }
@@ -896,6 +968,9 @@ impl Projection {
         let l = self.leases.get_mut(&id).expect("live lease");
         debug_assert!(l.is_live());
         l.state = state;
+        if let Some(s) = l.owner.as_ref().and_then(|o| self.subjects.get_mut(&o.subject)) {
+            s.leases.remove(&id);
+        }
         if let Some(r) = self.resources.get_mut(&l.resource) {
             r.live.remove(&id);
         }

@@ -172,6 +172,14 @@ pub enum Event {
         process: u64,
         end: super::ProcessEnd,
     },
+    /// A lease held by an owner tenure (`owner` must be current): it ends in the
+    /// record that ends the tenure (release, takeover, claim over a dead owner).
+    OwnerLeaseAcquire {
+        resource: String,
+        mode: LeaseMode,
+        owner: super::OwnerRef,
+        ttl_ms: u64,
+    },
 }
 
 impl Event {
@@ -191,6 +199,7 @@ impl Event {
             Event::ProcessStarted { .. } => "process_started",
             Event::ProcessCancelRequested { .. } => "process_cancel_requested",
             Event::ProcessEnded { .. } => "process_ended",
+            Event::OwnerLeaseAcquire { .. } => "owner_lease_acquire",
         }
     }
 
@@ -210,7 +219,8 @@ impl Event {
             | Event::SpawnRequested { .. }
             | Event::ProcessStarted { .. }
             | Event::ProcessCancelRequested { .. }
-            | Event::ProcessEnded { .. } => None,
+            | Event::ProcessEnded { .. }
+            | Event::OwnerLeaseAcquire { .. } => None,
         }
     }
 }

@@ -101,7 +101,15 @@ pub struct TakeoverRequest {
 pub struct LeaseAcquireRequest {
     pub resource: String,
     pub mode: LeaseMode,
+    /// A free-text holder, or empty when `owner` holds the lease.
+    #[serde(default)]
     pub holder: String,
+    /// Held by this owner's tenure at `generation` (which must be current): the
+    /// lease ends in the record that ends the tenure.
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub generation: Option<u64>,
     #[serde(default = "lease_ttl_ms_default")]
     pub ttl_ms: u64,
     #[serde(default)]
@@ -221,7 +229,12 @@ impl Intent for LeaseAcquireRequest {
         self.request_id.as_deref()
     }
     fn digest(&self) -> [u8; 32] {
-        intent_digest(&("lease-acquire", &self.resource, self.mode, &self.holder, self.ttl_ms))
+        match (&self.owner, self.generation) {
+            (None, None) => intent_digest(&("lease-acquire", &self.resource, self.mode, &self.holder, self.ttl_ms)),
+            (owner, generation) => {
+                intent_digest(&("lease-acquire-owner", &self.resource, self.mode, owner, generation, self.ttl_ms))
+            }
+        }
     }
 }
 
@@ -382,11 +395,26 @@ pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpRes
             detail: format!("ttl_ms is 1..={LEASE_TTL_MS_MAX} (a day)"),
         }));
     }
-    let event = Event::LeaseAcquire {
-        resource: req.resource.clone(),
-        mode: req.mode,
-        holder: req.holder.clone(),
-        ttl_ms: req.ttl_ms,
+    let invalid = |detail: &str| Err(OpError::Refused(Refusal::InvalidInput { detail: detail.into() }));
+    let event = match (&req.owner, req.generation) {
+        (None, None) if req.holder.trim().is_empty() => return invalid("a lease names a holder, or an owner"),
+        (None, None) => Event::LeaseAcquire {
+            resource: req.resource.clone(),
+            mode: req.mode,
+            holder: req.holder.clone(),
+            ttl_ms: req.ttl_ms,
+        },
+        (Some(subject), Some(generation)) if req.holder.is_empty() => {
+            valid(subject)?;
+            Event::OwnerLeaseAcquire {
+                resource: req.resource.clone(),
+                mode: req.mode,
+                owner: crate::model::OwnerRef { subject: subject.clone(), generation },
+                ttl_ms: req.ttl_ms,
+            }
+        }
+        (Some(_), Some(_)) => return invalid("a lease is held by a holder or by an owner, not both"),
+        _ => return invalid("owner and generation go together"),
     };
     respond(ledger.submit(req.tag(), single(vec![event]))?)
 }

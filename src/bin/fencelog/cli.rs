@@ -339,8 +339,15 @@ pub(crate) enum LeaseCmd {
         resource: String,
         #[arg(long, value_enum)]
         mode: Mode,
-        #[arg(long)]
-        holder: String,
+        /// A free-text holder (or --owner/--generation instead).
+        #[arg(long, required_unless_present = "owner", conflicts_with = "owner")]
+        holder: Option<String>,
+        /// Held by this owner's tenure (GENERATION must be current); the lease ends
+        /// in the record that ends the tenure (release, takeover, dead-owner claim).
+        #[arg(long, requires = "generation")]
+        owner: Option<String>,
+        #[arg(long, requires = "owner")]
+        generation: Option<u64>,
         #[arg(long, default_value_t = fencelog::ops::LEASE_TTL_MS_DEFAULT)]
         ttl_ms: u64,
         #[command(flatten)]

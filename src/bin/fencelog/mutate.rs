@@ -76,12 +76,20 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             ops::valid(&r.subject)?;
             printed(&ops::takeover(&open(&dir)?, &r, caller())?)
         }
-        Cmd::Lease { cmd: LeaseCmd::Acquire { dir, resource, mode, holder, ttl_ms, req } } => {
+        Cmd::Lease { cmd: LeaseCmd::Acquire { dir, resource, mode, holder, owner, generation, ttl_ms, req } } => {
             let mode = match mode {
                 Mode::Read => LeaseMode::Read,
                 Mode::Write => LeaseMode::Write,
             };
-            let r = ops::LeaseAcquireRequest { resource, mode, holder, ttl_ms, request_id: req.request_id };
+            let r = ops::LeaseAcquireRequest {
+                resource,
+                mode,
+                holder: holder.unwrap_or_default(),
+                owner,
+                generation,
+                ttl_ms,
+                request_id: req.request_id,
+            };
             printed(&ops::lease_acquire(&open(&dir)?, &r)?)
         }
         Cmd::Lease { cmd: LeaseCmd::Release { dir, lease, token, req } } => {

@@ -539,3 +539,22 @@ fn owner_leases_end_with_the_tenure_and_the_audit_lists_only_that_subjects_lease
     assert_eq!(cut["processes_in_flight"][0]["process"], 1);
     assert_eq!(cut["processes_in_flight"][0]["status"], "cancelled");
 }
+
+/// Proves: an executable the kernel refuses to execute (here: it is open for
+/// writing, ETXTBSY) ends as `failed` with exit code 127 and the reason on stderr —
+/// started on record, never run, never left open.
+#[test]
+fn an_executable_that_cannot_be_executed_fails_with_127_and_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let script = t.path().join("script");
+    fs::write(&script, format!("#!/bin/sh\necho ran > {}\n", marker.display())).unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let _writer = fs::OpenOptions::new().append(true).open(&script).unwrap();
+    let (code, v) = run(&dir, &[], &[script.to_str().unwrap()]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["status"].as_str(), v["exit_code"].as_i64()), (Some("failed"), Some(127)), "{v}");
+    assert!(v["stderr_tail"].as_str().unwrap().contains("could not be executed"), "{v}");
+    assert!(!marker.exists());
+}

@@ -352,8 +352,10 @@ fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
 
 /// Poll the log until `done(process)` or `wait_ms` passed; the process as last seen.
 fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
+    // Short naps first (a quick command ends within a few ms), growing to 20 ms:
+    // catching up with the log is a read of its tail.
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let mut nap = Duration::from_millis(2);
+    let mut nap = Duration::from_micros(250);
     loop {
         let p = find(ledger, process)?;
         let now = Instant::now();
@@ -361,7 +363,7 @@ fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process)
             return Ok(p);
         }
         std::thread::sleep(nap.min(deadline - now));
-        nap = (nap * 2).min(Duration::from_millis(50));
+        nap = (nap * 3 / 2).min(Duration::from_millis(20));
     }
 }
 

@@ -2,9 +2,9 @@
 //!
 //! The runner (`fencelog __runner --dir D --process ID`) is started by whoever
 //! recorded the spawn intent, in a session of its own, so it outlives its caller.
-//! It starts the command *behind a gate*: a child (`fencelog __gate …`) that waits
-//! for one byte on its stdin before it `exec`s the command. While the child waits,
-//! the runner appends `ProcessStarted` with the child's pid and start time. Only if
+//! It starts the command *behind a gate*: between `fork` and `exec` the child
+//! tells the runner its pid and waits for one byte on a pipe. While it waits, the
+//! runner appends `ProcessStarted` with the child's pid and start time. Only if
 //! that record lands does the runner open the gate; if another runner took the
 //! process first, the record is refused and the gate is closed (the child sees end
 //! of file and exits without running anything). So a command runs at most once,
@@ -17,6 +17,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
@@ -32,8 +33,6 @@ use super::process_dir;
 /// Exit code of a runner that found its process already started (or ended) by
 /// another: it started nothing.
 pub const EXIT_ALREADY_STARTED: i32 = 75;
-/// Exit code of the gate when it was closed without the go byte: nothing ran.
-pub const GATE_CLOSED_EXIT: i32 = 125;
 /// Between TERM and KILL of a process group that is being stopped.
 pub const TERM_TO_KILL_GRACE_MS: u64 = 1_000;
 /// After the command exits, how long its output pipes may stay open (held by
@@ -55,7 +54,7 @@ fn say(process: u64, what: impl std::fmt::Display) {
 }
 
 /// The runner's whole life; returns its exit code.
-pub fn runner_main(dir: &Path, process: u64, self_exe: &Path) -> i32 {
+pub fn runner_main(dir: &Path, process: u64) -> i32 {
     let ledger = match Ledger::open(dir, ledger_options()) {
         Ok(l) => l,
         Err(e) => {
@@ -93,54 +92,52 @@ pub fn runner_main(dir: &Path, process: u64, self_exe: &Path) -> i32 {
             return 1;
         }
     }
-    let mut child = match Command::new(self_exe)
-        .arg("__gate")
-        .arg(&p.command.exe)
-        .args(&p.command.argv)
+    let Some(me) = identity::probe(std::process::id(), ledger.writer_id()) else {
+        say(process, "cannot read this runner's identity from /proc; nothing started");
+        return 1;
+    };
+    let mut cmd = Command::new(&p.command.exe);
+    cmd.arg0(&p.command.argv[0])
+        .args(&p.command.argv[1..])
         .current_dir(&p.command.cwd)
-        .stdin(Stdio::piped())
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
+        .process_group(0);
+    let gated = spawn_gated(&mut cmd, |pid| {
+        let Some(command_start_ticks) = identity::start_ticks(pid) else {
+            return (false, Err(LedgerError::Refused(Refusal::NotRunning { process, status: "vanished".into() })));
+        };
+        let r = ledger.submit(None, |_, now_ms, writer| {
+            Ok(Txn::new(
+                now_ms,
+                writer,
+                vec![Event::ProcessStarted { process, runner: me.clone(), command_pid: pid, command_start_ticks }],
+            ))
+        });
+        (r.is_ok(), r)
+    });
+    let mut child = match gated {
+        Gated::Started(child, _) => Ok(child),
+        Gated::ExecFailed(e, _) => {
+            say(process, format!("started on record, but the executable could not be executed: {e}"));
+            Err(e)
+        }
+        Gated::NotSpawned(e) => {
             end_unstarted(&ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
             return 1;
         }
+        Gated::Refused(Err(LedgerError::Refused(
+            r @ (Refusal::AlreadyStarted { .. } | Refusal::AlreadyTerminal { .. }),
+        ))) => {
+            say(process, format!("{r}; nothing started"));
+            return EXIT_ALREADY_STARTED;
+        }
+        Gated::Refused(r) => {
+            say(process, format!("the start was not recorded ({:?}); nothing started", r.err()));
+            return 1;
+        }
     };
-    let pid = child.id();
-    let (Some(me), Some(command_start_ticks)) =
-        (identity::probe(std::process::id(), ledger.writer_id()), identity::start_ticks(pid))
-    else {
-        say(process, "cannot read process identities from /proc; nothing started");
-        let _ = child.kill();
-        let _ = child.wait();
-        return 1;
-    };
-    let started = ledger.submit(None, |_, now_ms, writer| {
-        Ok(Txn::new(
-            now_ms,
-            writer,
-            vec![Event::ProcessStarted { process, runner: me.clone(), command_pid: pid, command_start_ticks }],
-        ))
-    });
-    if let Err(e) = started {
-        // The gate is closed: the child exits without running anything.
-        drop(child.stdin.take());
-        let _ = child.wait();
-        return match e {
-            LedgerError::Refused(r @ (Refusal::AlreadyStarted { .. } | Refusal::AlreadyTerminal { .. })) => {
-                say(process, format!("{r}; nothing started"));
-                EXIT_ALREADY_STARTED
-            }
-            other => {
-                say(process, format!("cannot record the start ({other}); nothing started"));
-                1
-            }
-        };
-    }
     let t0 = Instant::now();
     let outputs = match open_outputs(dir, process) {
         Ok(o) => o,
@@ -151,16 +148,40 @@ pub fn runner_main(dir: &Path, process: u64, self_exe: &Path) -> i32 {
             [None, None]
         }
     };
-    if let Some(mut gate) = child.stdin.take()
-        && let Err(e) = gate.write_all(b"g")
-    {
-        say(process, format!("cannot open the gate: {e}"));
-    }
     let [out_file, err_file] = outputs;
+    let child = match child.as_mut() {
+        Ok(c) => c,
+        Err(e) => {
+            // Exec failed behind the gate: the command never ran; exit 127 as a shell
+            // says it, with the reason as its stderr (kept like any output).
+            let message = format!("fencelog: {} could not be executed: {e}\n", p.command.exe).into_bytes();
+            let mut stderr = Capture::default();
+            if let Some(mut f) = err_file
+                && f.write_all(&message).and_then(|_| f.sync_all()).is_ok()
+            {
+                stderr.bytes_kept = message.len() as u64;
+                stderr.kept_blake3 = *blake3::hash(&message).as_bytes();
+            }
+            stderr.bytes_seen = message.len() as u64;
+            stderr.tail = message;
+            let exit = Exit {
+                exit_code: Some(127),
+                signal: None,
+                timed_out: false,
+                cancelled: false,
+                duration_ms: t0.elapsed().as_millis() as u64,
+                stdout: Capture { kept_blake3: *blake3::hash(b"").as_bytes(), ..Capture::default() },
+                stderr,
+            };
+            record_exit(dir, &ledger, process, exit);
+            return 0;
+        }
+    };
+    let pid = child.id();
     let max = p.output_bytes_max;
     let stdout = Capturer::start(child.stdout.take().expect("piped"), out_file, max);
     let stderr = Capturer::start(child.stderr.take().expect("piped"), err_file, max);
-    let (status, timed_out) = wait_with_timeout(&mut child, p.timeout_ms, pid);
+    let (status, timed_out) = wait_with_timeout(child, p.timeout_ms, pid);
     let drain_until = Instant::now() + Duration::from_millis(OUTPUT_DRAIN_MS);
     let (stdout, stderr) = (stdout.finish(drain_until), stderr.finish(drain_until));
     let exit = Exit {
@@ -354,32 +375,111 @@ impl Capturer {
     }
 }
 
-/// The gate (`fencelog __gate EXE ARGV0 ARGS…`): wait for the go byte on stdin,
-/// then put /dev/null on stdin and become the command. Without the byte (end of
-/// file: the runner did not get the process) it exits [`GATE_CLOSED_EXIT`] having
-/// run nothing.
-pub fn gate_main(exe: &Path, argv: &[String]) -> i32 {
-    let mut go = [0u8; 1];
-    let mut stdin = std::io::stdin().lock();
-    match stdin.read(&mut go) {
-        Ok(1) if go[0] == b'g' => {}
-        _ => return GATE_CLOSED_EXIT,
+/// What [`spawn_gated`] did.
+enum Gated<T> {
+    /// `decide` said go and the command is running.
+    Started(Child, T),
+    /// `decide` said no: the child exited before `exec`; nothing ran.
+    Refused(T),
+    /// `decide` said go, but `exec` failed: nothing ran.
+    ExecFailed(std::io::Error, T),
+    /// No child reached the gate (fork or set-up failed).
+    NotSpawned(std::io::Error),
+}
+
+fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two new descriptors, which we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    drop(stdin);
-    match File::open("/dev/null") {
-        // SAFETY: dup2 onto fd 0 of this (single-threaded) process.
-        Ok(null) => unsafe {
-            libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0);
-        },
-        Err(e) => {
-            eprintln!("fencelog: cannot open /dev/null: {e}");
-            return 127;
+    // SAFETY: both were just created and are owned by nothing else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Spawn `cmd` behind a gate: the child, between `fork` and `exec`, writes its pid
+/// to us and waits for one byte. `decide(pid)` runs meanwhile (the runner appends
+/// the start record); only if it says go does the child `exec`. Otherwise, or if
+/// this process dies first (end of file on the gate), the child exits without
+/// running anything. The pid and start time seen by `decide` survive the `exec`.
+fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> Gated<T> {
+    let pipes = pipe_cloexec().and_then(|hello| pipe_cloexec().map(|go| (hello, go)));
+    let ((hello_r, hello_w), (go_r, go_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return Gated::NotSpawned(e),
+    };
+    let (hr, hw, gr, gw) = (hello_r.as_raw_fd(), hello_w.as_raw_fd(), go_r.as_raw_fd(), go_w.as_raw_fd());
+    // SAFETY: the closure runs in the child between fork and exec and calls only
+    // async-signal-safe functions (close, getpid, write, read) on descriptors
+    // that exist in the child; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::close(hr);
+            libc::close(gw);
+            let pid = libc::getpid().to_ne_bytes();
+            if libc::write(hw, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(hw);
+            let mut go = 0u8;
+            loop {
+                let n = libc::read(gr, (&raw mut go).cast(), 1);
+                if n == 1 && go == b'g' {
+                    return Ok(());
+                }
+                if n < 0 && *libc::__errno_location() == libc::EINTR {
+                    continue;
+                }
+                return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+            }
+        });
+    }
+    std::thread::scope(|s| {
+        // `spawn` returns once the child has exec'd or failed; our copies of the
+        // child's ends close then, so the reads below always end.
+        let spawner = s.spawn(move || {
+            let r = cmd.spawn();
+            drop((hello_w, go_r));
+            r
+        });
+        let mut pid = [0u8; 4];
+        let mut got = 0;
+        let mut hello = File::from(hello_r);
+        while got < pid.len() {
+            match hello.read(&mut pid[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
-    }
-    let Some((argv0, args)) = argv.split_first() else { return 127 };
-    let e = Command::new(exe).arg0(argv0).args(args).exec();
-    eprintln!("fencelog: cannot execute {}: {e}", exe.display());
-    127
+        if got < pid.len() {
+            drop(go_w);
+            return match spawner.join().expect("spawner thread") {
+                Err(e) => Gated::NotSpawned(e),
+                Ok(mut child) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    Gated::NotSpawned(std::io::Error::other("the child never reached the gate"))
+                }
+            };
+        }
+        let (go, t) = decide(i32::from_ne_bytes(pid) as u32);
+        let mut gate = File::from(go_w);
+        let opened = go && gate.write_all(b"g").is_ok();
+        drop(gate);
+        match spawner.join().expect("spawner thread") {
+            Ok(child) if opened => Gated::Started(child, t),
+            Ok(mut child) => {
+                // Cannot happen (the child execs only after the byte); never leave it.
+                let _ = child.kill();
+                let _ = child.wait();
+                Gated::Refused(t)
+            }
+            Err(e) if opened => Gated::ExecFailed(e, t),
+            Err(_) => Gated::Refused(t),
+        }
+    })
 }
 
 /// Start a runner for `process` in a session of its own, its stderr appended to

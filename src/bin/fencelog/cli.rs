@@ -222,13 +222,6 @@ pub(crate) enum Cmd {
         #[arg(long)]
         process: u64,
     },
-    /// The gate a supervised command waits behind until its start is on record.
-    #[command(name = "__gate", hide = true)]
-    Gate {
-        exe: PathBuf,
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
-        argv: Vec<String>,
-    },
     /// The offline inspector: reads a live log or a copy, never writes.
     Inspect {
         #[command(subcommand)]

@@ -81,10 +81,8 @@ fn run(cmd: cli::Cmd) -> Printed {
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(&dir.dir, records, appenders, payload_bytes),
         cmd @ (Cmd::Run { .. } | Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
         Cmd::Runner { dir, process } => {
-            let exe = std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
-            std::process::exit(fencelog::supervisor::runner::runner_main(&dir.dir, process, &exe))
+            std::process::exit(fencelog::supervisor::runner::runner_main(&dir.dir, process))
         }
-        Cmd::Gate { exe, argv } => std::process::exit(fencelog::supervisor::runner::gate_main(&exe, &argv)),
         other => mutate::run(other),
     }
 }

@@ -117,8 +117,7 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         | Cmd::Run { .. }
         | Cmd::Process { .. }
         | Cmd::Recover { .. }
-        | Cmd::Runner { .. }
-        | Cmd::Gate { .. } => unreachable!("dispatched in main"),
+        | Cmd::Runner { .. } => unreachable!("dispatched in main"),
     }
 }
 

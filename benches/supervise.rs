@@ -1,0 +1,141 @@
+//! Supervision overhead, one run, one machine: `/bin/true` spawned and waited for
+//! directly, versus run through fencelog (intent recorded, a runner started in
+//! its own session, the start and the exit recorded, the answer read back from the
+//! log), and runs per second with 16 concurrent callers. A raw fdatasync of a small
+//! append is measured beside them: every run makes three durable records (intent,
+//! start, exit).
+//!
+//!   cargo bench --bench supervise                   # full run
+//!   cargo bench --bench supervise -- --quick --json # short run, one JSON object
+//!
+//! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fencelog::ledger::{Ledger, LedgerOptions};
+use fencelog::supervisor::{self, RunRequest};
+use serde_json::json;
+
+const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn stats(mut us: Vec<f64>) -> serde_json::Value {
+    us.sort_by(f64::total_cmp);
+    json!({
+        "samples": us.len(),
+        "p50_ms": round3(percentile(&us, 0.5) / 1000.0),
+        "p99_ms": round3(percentile(&us, 0.99) / 1000.0),
+    })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn request() -> RunRequest {
+    RunRequest {
+        command: vec!["/bin/true".into()],
+        wait_ms: 10_000,
+        output_bytes_max: supervisor::OUTPUT_BYTES_MAX_DEFAULT,
+        ..Default::default()
+    }
+}
+
+fn run_once(ledger: &Ledger, dir: &Path) -> f64 {
+    let t = Instant::now();
+    let v = supervisor::run(ledger, dir, &request(), Path::new(FENCELOG)).expect("run");
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+fn direct_once() -> f64 {
+    let t = Instant::now();
+    let s = Command::new("/bin/true").status().expect("spawn");
+    assert!(s.success());
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+fn fdatasync_once(f: &mut std::fs::File) -> f64 {
+    let t = Instant::now();
+    f.write_all(&[b'x'; 200]).unwrap();
+    f.sync_data().unwrap();
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let as_json = args.iter().any(|a| a == "--json");
+    let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+    std::fs::create_dir_all(&root).expect("bench dir");
+    let root = std::path::absolute(root).unwrap();
+    let samples = if quick { 200 } else { 1000 };
+    let tmp = tempfile::Builder::new().prefix("supervise").tempdir_in(&root).unwrap();
+    let dir = tmp.path().join("log");
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let mut raw = std::fs::File::create(tmp.path().join("raw")).unwrap();
+
+    // Interleaved sample by sample, so all three see the same machine weather.
+    let (mut direct, mut through, mut sync) = (vec![], vec![], vec![]);
+    for _ in 0..10 {
+        run_once(&ledger, &dir);
+    }
+    for _ in 0..samples {
+        direct.push(direct_once());
+        through.push(run_once(&ledger, &dir));
+        sync.push(fdatasync_once(&mut raw));
+    }
+    let med = |v: &Vec<f64>| {
+        let mut s = v.clone();
+        s.sort_by(f64::total_cmp);
+        (percentile(&s, 0.5), percentile(&s, 0.99))
+    };
+    let ((d50, d99), (t50, t99), (s50, _)) = (med(&direct), med(&through), med(&sync));
+
+    // 16 callers, each with its own ledger handle (as 16 callers would be).
+    let callers = 16;
+    let run_for = Duration::from_millis(if quick { 3000 } else { 10_000 });
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..callers)
+        .map(|_| {
+            let (dir, done) = (dir.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+                while start.elapsed() < run_for {
+                    run_once(&l, &dir);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let runs_per_s = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+
+    let out = json!({
+        "quick": quick,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "direct_spawn": stats(direct),
+        "through_fencelog": stats(through),
+        "raw_fdatasync_200b": stats(sync),
+        "overhead_p50_ms": round3((t50 - d50) / 1000.0),
+        "overhead_p99_ms": round3((t99 - d99) / 1000.0),
+        "overhead_p50_minus_two_fdatasyncs_ms": round3((t50 - d50 - 2.0 * s50) / 1000.0),
+        "runs_per_s_16_callers": runs_per_s.round(),
+    });
+    if as_json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}

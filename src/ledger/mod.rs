@@ -330,6 +330,14 @@ impl Ledger {
         }
     }
 
+    /// Catch up with other writers, then look at the projection through `f`
+    /// (no copy: what a poll of one entry should use).
+    pub fn refresh_with<R>(&self, f: impl FnOnce(&Projection) -> R) -> Result<R, LedgerError> {
+        let mut inner = self.settled()?;
+        Self::catch_up(&mut inner)?;
+        Ok(f(&inner.projection))
+    }
+
     /// Catch up with other writers, then return the projection.
     pub fn refresh(&self) -> Result<Projection, LedgerError> {
         let mut inner = self.settled()?;

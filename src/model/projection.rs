@@ -18,9 +18,10 @@ pub const REQUESTS_RETAINED: usize = 100_000;
 pub const TERMINAL_LEASES_RETAINED: usize = 10_000;
 /// Ended tenures remembered per subject (the audit reads the full story from the log).
 pub const TENURES_RETAINED: usize = 32;
-/// Ended processes remembered (live ones are always kept): `process show` of an
-/// older one reads the log.
-pub const TERMINAL_PROCESSES_RETAINED: usize = 10_000;
+/// Ended processes remembered (live ones are always kept). Each may carry 8 KiB of
+/// output tails, so this bounds them to about 8 MiB of the projection (and of each
+/// snapshot); older ones are in the log (`inspect dump --kind process_ended`).
+pub const TERMINAL_PROCESSES_RETAINED: usize = 1_000;
 /// A lease held by a process never expires by time: it ends with the process.
 pub const LEASE_HELD_UNTIL_END_MS: u64 = u64::MAX;
 

@@ -346,8 +346,9 @@ pub fn run(ledger: &Ledger, dir: &Path, req: &RunRequest, self_exe: &Path) -> Re
 
 /// A process from the ledger (caught up with the log), or `UNKNOWN_PROCESS`.
 fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
-    let p = ledger.refresh()?;
-    p.processes.get(&process).cloned().ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
+    ledger
+        .refresh_with(|p| p.processes.get(&process).cloned())?
+        .ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
 }
 
 /// Poll the log until `done(process)` or `wait_ms` passed; the process as last seen.

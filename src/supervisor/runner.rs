@@ -62,9 +62,16 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
             return 1;
         }
     };
-    let Some(p) = ledger.projection().processes.get(&process).cloned() else {
-        say(process, "no such process in the log");
-        return 2;
+    let p = match ledger.refresh_with(|p| p.processes.get(&process).cloned()) {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            say(process, "no such process in the log");
+            return 2;
+        }
+        Err(e) => {
+            say(process, format!("cannot read the log: {e}"));
+            return 1;
+        }
     };
     if p.started.is_some() || p.ended.is_some() {
         say(process, format!("already {}; nothing started", p.status().as_str()));

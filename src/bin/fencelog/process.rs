@@ -98,7 +98,7 @@ fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed
     let mut pos = 0u64;
     loop {
         let ended = match &ledger {
-            Some(l) => sup::show(&l.refresh()?, id)?.status.is_terminal(),
+            Some(l) => l.refresh_with(|p| p.processes.get(&id).is_none_or(|x| x.ended.is_some()))?,
             None => true,
         };
         if let Ok(mut f) = std::fs::File::open(&path) {

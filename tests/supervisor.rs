@@ -266,9 +266,11 @@ fn kill_9_of_the_caller_leaves_the_runner_to_record_the_exit() {
     assert_eq!(fs::read_to_string(&marker).unwrap(), "done\n");
 }
 
-/// Proves: a kill -9 of the runner leaves no exit record, and `recover` says
-/// `completed_unknown` (never a guessed failure) and does not run it again; a
-/// second recovery changes nothing.
+/// Proves: a kill -9 of the runner leaves no exit record. While its command (or
+/// anything in its group) still runs, `recover` leaves it alone and its lease stays
+/// held — another writer is refused; once nothing of it runs, `recover` says
+/// `completed_unknown` (never a guessed failure), ends its lease in that record,
+/// and never runs it again; a second recovery changes nothing.
 #[test]
 fn kill_9_of_the_runner_is_completed_unknown_on_recovery_and_recovery_is_idempotent() {
     let (t, dir) = new_log();
@@ -287,12 +289,22 @@ fn kill_9_of_the_runner_is_completed_unknown_on_recovery_and_recovery_is_idempot
     kill9(runner);
     wait_gone(runner);
     let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["runner_gone_command_alive"].clone()), (0, serde_json::json!([1])), "{r}");
+    assert_eq!(show(&dir, 1)["status"], "running", "not over while its command runs");
+    let (code, e) = run(&dir, &["--lease", "db:write"], &["true"]);
+    assert_eq!((code, code_of(&e)), (3, "LEASE_CONFLICT"), "the lease is still held: {e}");
+    fencelog::supervisor::runner::signal_group(pid, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !group_members(pid).is_empty() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, r) = fl(&dir, &["recover"]);
     assert_eq!(code, 0, "{r}");
     assert_eq!(r["completed_unknown"], serde_json::json!([1]), "{r}");
     let v = show(&dir, 1);
     assert_eq!(v["status"], "completed_unknown");
     assert_eq!(v["end_code"], "process_dead");
-    assert!(v["end_detail"].as_str().unwrap().contains("still running"), "the command outlived its runner: {v}");
     assert_eq!(v["leases_released"], v["leases"], "its leases ended in the same record");
     let (_, head) = fl(&dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]);
     let (code, again) = fl(&dir, &["recover"]);
@@ -301,7 +313,8 @@ fn kill_9_of_the_runner_is_completed_unknown_on_recovery_and_recovery_is_idempot
     let (_, head2) = fl(&dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]);
     assert_eq!(head, head2, "a second recovery wrote nothing");
     assert_eq!(lines(&marker), 1, "never run again");
-    fencelog::supervisor::runner::signal_group(pid, libc::SIGKILL);
+    let (code, w) = run(&dir, &["--lease", "db:write"], &["true"]);
+    assert_eq!((code, w["status"].as_str()), (0, Some("succeeded")));
 }
 
 /// Proves: a timeout stops the whole process group (TERM, then KILL): no member
@@ -367,11 +380,18 @@ fn a_fenced_owner_cannot_cancel_and_cannot_run() {
     let (code, e) =
         run(&dir, &["--owner", "svc", "--generation", "1"], &["sh", "-c", &format!("echo > {}", marker.display())]);
     assert_eq!((code, code_of(&e)), (3, "FENCED"), "{e}");
+    // Presenting nothing is not a way around the fence.
+    let (code, e) = fl(&dir, &["process", "cancel", "1"]);
+    assert_eq!((code, code_of(&e), e["error"]["presented"].as_u64()), (3, "FENCED", Some(0)), "{e}");
+    assert!(fencelog::ledger::identity::start_ticks(pid).is_some(), "no signal was sent");
     let (code, ok) = fl(&dir, &["process", "cancel", "1", "--owner", "svc", "--generation", "2"]);
     assert_eq!((code, ok["status"].as_str()), (0, Some("cancelled")), "{ok}");
-    // Cancelling what has ended answers with the first outcome, sends nothing.
-    let (code, again) = fl(&dir, &["process", "cancel", "1"]);
+    // Cancelling what has ended answers with the first outcome, sends nothing —
+    // to the current generation; the fenced one is still refused.
+    let (code, again) = fl(&dir, &["process", "cancel", "1", "--owner", "svc", "--generation", "2"]);
     assert_eq!((code, again["signalled"].as_bool(), again["status"].as_str()), (0, Some(false), Some("cancelled")));
+    let (code, e) = fl(&dir, &["process", "cancel", "1", "--owner", "svc", "--generation", "1"]);
+    assert_eq!((code, code_of(&e)), (3, "FENCED"));
     assert!(!marker.exists());
 }
 
@@ -528,8 +548,8 @@ fn owner_leases_end_with_the_tenure_and_the_audit_lists_only_that_subjects_lease
     // The process belongs to the retired tenure: recovery leaves it to the new owner.
     let (code, r) = fl(&dir, &["recover"]);
     assert_eq!((code, r["other_owner_untouched"].clone()), (0, serde_json::json!([1])), "{r}");
-    let (code, x) = fl(&dir, &["process", "cancel", "1"]);
-    assert_eq!((code, x["status"].as_str()), (0, Some("cancelled")));
+    let (code, x) = fl(&dir, &["process", "cancel", "1", "--owner", "svc", "--generation", "2"]);
+    assert_eq!((code, x["status"].as_str()), (0, Some("cancelled")), "the new owner decides: {x}");
     let (code, audit) = fl(&dir, &["audit", dir.to_str().unwrap(), "--subject", "svc", "--format", "json"]);
     assert_eq!(code, 0, "{audit}");
     let cut = &audit["subjects"][0]["cutovers"][0];
@@ -557,4 +577,177 @@ fn an_executable_that_cannot_be_executed_fails_with_127_and_says_why() {
     assert_eq!((v["status"].as_str(), v["exit_code"].as_i64()), (Some("failed"), Some(127)), "{v}");
     assert!(v["stderr_tail"].as_str().unwrap().contains("could not be executed"), "{v}");
     assert!(!marker.exists());
+}
+
+/// Proves: what a command leaves running in its group when it exits is stopped
+/// before its end (and its leases' end) is recorded: no member of the group is
+/// left, and the lease is free for the next writer.
+#[test]
+fn background_children_are_stopped_before_the_end_and_the_lease_are_recorded() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &["--lease", "db:write"], &["sh", "-c", "sleep 30 & echo started"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["status"].as_str(), v["stdout_tail"].as_str()), (Some("succeeded"), Some("started\n")), "{v}");
+    assert_eq!(v["stdout"]["truncated"], false, "the pipe closed when the group stopped: {v}");
+    let pgid = v["pid"].as_u64().unwrap() as u32;
+    assert!(group_members(pgid).is_empty(), "group {pgid} left {:?}", group_members(pgid));
+    let (code, w) = run(&dir, &["--lease", "db:write"], &["true"]);
+    assert_eq!((code, w["status"].as_str()), (0, Some("succeeded")));
+}
+
+/// Proves: a process not yet started is cancelled at once (`cancelled`, it never
+/// runs, its leases end); a runner started for it afterwards starts nothing.
+#[test]
+fn cancelling_a_process_before_it_starts_ends_it_and_it_never_runs() {
+    let (_t, dir) = new_log();
+    let id = orphan_intent(&dir);
+    let (code, c) = fl(&dir, &["process", "cancel", &id.to_string()]);
+    assert_eq!(code, 0, "{c}");
+    assert_eq!(
+        (c["status"].as_str(), c["end_code"].as_str()),
+        (Some("cancelled"), Some("CANCELLED_BEFORE_START")),
+        "{c}"
+    );
+    let out = Command::new(FENCELOG)
+        .args(["__runner", "--process", &id.to_string()])
+        .env("FENCELOG_DIR", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+}
+
+/// Proves: a process run for a generation that was fenced, whose runner and
+/// command died, is left by a plain `recover` to the current owner, who settles it
+/// with `recover --owner S --generation G` (its lease then ends); a fenced
+/// generation cannot.
+#[test]
+fn the_current_owner_settles_processes_of_its_subjects_earlier_generations() {
+    let (_t, dir) = new_log();
+    let me = std::process::id().to_string();
+    let (code, _) = fl(&dir, &["claim", "--subject", "svc", "--pid", &me]);
+    assert_eq!(code, 0);
+    let (code, v) = run(
+        &dir,
+        &["--owner", "svc", "--generation", "1", "--lease", "disk:write", "--wait-ms", "0"],
+        &["sleep", "30"],
+    );
+    assert_eq!(code, 0, "{v}");
+    let v = until(&dir, 1, "running", |v| v["status"] == "running");
+    let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
+    let (code, _) = fl(&dir, &["rotate-fence", "--subject", "svc", "--generation", "1"]);
+    assert_eq!(code, 0);
+    kill9(runner);
+    wait_gone(runner);
+    fencelog::supervisor::runner::signal_group(pid, libc::SIGKILL);
+    wait_gone(pid);
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["other_owner_untouched"].clone()), (0, serde_json::json!([1])), "{r}");
+    let (code, e) = fl(&dir, &["recover", "--owner", "svc", "--generation", "1"]);
+    assert_eq!((code, code_of(&e)), (3, "FENCED"), "{e}");
+    let (code, r) = fl(&dir, &["recover", "--owner", "svc", "--generation", "2"]);
+    assert_eq!((code, r["completed_unknown"].clone()), (0, serde_json::json!([1])), "{r}");
+    let (code, w) = run(&dir, &["--lease", "disk:write"], &["true"]);
+    assert_eq!((code, w["status"].as_str()), (0, Some("succeeded")), "the lease ended: {w}");
+}
+
+/// Proves: output files are created 0600 in a 0700 directory and never through a
+/// symbolic link: a link planted where the output goes is set aside, and its
+/// target is untouched.
+#[test]
+fn output_files_never_follow_a_planted_link_and_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let (t, dir) = new_log();
+    let victim = t.path().join("victim");
+    fs::write(&victim, "precious").unwrap();
+    let d = dir.join("processes/1");
+    fs::create_dir_all(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink(&victim, d.join("stdout")).unwrap();
+    let (code, v) = run(&dir, &[], &["sh", "-c", "echo OVERWRITTEN"]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    assert_eq!(fs::read_to_string(d.join("stdout")).unwrap(), "OVERWRITTEN\n");
+    assert_eq!(fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
+    for f in ["stdout", "stderr", "runner.log"] {
+        assert_eq!(fs::symlink_metadata(d.join(f)).unwrap().permissions().mode() & 0o777, 0o600, "{f}");
+    }
+    let aside = fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("stdout.set-aside-"))
+        .count();
+    assert_eq!(aside, 1, "the planted link is kept aside");
+}
+
+/// Proves: a descriptor the caller inherited (a pipe its own caller waits on) is not
+/// held by the runner or the command: with --wait-ms 0 the pipe ends when `run` does.
+#[test]
+fn the_runner_does_not_hold_descriptors_the_caller_inherited() {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::process::CommandExt;
+    let (_t, dir) = new_log();
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (mut r, w) = unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) };
+    let wfd = w.as_raw_fd();
+    let mut cmd = Command::new(FENCELOG);
+    cmd.args(["run", "--wait-ms", "0", "--", "sleep", "5"]).env("FENCELOG_DIR", &dir).stdout(Stdio::null());
+    // As a shell does with `7>&1`: fd 7 of the caller, inherited.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(wfd, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let status = cmd.status().unwrap();
+    assert!(status.success());
+    drop(w);
+    let mut buf = Vec::new();
+    r.read_to_end(&mut buf).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(4), "the pipe stayed open for the command's lifetime");
+    let v = show(&dir, 1);
+    fencelog::supervisor::runner::signal_group(v["pid"].as_u64().unwrap_or(0) as u32, libc::SIGKILL);
+}
+
+/// Proves: a runner whose binary was replaced on disk (a package upgrade) is still
+/// alive to `recover` (the running image is fingerprinted by device and inode),
+/// and so is an owner whose executable was replaced: a second claim is refused.
+#[test]
+fn a_binary_replaced_on_disk_does_not_make_a_live_runner_or_owner_dead() {
+    let (t, dir) = new_log();
+    let bin = t.path().join("fencelog-copy");
+    fs::copy(FENCELOG, &bin).unwrap();
+    let out = Command::new(&bin)
+        .args(["run", "--wait-ms", "0", "--", "sleep", "1"])
+        .env("FENCELOG_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    until(&dir, 1, "running", |v| v["status"] == "running");
+    let fresh = t.path().join("fencelog-copy.new");
+    fs::copy(FENCELOG, &fresh).unwrap();
+    fs::rename(&fresh, &bin).unwrap();
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["left_running"].clone()), (0, serde_json::json!([1])), "{r}");
+    let v = until(&dir, 1, "terminal", |v| v["status"] != "running");
+    assert_eq!(v["status"], "succeeded", "the runner recorded the real exit: {v}");
+
+    let sleep = t.path().join("sleep-copy");
+    fs::copy("/bin/sleep", &sleep).unwrap();
+    let mut owner = Command::new(&sleep).arg("30").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let (code, c) = fl(&dir, &["claim", "--subject", "upgraded", "--pid", &owner.id().to_string()]);
+    assert_eq!(code, 0, "{c}");
+    let fresh = t.path().join("sleep-copy.new");
+    fs::copy("/bin/sleep", &fresh).unwrap();
+    fs::rename(&fresh, &sleep).unwrap();
+    let me = std::process::id().to_string();
+    let (code, e) = fl(&dir, &["claim", "--subject", "upgraded", "--pid", &me]);
+    assert_eq!((code, code_of(&e)), (3, "ALREADY_ACTIVE"), "a live owner is not dead: {e}");
+    owner.kill().unwrap();
+    owner.wait().unwrap();
 }

@@ -22,15 +22,18 @@ fn stat(pid: u32) -> Option<(char, u64)> {
     Some((state, start))
 }
 
-/// Executable fingerprint: target path, size and mtime of `/proc/<pid>/exe`.
+/// Prefix of an executable fingerprint by the running image's file identity.
+const EXE_INODE_PREFIX: &str = "inode:";
+
+/// Executable fingerprint: `inode:DEV:INO` of the file the process is running
+/// (`/proc/<pid>/exe` followed to the image itself), which survives the file being
+/// replaced or deleted on disk, as a package upgrade does: a process whose binary
+/// was upgraded under it is still the same process.
 fn exe_fingerprint(pid: u32) -> String {
-    let Ok(path) = fs::read_link(format!("/proc/{pid}/exe")) else { return "unknown".into() };
+    use std::os::unix::fs::MetadataExt;
     match fs::metadata(format!("/proc/{pid}/exe")) {
-        Ok(m) => {
-            use std::os::unix::fs::MetadataExt;
-            format!("{}:{}:{}", path.display(), m.size(), m.mtime())
-        }
-        Err(_) => format!("{}", path.display()),
+        Ok(m) => format!("{EXE_INODE_PREFIX}{}:{}", m.dev(), m.ino()),
+        Err(_) => "unknown".into(),
     }
 }
 
@@ -38,6 +41,21 @@ fn exe_fingerprint(pid: u32) -> String {
 /// such process or it has exited (a zombie).
 pub fn start_ticks(pid: u32) -> Option<u64> {
     stat(pid).filter(|(state, _)| !matches!(state, 'Z' | 'X')).map(|(_, start)| start)
+}
+
+/// Live (not zombie) members of process group `pgid`, from `/proc`.
+pub fn process_group_members(pgid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return vec![] };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|pid| {
+            let Ok(s) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+            let Some(rest) = s.rfind(')').and_then(|i| s.get(i + 2..)) else { return false };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.first().is_some_and(|st| !matches!(*st, "Z" | "X")) && f.get(2).and_then(|g| g.parse().ok()) == Some(pgid)
+        })
+        .collect()
 }
 
 /// Identity evidence of a running process, or `None` if it does not exist.
@@ -61,8 +79,11 @@ pub fn death_of(id: &Identity) -> Option<DeathReason> {
     if boot_id() != id.boot_id {
         return Some(DeathReason::BootChanged);
     }
+    // Only fingerprints of the same kind compare: identities recorded by earlier
+    // versions (`path:size:mtime`, which an upgrade on disk changed under a live
+    // process) are judged on pid, start time and boot id alone.
     let exe = exe_fingerprint(id.pid);
-    if exe != "unknown" && id.exe != "unknown" && exe != id.exe {
+    if id.exe.starts_with(EXE_INODE_PREFIX) && exe.starts_with(EXE_INODE_PREFIX) && exe != id.exe {
         return Some(DeathReason::ExeChanged);
     }
     None

@@ -98,10 +98,15 @@ pub enum ProcessEnd {
         /// this was recorded (it may outlive its runner).
         command_alive: bool,
     },
-    /// Never ran: `PRESPAWN_ABANDONED` (no runner took it within the grace) or
-    /// `SPAWN_FAILED` (the executable could not be started).
+    /// Never ran: `PRESPAWN_ABANDONED` (no runner took it within the grace),
+    /// `SPAWN_FAILED` (no runner or command could be started), `EXE_CHANGED` (the
+    /// executable is no longer the file requested), `CANCELLED_BEFORE_START`.
     Failed { code: String, detail: String },
 }
+
+/// The code of a process cancelled before any runner started it (status
+/// `cancelled`; it never ran).
+pub const CANCELLED_BEFORE_START: &str = "CANCELLED_BEFORE_START";
 
 /// Status of a process, derived from its records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumString)]
@@ -134,6 +139,7 @@ impl ProcessEnd {
             ProcessEnd::Exited(e) if e.exit_code == Some(0) => ProcessStatus::Succeeded,
             ProcessEnd::Exited(_) => ProcessStatus::Failed,
             ProcessEnd::CompletedUnknown { .. } => ProcessStatus::CompletedUnknown,
+            ProcessEnd::Failed { code, .. } if code == CANCELLED_BEFORE_START => ProcessStatus::Cancelled,
             ProcessEnd::Failed { .. } => ProcessStatus::Failed,
         }
     }

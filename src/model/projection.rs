@@ -638,9 +638,7 @@ impl Projection {
             }
             Event::ProcessCancelRequested { process, by } => {
                 let p = self.live_process(*process)?;
-                if let Some(o) = by {
-                    self.owner_at(&o.subject, o.generation)?;
-                }
+                self.cancel_allowed(p, by.as_ref())?;
                 if p.started.is_none() {
                     return refuse(Refusal::NotRunning { process: *process, status: p.status().as_str().into() });
                 }
@@ -730,6 +728,25 @@ impl Projection {
 
     fn lease_is_live(&self, id: u64) -> bool {
         self.leases.get(&id).is_some_and(Lease::is_live)
+    }
+
+    /// May the presenter of `by` cancel `p`? A process run for an owner is
+    /// cancelled only by that subject's *current* generation (a fenced or absent
+    /// one is `FENCED`, presented 0 when none); an unowned one by anyone (a
+    /// presented generation must still be current).
+    pub fn cancel_allowed(&self, p: &Process, by: Option<&OwnerRef>) -> Result<(), Refusal> {
+        match (&p.owner, by) {
+            (Some(owner), None) => refuse(Refusal::Fenced {
+                subject: owner.subject.clone(),
+                presented: 0,
+                current: self.current(&owner.subject).0,
+            }),
+            (Some(owner), Some(b)) if b.subject != owner.subject => refuse(Refusal::InvalidInput {
+                detail: format!("process {} runs for {}, not {}", p.id, owner.subject, b.subject),
+            }),
+            (_, Some(b)) => self.owner_at(&b.subject, b.generation).map(|_| ()),
+            (None, None) => Ok(()),
+        }
     }
 
     /// A process that has not ended, or why not.

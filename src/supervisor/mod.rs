@@ -336,9 +336,16 @@ pub fn run(ledger: &Ledger, dir: &Path, req: &RunRequest, self_exe: &Path) -> Re
     // A retried request whose first caller never started a runner (it was killed,
     // say) starts one now. Runners race safely: only one `started` record lands.
     let p = find(ledger, process)?;
-    if p.status() == ProcessStatus::Requested {
-        runner::start_runner(dir, process, self_exe, &env)
-            .map_err(|e| OpError::Io { message: format!("cannot start the runner for process {process}: {e}") })?;
+    if p.status() == ProcessStatus::Requested
+        && let Err(e) = runner::start_runner(dir, process, self_exe, &env)
+    {
+        // Never started: say so on record (its leases end with it), unless a runner
+        // of another caller got it meanwhile.
+        let detail = format!("cannot start a runner: {e}");
+        let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail: detail.clone() };
+        let _ =
+            ledger.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }])));
+        return Err(OpError::Io { message: format!("process {process}: {detail}") });
     }
     let p = wait_for(ledger, process, req.wait_ms, |p| p.status().is_terminal())?;
     Ok(ProcessView::of(&p, deduplicated))
@@ -438,16 +445,41 @@ pub struct CancelResponse {
     pub not_signalled_because: Option<String>,
 }
 
-/// Is the command recorded for `p` still that process (pid and start time)?
-fn command_is_alive(p: &Process) -> bool {
-    p.started.as_ref().is_some_and(|s| {
-        identity::start_ticks(s.command_pid) == Some(s.command_start_ticks) && identity::boot_id() == s.runner.boot_id
-    })
+/// Is anything of the command recorded for `p` still running: its leader (pid and
+/// start time, same boot) or, once the leader is gone, any member of its process
+/// group? (A pid in use as a group id is never given to a new process, so members of
+/// that group are the command's.)
+pub fn command_group_alive(p: &Process) -> bool {
+    let Some(s) = &p.started else { return false };
+    if identity::boot_id() != s.runner.boot_id {
+        return false;
+    }
+    match identity::start_ticks(s.command_pid) {
+        Some(t) => t == s.command_start_ticks,
+        None => !identity::process_group_members(s.command_pid).is_empty(),
+    }
 }
 
-/// `process cancel`: record the cancel (refused for a fenced owner generation,
-/// before any signal), check the command's identity, TERM its process group, and
-/// KILL it after `grace_ms` if it has not ended.
+/// Record that a started process ended unseen: its runner is gone (`reason`) and
+/// nothing of its command is left running.
+fn end_unknown(ledger: &Ledger, process: u64, reason: &str) -> Result<(), OpError> {
+    let end = ProcessEnd::CompletedUnknown { runner: reason.to_owned(), command_alive: false };
+    match ledger.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))) {
+        Ok(_) | Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. })) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn runner_dead(p: &Process) -> Option<&'static str> {
+    p.started.as_ref().and_then(|s| identity::death_of(&s.runner)).map(|r| r.code())
+}
+
+/// `process cancel`: a process run for an owner is cancelled only by that
+/// subject's current generation (`FENCED` otherwise, before any signal). One not
+/// started yet ends at once (`cancelled`, it never runs). A running one: the cancel
+/// is recorded, the command's identity checked, TERM sent to its process group,
+/// KILL after `grace_ms`. If its runner is gone too, the end is recorded here
+/// (`completed_unknown`) once nothing of it runs.
 pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64) -> Result<CancelResponse, OpError> {
     if grace_ms > WAIT_MS_MAX {
         return Err(invalid(format!("grace_ms is at most {WAIT_MS_MAX}")));
@@ -455,36 +487,63 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
     if let Some(o) = &by {
         crate::ops::valid(&o.subject)?;
     }
+    let answer = |p: &Process, signalled: bool, why: Option<&str>| CancelResponse {
+        process: ProcessView::of(p, false),
+        signalled,
+        not_signalled_because: why.map(str::to_owned),
+    };
     let p = find(ledger, process)?;
+    ledger.refresh_with(|x| x.cancel_allowed(&p, by.as_ref()))?.map_err(OpError::Refused)?;
     if p.ended.is_some() {
-        return Ok(CancelResponse {
-            process: ProcessView::of(&p, false),
-            signalled: false,
-            not_signalled_because: Some("already terminal: the first outcome stands".into()),
-        });
+        return Ok(answer(&p, false, Some("already terminal: the first outcome stands")));
     }
-    ledger.submit(None, |_, now_ms, writer| {
-        Ok(Txn::new(now_ms, writer, vec![Event::ProcessCancelRequested { process, by: by.clone() }]))
-    })?;
+    if p.started.is_none() {
+        let end = ProcessEnd::Failed {
+            code: crate::model::CANCELLED_BEFORE_START.into(),
+            detail: "cancelled before any runner started it; it never ran".into(),
+        };
+        let r = ledger.submit(None, |x, t, w| {
+            if let Some(q) = x.processes.get(&process) {
+                x.cancel_allowed(q, by.as_ref())?;
+            }
+            Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
+        });
+        match r {
+            Ok(_) => return Ok(answer(&find(ledger, process)?, false, Some("it had not started: nothing to signal"))),
+            // A runner started it meanwhile: cancel it running.
+            Err(LedgerError::Refused(Refusal::AlreadyStarted { .. })) => {}
+            Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. })) => {
+                return Ok(answer(&find(ledger, process)?, false, Some("already terminal: the first outcome stands")));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let recorded = ledger
+        .submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessCancelRequested { process, by: by.clone() }])));
+    match recorded {
+        Ok(_) => {}
+        Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. })) => {
+            return Ok(answer(&find(ledger, process)?, false, Some("already terminal: the first outcome stands")));
+        }
+        Err(e) => return Err(e.into()),
+    }
     let p = find(ledger, process)?;
     let pgid = p.started.as_ref().map_or(0, |s| s.command_pid);
-    if !command_is_alive(&p) {
-        let p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
-        return Ok(CancelResponse {
-            process: ProcessView::of(&p, false),
-            signalled: false,
-            not_signalled_because: Some(
-                "the recorded command (pid and start time) is no longer running: no signal sent".into(),
-            ),
-        });
-    }
-    runner::signal_group(pgid, libc::SIGTERM);
-    let p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
-    if p.ended.is_none() && command_is_alive(&p) {
+    let signalled = command_group_alive(&p) && runner::signal_group(pgid, libc::SIGTERM);
+    let mut p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
+    if p.ended.is_none() && command_group_alive(&p) {
         runner::signal_group(pgid, libc::SIGKILL);
+        p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
     }
-    let p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
-    Ok(CancelResponse { process: ProcessView::of(&p, false), signalled: true, not_signalled_because: None })
+    if p.ended.is_none()
+        && !command_group_alive(&p)
+        && let Some(reason) = runner_dead(&p)
+    {
+        end_unknown(ledger, process, reason)?;
+        p = find(ledger, process)?;
+    }
+    let why = (!signalled).then_some("nothing of the recorded command (pid and start time, or its group) was running");
+    Ok(answer(&p, signalled, why))
 }
 
 /// What one recovery pass did, by process id.
@@ -492,13 +551,17 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
 pub struct RecoverReport {
     /// Runner alive (its identity matches): left running.
     pub left_running: Vec<u64>,
-    /// Runner gone without an exit record.
+    /// Runner gone, but the command (or what it started in its group) still runs:
+    /// untouched, its leases still held — it is not over. `process cancel` stops it.
+    pub runner_gone_command_alive: Vec<u64>,
+    /// Runner gone without an exit record, nothing of the command running.
     pub completed_unknown: Vec<u64>,
     /// Intent older than the grace, never started.
     pub prespawn_abandoned: Vec<u64>,
     /// Intent younger than the grace: a runner may still be starting.
     pub young_untouched: Vec<u64>,
-    /// Owned by a subject generation another live owner has replaced: theirs to decide.
+    /// Run for a subject generation another live owner has replaced: that owner
+    /// settles them (`recover --owner S --generation G`).
     pub other_owner_untouched: Vec<u64>,
     /// Ended by someone else while this pass looked.
     pub ended_meanwhile: Vec<u64>,
@@ -506,13 +569,32 @@ pub struct RecoverReport {
 }
 
 /// `fencelog recover`: settle every process that has not ended, from the log and
-/// the identities of its runner — never by guessing, never by running anything.
-pub fn recover(ledger: &Ledger, prespawn_grace_ms: u64, now_ms: u64) -> Result<RecoverReport, OpError> {
+/// the identities of its runner and command — never by guessing, never by running
+/// anything. With `as_owner` (which must be the subject's current generation), the
+/// processes run for that subject's earlier generations are settled too.
+pub fn recover(
+    ledger: &Ledger,
+    prespawn_grace_ms: u64,
+    now_ms: u64,
+    as_owner: Option<&OwnerRef>,
+) -> Result<RecoverReport, OpError> {
     let projection = ledger.refresh()?;
+    if let Some(o) = as_owner {
+        crate::ops::valid(&o.subject)?;
+        let (current, owned) = projection.subject(&o.subject).map_or((0, false), |s| (s.generation, s.owner.is_some()));
+        if current != o.generation || !owned {
+            return Err(OpError::Refused(Refusal::Fenced {
+                subject: o.subject.clone(),
+                presented: o.generation,
+                current,
+            }));
+        }
+    }
     let mut report = RecoverReport { prespawn_grace_ms, ..Default::default() };
     let open: Vec<&Process> = projection.processes.values().filter(|p| p.ended.is_none()).collect();
     for p in open {
         if let Some(o) = &p.owner
+            && as_owner.is_none_or(|me| me.subject != o.subject)
             && let Some(s) = projection.subject(&o.subject)
             && s.generation != o.generation
             && s.owner.as_ref().is_some_and(|cur| identity::death_of(&cur.identity).is_none())
@@ -526,9 +608,11 @@ pub fn recover(ledger: &Ledger, prespawn_grace_ms: u64, now_ms: u64) -> Result<R
                     report.left_running.push(p.id);
                     continue;
                 }
-                Some(reason) => {
-                    ProcessEnd::CompletedUnknown { runner: reason.code().into(), command_alive: command_is_alive(p) }
+                Some(_) if command_group_alive(p) => {
+                    report.runner_gone_command_alive.push(p.id);
+                    continue;
                 }
+                Some(reason) => ProcessEnd::CompletedUnknown { runner: reason.code().into(), command_alive: false },
             },
             None if now_ms.saturating_sub(p.requested_ms) < prespawn_grace_ms => {
                 report.young_untouched.push(p.id);

@@ -189,14 +189,25 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
     let stdout = Capturer::start(child.stdout.take().expect("piped"), out_file, max);
     let stderr = Capturer::start(child.stderr.take().expect("piped"), err_file, max);
     let (status, timed_out) = wait_with_timeout(child, p.timeout_ms, pid);
+    let duration_ms = t0.elapsed().as_millis() as u64;
+    // A cancel is recorded before its signal is sent: one on record when the
+    // command ended is what ended it.
+    let cancelled =
+        ledger.refresh_with(|x| x.processes.get(&process).is_some_and(|x| x.cancel_requested_seq.is_some()));
+    // The process is its whole group: what the command left running is stopped
+    // before its end (and its leases' end) is recorded.
+    let leftovers = stop_group(pid, TERM_TO_KILL_GRACE_MS);
+    if leftovers > 0 {
+        say(process, format!("stopped {leftovers} process(es) the command left in its group"));
+    }
     let drain_until = Instant::now() + Duration::from_millis(OUTPUT_DRAIN_MS);
     let (stdout, stderr) = (stdout.finish(drain_until), stderr.finish(drain_until));
     let exit = Exit {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
         timed_out,
-        cancelled: false,
-        duration_ms: t0.elapsed().as_millis() as u64,
+        cancelled: cancelled.unwrap_or(false),
+        duration_ms,
         stdout,
         stderr,
     };
@@ -216,14 +227,12 @@ fn end_unstarted(ledger: &Ledger, process: u64, code: &str, detail: &str) {
 }
 
 /// Append the terminal record, retrying (reopening the log) on failure: it is the
-/// only evidence of how the command ended. A cancel recorded before it makes the
-/// outcome `cancelled`.
-fn record_exit(dir: &Path, first: &Ledger, process: u64, mut exit: Exit) {
+/// only evidence of how the command ended.
+fn record_exit(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
     let mut reopened;
     let mut ledger = first;
     for attempt in 1..=TERMINAL_APPEND_ATTEMPTS_MAX {
-        let r = ledger.submit(None, |p, now_ms, writer| {
-            exit.cancelled = p.processes.get(&process).is_some_and(|x| x.cancel_requested_seq.is_some());
+        let r = ledger.submit(None, |_, now_ms, writer| {
             Ok(Txn::new(now_ms, writer, vec![Event::ProcessEnded { process, end: ProcessEnd::Exited(exit.clone()) }]))
         });
         match r {
@@ -277,11 +286,34 @@ fn wait_with_timeout(child: &mut Child, timeout_ms: u64, pgid: u32) -> (Option<s
     }
     signal_group(pgid, libc::SIGTERM);
     if let Some(s) = poll(child, Instant::now() + Duration::from_millis(TERM_TO_KILL_GRACE_MS)) {
-        signal_group(pgid, libc::SIGKILL); // whatever it left behind in its group
-        return (Some(s), true);
+        return (Some(s), true); // the rest of the group: `stop_group`
     }
     signal_group(pgid, libc::SIGKILL);
     (child.wait().ok(), true)
+}
+
+/// Stop what is left of process group `pgid`: TERM, then KILL after `grace_ms`;
+/// returns how many members there were.
+pub fn stop_group(pgid: u32, grace_ms: u64) -> usize {
+    let members = identity::process_group_members(pgid).len();
+    if members == 0 {
+        return 0;
+    }
+    let gone_by = |until: Instant| {
+        while !identity::process_group_members(pgid).is_empty() {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    };
+    signal_group(pgid, libc::SIGTERM);
+    if !gone_by(Instant::now() + Duration::from_millis(grace_ms)) {
+        signal_group(pgid, libc::SIGKILL);
+        gone_by(Instant::now() + Duration::from_millis(1_000));
+    }
+    members
 }
 
 /// Send `signal` to process group `pgid`.
@@ -291,12 +323,42 @@ pub fn signal_group(pgid: u32, signal: i32) -> bool {
 }
 
 fn open_outputs(dir: &Path, process: u64) -> std::io::Result<[Option<File>; 2]> {
+    let d = private_process_dir(dir, process)?;
+    Ok([Some(new_private_file(&d, "stdout")?), Some(new_private_file(&d, "stderr")?)])
+}
+
+/// `DIR/processes/ID/`, created 0700 — or, if it exists, checked to be a real
+/// directory (never a symbolic link) and made 0700.
+fn private_process_dir(dir: &Path, process: u64) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = dir.join(super::PROCESS_DIR);
     let d = process_dir(dir, process);
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&d)?;
-    let open = |name: &str| {
-        OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(d.join(name)).map(Some)
-    };
-    Ok([open("stdout")?, open("stderr")?])
+    for p in [&parent, &d] {
+        match std::fs::DirBuilder::new().mode(0o700).create(p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let m = std::fs::symlink_metadata(p)?;
+                if !m.file_type().is_dir() {
+                    return Err(std::io::Error::other(format!("{} is not a directory", p.display())));
+                }
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(d)
+}
+
+/// A new file `name` in `d`, 0600, never through a symbolic link. Whatever has that
+/// name already (output of a process of an earlier history that had this id, or
+/// something planted) is renamed aside and kept, never followed or overwritten.
+fn new_private_file(d: &Path, name: &str) -> std::io::Result<File> {
+    let path = d.join(name);
+    if std::fs::symlink_metadata(&path).is_ok() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        std::fs::rename(&path, d.join(format!("{name}.set-aside-{nanos}")))?;
+    }
+    OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 struct CaptureState {
@@ -304,6 +366,9 @@ struct CaptureState {
     hasher: blake3::Hasher,
     tail: std::collections::VecDeque<u8>,
     done: bool,
+    /// Set when the result was taken: nothing more is written or counted, so the
+    /// record matches the file.
+    stopped: bool,
 }
 
 /// Reads one output stream on its own thread: the first `max` bytes go to the
@@ -320,6 +385,7 @@ impl Capturer {
             hasher: blake3::Hasher::new(),
             tail: std::collections::VecDeque::with_capacity(OUTPUT_TAIL_BYTES_MAX),
             done: false,
+            stopped: false,
         }));
         let (tx, done) = mpsc::channel();
         let shared = Arc::clone(&state);
@@ -334,6 +400,9 @@ impl Capturer {
                 };
                 let chunk = &buf[..n];
                 let mut s = shared.lock().expect("capture state");
+                if s.stopped {
+                    return;
+                }
                 let c = &mut s.capture;
                 c.bytes_seen += n as u64;
                 let room = max.saturating_sub(c.bytes_kept) as usize;
@@ -371,7 +440,8 @@ impl Capturer {
     /// read so far, marked truncated: the rest was never read).
     fn finish(self, until: Instant) -> Capture {
         let _ = self.done.recv_timeout(until.saturating_duration_since(Instant::now()));
-        let s = self.state.lock().expect("capture state");
+        let mut s = self.state.lock().expect("capture state");
+        s.stopped = true;
         let mut c = s.capture.clone();
         if !s.done {
             c.truncated = true;
@@ -493,9 +563,15 @@ fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> G
 /// the process's `runner.log`, with `env` added to its environment (the command's
 /// `--env` values, which never enter the log). It is reaped on a thread of ours.
 pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<u32> {
-    let d = process_dir(dir, process);
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&d)?;
-    let log = OpenOptions::new().append(true).create(true).mode(0o600).open(d.join("runner.log"))?;
+    use std::os::unix::fs::PermissionsExt;
+    let d = private_process_dir(dir, process)?;
+    let log = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(d.join("runner.log"))?;
+    log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     let mut cmd = Command::new(self_exe);
     cmd.arg("__runner")
         .arg("--dir")
@@ -507,11 +583,22 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-    // SAFETY: setsid(2) is async-signal-safe; called in the child between fork and exec.
+    // SAFETY: setsid(2) and close_range(2) are async-signal-safe; called in the
+    // child between fork and exec. The runner inherits no descriptor but 0–2: one
+    // the caller's caller left open (a pipe a shell waits on) must not be held for
+    // the command's lifetime.
     unsafe {
         cmd.pre_exec(|| {
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Marked close-on-exec rather than closed: spawn's own error pipe
+            // must stay open until the exec.
+            const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) != 0 {
+                for fd in 3..1024 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
             }
             Ok(())
         });

@@ -213,6 +213,12 @@ pub(crate) enum Cmd {
         dir: Dir,
         #[arg(long, default_value_t = fencelog::supervisor::PRESPAWN_GRACE_MS_DEFAULT)]
         prespawn_grace_ms: u64,
+        /// As the current owner of SUBJECT (at GENERATION): also settle the processes
+        /// run for its earlier generations.
+        #[arg(long, requires = "generation")]
+        owner: Option<String>,
+        #[arg(long, requires = "owner")]
+        generation: Option<u64>,
     },
     /// The runner of a supervised process (started by `run`).
     #[command(name = "__runner", hide = true)]

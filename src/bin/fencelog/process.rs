@@ -54,9 +54,11 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             let ledger = open(&dir)?;
             printed(&sup::run(&ledger, &absolute(&dir.dir)?, &r, &self_exe()?)?)
         }
-        Cmd::Recover { dir, prespawn_grace_ms } => {
+        Cmd::Recover { dir, prespawn_grace_ms, owner, generation } => {
             let ledger = open(&dir)?;
-            printed(&sup::recover(&ledger, prespawn_grace_ms, LogOptions::default().now_ms())?)
+            let me =
+                owner.zip(generation).map(|(subject, generation)| fencelog::model::OwnerRef { subject, generation });
+            printed(&sup::recover(&ledger, prespawn_grace_ms, LogOptions::default().now_ms(), me.as_ref())?)
         }
         Cmd::Process { cmd } => match cmd {
             ProcessCmd::Show { dir, id } => {
@@ -96,6 +98,7 @@ fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed
     let path = sup::output_path(dir, id, stream);
     let mut out = std::io::stdout().lock();
     let mut pos = 0u64;
+    let deadline = std::time::Instant::now() + Duration::from_millis(sup::WAIT_MS_MAX);
     loop {
         let ended = match &ledger {
             Some(l) => l.refresh_with(|p| p.processes.get(&id).is_none_or(|x| x.ended.is_some()))?,
@@ -109,6 +112,10 @@ fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed
             out.write_all(&buf).and_then(|_| out.flush()).map_err(crate::stdout_error)?;
         }
         if ended {
+            return Ok((serde_json::Value::Null, 0));
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!("fencelog: process {id} has not ended after {} ms; stopped following", sup::WAIT_MS_MAX);
             return Ok((serde_json::Value::Null, 0));
         }
         std::thread::sleep(Duration::from_millis(100));

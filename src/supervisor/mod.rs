@@ -456,7 +456,7 @@ pub fn command_group_alive(p: &Process) -> bool {
     }
     match identity::start_ticks(s.command_pid) {
         Some(t) => t == s.command_start_ticks,
-        None => !identity::process_group_members(s.command_pid).is_empty(),
+        None => runner::group_exists(s.command_pid),
     }
 }
 

@@ -295,12 +295,12 @@ fn wait_with_timeout(child: &mut Child, timeout_ms: u64, pgid: u32) -> (Option<s
 /// Stop what is left of process group `pgid`: TERM, then KILL after `grace_ms`;
 /// returns how many members there were.
 pub fn stop_group(pgid: u32, grace_ms: u64) -> usize {
-    let members = identity::process_group_members(pgid).len();
-    if members == 0 {
-        return 0;
+    if !group_exists(pgid) {
+        return 0; // the common case, answered by one system call
     }
+    let members = identity::process_group_members(pgid).len().max(1);
     let gone_by = |until: Instant| {
-        while !identity::process_group_members(pgid).is_empty() {
+        while group_exists(pgid) {
             if Instant::now() >= until {
                 return false;
             }
@@ -314,6 +314,16 @@ pub fn stop_group(pgid: u32, grace_ms: u64) -> usize {
         gone_by(Instant::now() + Duration::from_millis(1_000));
     }
     members
+}
+
+/// Does process group `pgid` have a live member? `kill(-pgid, 0)` answers "no" in
+/// one system call (the common case); a "yes" may be zombies only (reaped late by
+/// whoever adopted them), so it is confirmed from `/proc`.
+pub fn group_exists(pgid: u32) -> bool {
+    // SAFETY: signal 0 checks for existence and permission; nothing is sent.
+    pgid > 1
+        && unsafe { libc::kill(-(pgid as i32), 0) } == 0
+        && !identity::process_group_members(pgid).is_empty()
 }
 
 /// Send `signal` to process group `pgid`.

@@ -24,6 +24,8 @@
 //! ```
 
 pub mod audit;
+#[cfg(feature = "daemon")]
+pub mod daemon;
 pub mod format;
 pub mod inspect;
 pub mod ledger;

@@ -444,6 +444,18 @@ fn event_text(e: &Event) -> String {
         Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
             format!("lease-acquire {resource} {mode:?} owner {}@{} ttl {ttl_ms} ms", owner.subject, owner.generation)
         }
+        Event::Cutover { home, reason, settled, more } => {
+            let mut s = format!(
+                "cutover of {}@{} ({reason}): {} request(s) settled",
+                home.subject,
+                home.generation,
+                settled.len() as u64 + more
+            );
+            for r in settled.iter().take(8) {
+                s += &format!(" {}={}", r.request, r.how);
+            }
+            s
+        }
     }
 }
 

@@ -67,8 +67,19 @@ pub fn probe(pid: u32, instance: uuid::Uuid) -> Option<Identity> {
     Some(Identity { instance, pid, start_ticks, boot_id: boot_id(), exe: exe_fingerprint(pid) })
 }
 
-/// `None` if the identity is that of a live process; else the first failed check.
+/// The identity of an owner on another host (a daemon's client without a pid):
+/// only its instance is known. Its liveness is judged by heartbeat staleness
+/// alone: it is never provably dead, so only a takeover replaces it.
+pub fn remote(instance: uuid::Uuid) -> Identity {
+    Identity { instance, pid: 0, start_ticks: 0, boot_id: String::new(), exe: "remote".into() }
+}
+
+/// `None` if the identity is that of a live process — or of a remote owner (pid
+/// 0), which nothing here can prove dead; else the first failed check.
 pub fn death_of(id: &Identity) -> Option<DeathReason> {
+    if id.pid == 0 {
+        return None;
+    }
     let Some((state, start)) = stat(id.pid) else { return Some(DeathReason::ProcessDead) };
     if matches!(state, 'Z' | 'X') {
         return Some(DeathReason::ProcessDead);

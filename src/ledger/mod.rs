@@ -338,6 +338,21 @@ impl Ledger {
         Ok(f(&inner.projection))
     }
 
+    /// Catch up with other writers, then a read view of the state (what `state`
+    /// and `request show` answer from), as a read-only open would give.
+    pub fn view(&self) -> Result<ReadView, LedgerError> {
+        let mut inner = self.settled()?;
+        Self::catch_up(&mut inner)?;
+        Ok(ReadView {
+            projection: inner.projection.clone(),
+            head: inner.head,
+            torn_tail: false,
+            snapshot_seq: None,
+            snapshot_warnings: vec![],
+            backend: Arc::clone(&self.backend),
+        })
+    }
+
     /// Catch up with other writers, then return the projection.
     pub fn refresh(&self) -> Result<Projection, LedgerError> {
         let mut inner = self.settled()?;
@@ -368,6 +383,18 @@ impl Ledger {
         // `build` may run more than once: again whenever another writer appended
         // first (each run sees the state its transaction would follow).
         self.commit_with(group::Admission::Callers, |ledger, inner| {
+            ledger.check_and_queue(inner, request.clone(), &mut build)
+        })
+    }
+
+    /// [`submit`](Self::submit) for the ledger's owner's own last words: admitted
+    /// even while draining (a daemon's cutover record and the release of its home).
+    pub fn submit_internal(
+        &self,
+        request: Option<(String, [u8; 32])>,
+        mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+    ) -> Result<Committed, LedgerError> {
+        self.commit_with(group::Admission::Internal, |ledger, inner| {
             ledger.check_and_queue(inner, request.clone(), &mut build)
         })
     }

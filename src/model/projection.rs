@@ -238,6 +238,9 @@ pub enum Outcome {
         status: ProcessStatus,
         leases_released: Vec<u64>,
     },
+    CutoverRecorded {
+        settled: u64,
+    },
 }
 
 /// A lease granted with a spawn (held until the process ends).
@@ -336,6 +339,7 @@ impl Projection {
         let mut targets = BTreeSet::new();
         for e in &txn.events {
             let names: Vec<String> = match e {
+                Event::Cutover { .. } => vec!["cutover".to_owned()],
                 Event::LeaseAcquire { resource, .. } | Event::OwnerLeaseAcquire { resource, .. } => {
                     vec![format!("resource:{resource}")]
                 }
@@ -585,6 +589,21 @@ impl Projection {
                     expires_ms: now_ms.saturating_add(*ttl_ms),
                     displaced,
                 })
+            }
+            Event::Cutover { home, reason, settled, more } => {
+                validate_subject(&home.subject)?;
+                validate_text("reason", reason)?;
+                if settled.len() > super::CUTOVER_SETTLED_MAX {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("a cutover lists at most {} requests", super::CUTOVER_SETTLED_MAX),
+                    });
+                }
+                for r in settled {
+                    validate_text("request", &r.request)?;
+                    validate_text("how", &r.how)?;
+                    validate_text("op", &r.op)?;
+                }
+                Ok(Outcome::CutoverRecorded { settled: settled.len() as u64 + more })
             }
             Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
                 validate_subject(resource)?;

@@ -180,6 +180,29 @@ pub enum Event {
         owner: super::OwnerRef,
         ttl_ms: u64,
     },
+    /// A daemon handing over (`home` is its subject and generation): how every
+    /// request it had admitted was settled. Evidence; always accepted.
+    Cutover {
+        home: super::OwnerRef,
+        reason: String,
+        settled: Vec<SettledRequest>,
+        /// Requests beyond [`CUTOVER_SETTLED_MAX`] (counted, not listed).
+        more: u64,
+    },
+}
+
+/// Most settled requests listed in one cutover record.
+pub const CUTOVER_SETTLED_MAX: usize = 1024;
+
+/// One admitted request at a cutover and how it was settled: `committed` (with
+/// its sequence), `not_committed` (withdrawn; never appended later), or
+/// `outcome_unknown` (a spawn whose runner had not recorded its start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettledRequest {
+    pub request: String,
+    pub op: String,
+    pub how: String,
+    pub seq: Option<u64>,
 }
 
 impl Event {
@@ -200,6 +223,7 @@ impl Event {
             Event::ProcessCancelRequested { .. } => "process_cancel_requested",
             Event::ProcessEnded { .. } => "process_ended",
             Event::OwnerLeaseAcquire { .. } => "owner_lease_acquire",
+            Event::Cutover { .. } => "cutover",
         }
     }
 
@@ -220,7 +244,8 @@ impl Event {
             | Event::ProcessStarted { .. }
             | Event::ProcessCancelRequested { .. }
             | Event::ProcessEnded { .. }
-            | Event::OwnerLeaseAcquire { .. } => None,
+            | Event::OwnerLeaseAcquire { .. }
+            | Event::Cutover { .. } => None,
         }
     }
 }

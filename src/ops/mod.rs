@@ -39,6 +39,9 @@ fn lease_ttl_ms_default() -> u64 {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Caller {
     pub default_pid: Option<u32>,
+    /// A request naming no pid is an owner on another host (the daemon's clients):
+    /// identified by its instance only, never provably dead.
+    pub remote: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,6 +289,9 @@ pub const LEASE_TTL_MS_MAX: u64 = 24 * 60 * 60 * 1000;
 
 /// The identity evidence of `pid` (default: the caller's), probed now.
 fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>, caller: Caller) -> Result<Identity, OpError> {
+    if pid.is_none() && caller.default_pid.is_none() && caller.remote {
+        return Ok(identity::remote(instance.unwrap_or_else(uuid::Uuid::new_v4)));
+    }
     let pid = pid.or(caller.default_pid).ok_or_else(|| OpError::Usage {
         code: "INVALID_INPUT",
         message: "the request names no pid, and the caller has none to give".into(),

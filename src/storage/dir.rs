@@ -14,6 +14,8 @@ pub const LOCK_FILE: &str = "LOCK";
 pub const SNAPSHOT_DIR: &str = "snapshots";
 /// Supervised processes' output files (`processes/ID/`): created only in a log.
 pub const PROCESS_DIR: &str = "processes";
+/// The daemon's bearer token (`fencelog serve`), created only in a log.
+pub const SERVE_TOKEN_FILE: &str = "serve.token";
 const SEGMENT_SUFFIX: &str = ".seg";
 /// Evidence files are named `<segment>.seg<EVIDENCE_INFIX><what>-<offset>`.
 pub const EVIDENCE_INFIX: &str = ".evidence.";
@@ -56,7 +58,7 @@ pub fn listing(dir: &Path) -> Result<Listing> {
             out.segments.push((seq, entry.path()));
         } else if raw.as_encoded_bytes().ends_with(SEGMENT_SUFFIX.as_bytes()) {
             out.odd_segment_names.push(name);
-        } else if name == LOCK_FILE || is_trace_of_records(&name) {
+        } else if name == LOCK_FILE || name == SERVE_TOKEN_FILE || is_trace_of_records(&name) {
             out.log_traces.push(name);
         } else if name == SNAPSHOT_DIR || name == PROCESS_DIR {
             // Created only in a log (snapshots/ right after the first segment): it

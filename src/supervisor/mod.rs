@@ -18,6 +18,7 @@ pub mod command;
 pub mod runner;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -285,6 +286,18 @@ fn run_digest(
 /// within `wait_ms` with the result or a handle. `self_exe` is the fencelog binary
 /// the runner is started from.
 pub fn run(ledger: &Ledger, dir: &Path, req: &RunRequest, self_exe: &Path) -> Result<ProcessView, OpError> {
+    run_until(ledger, dir, req, self_exe, &AtomicBool::new(false))
+}
+
+/// [`run`], whose wait for the result also ends when `abort` is set (a daemon's
+/// cutover): the answer is then the process as it is.
+pub fn run_until(
+    ledger: &Ledger,
+    dir: &Path,
+    req: &RunRequest,
+    self_exe: &Path,
+    abort: &AtomicBool,
+) -> Result<ProcessView, OpError> {
     if req.request_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
         return Err(invalid("a request id is not empty"));
     }
@@ -347,7 +360,7 @@ pub fn run(ledger: &Ledger, dir: &Path, req: &RunRequest, self_exe: &Path) -> Re
             ledger.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }])));
         return Err(OpError::Io { message: format!("process {process}: {detail}") });
     }
-    let p = wait_for(ledger, process, req.wait_ms, |p| p.status().is_terminal())?;
+    let p = wait_for(ledger, process, req.wait_ms, |p| p.status().is_terminal() || abort.load(Ordering::Relaxed))?;
     Ok(ProcessView::of(&p, deduplicated))
 }
 

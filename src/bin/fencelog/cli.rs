@@ -162,6 +162,26 @@ pub(crate) enum Cmd {
         #[arg(long, default_value_t = 200)]
         payload_bytes: usize,
     },
+    /// The daemon: open (creating the log in a missing or empty directory), claim
+    /// the home subject, recover processes, serve HTTP; print one JSON line when
+    /// ready. SIGTERM/SIGINT cut over (every admitted request settled from the log).
+    Serve {
+        #[command(flatten)]
+        dir: Dir,
+        #[arg(long, default_value = "127.0.0.1:7411")]
+        listen: std::net::SocketAddr,
+        /// The bearer token (default: DIR/serve.token, created 0600 on first start).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        #[arg(long, default_value = fencelog::daemon::HOME_DEFAULT)]
+        home: String,
+        #[arg(long, default_value_t = fencelog::daemon::DRAIN_GRACE_MS_DEFAULT)]
+        drain_grace_ms: u64,
+        /// If a live daemon holds the home: ask it to cut over, and take the home the
+        /// moment it is released.
+        #[arg(long)]
+        handover: bool,
+    },
     /// Run a command under supervision: its intent, start and exit are records, its
     /// leases are held until it ends, and with a request id it runs at most once.
     /// Prints the result within --wait-ms, else a handle (status `running`). Exit 0

@@ -80,6 +80,27 @@ fn run(cmd: cli::Cmd) -> Printed {
         Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(&dir.dir, records, appenders, payload_bytes),
         cmd @ (Cmd::Run { .. } | Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
+        Cmd::Serve { dir, listen, token_file, home, drain_grace_ms, handover } => {
+            fencelog::ops::valid(&home)?;
+            let self_exe =
+                std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
+            let o = fencelog::daemon::ServeOptions {
+                dir: dir.dir,
+                listen,
+                token_file,
+                home,
+                drain_grace_ms,
+                handover,
+                self_exe,
+            };
+            match fencelog::daemon::serve(o) {
+                Ok(code) => Ok((Value::Null, code)),
+                Err((code, e)) => {
+                    eprintln!("fencelog: {e}");
+                    Ok((serde_json::to_value(e.body()).expect("error body serializes"), code))
+                }
+            }
+        }
         Cmd::Runner { dir, process } => {
             std::process::exit(fencelog::supervisor::runner::runner_main(&dir.dir, process))
         }

@@ -22,7 +22,7 @@ pub(crate) fn open(dir: &Dir) -> Result<Ledger, ops::OpError> {
 
 /// A claim or takeover without `--pid` is held for the process that ran us.
 fn caller() -> Caller {
-    Caller { default_pid: Some(identity::parent_pid()) }
+    Caller { default_pid: Some(identity::parent_pid()), remote: false }
 }
 
 pub(crate) fn run(cmd: Cmd) -> Printed {
@@ -117,7 +117,8 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         | Cmd::Run { .. }
         | Cmd::Process { .. }
         | Cmd::Recover { .. }
-        | Cmd::Runner { .. } => unreachable!("dispatched in main"),
+        | Cmd::Runner { .. }
+        | Cmd::Serve { .. } => unreachable!("dispatched in main"),
     }
 }
 

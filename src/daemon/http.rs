@@ -1,0 +1,658 @@
+//! Routes, authentication, problem responses, metrics and the watch stream.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::{App, BODY_BYTES_MAX, HTTP_WAIT_MS_MAX};
+use crate::model::{OwnerRef, Refusal, SettledRequest};
+use crate::ops::{self, Caller, GenerationOp, OpError};
+use crate::supervisor;
+
+/// Every route the daemon serves (method, path): the OpenAPI document lists each
+/// (a test holds them to it).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/claim"),
+    ("POST", "/v1/heartbeat"),
+    ("POST", "/v1/release"),
+    ("POST", "/v1/takeover"),
+    ("POST", "/v1/rotate-fence"),
+    ("POST", "/v1/note"),
+    ("POST", "/v1/lease/acquire"),
+    ("POST", "/v1/lease/release"),
+    ("POST", "/v1/run"),
+    ("GET", "/v1/processes"),
+    ("GET", "/v1/processes/{id}"),
+    ("POST", "/v1/processes/{id}/wait"),
+    ("POST", "/v1/processes/{id}/cancel"),
+    ("GET", "/v1/processes/{id}/logs"),
+    ("GET", "/v1/requests/{id}"),
+    ("GET", "/v1/state"),
+    ("GET", "/v1/head"),
+    ("GET", "/v1/watch"),
+    ("POST", "/v1/admin/cutover"),
+    ("GET", "/v1/openapi.json"),
+    ("GET", "/metrics"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+];
+
+const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+pub(crate) struct Metrics {
+    registry: Registry,
+    requests: Family<Vec<(String, String)>, Counter>,
+    refusals: Family<Vec<(String, String)>, Counter>,
+    commit_seconds: Histogram,
+    appends: Gauge,
+    syncs: Gauge,
+    head_seq: Gauge,
+    log_bytes: Gauge,
+    subjects: Family<Vec<(String, String)>, Gauge>,
+    processes: Family<Vec<(String, String)>, Gauge>,
+    leases: Family<Vec<(String, String)>, Gauge>,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("fencelog");
+        let m = Metrics {
+            requests: Family::default(),
+            refusals: Family::default(),
+            commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+            appends: Gauge::default(),
+            syncs: Gauge::default(),
+            head_seq: Gauge::default(),
+            log_bytes: Gauge::default(),
+            subjects: Family::default(),
+            processes: Family::default(),
+            leases: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("http_requests", "HTTP requests by route and status", m.requests.clone());
+        registry.register("refusals", "Refused operations by code", m.refusals.clone());
+        registry.register("commit_seconds", "Mutation latency, admission to answer", m.commit_seconds.clone());
+        registry.register("appends", "Records appended through this daemon", m.appends.clone());
+        registry.register("syncs", "Syncs made (records per sync = appends / syncs)", m.syncs.clone());
+        registry.register("head_seq", "Last sequence of the log", m.head_seq.clone());
+        registry.register("log_bytes", "Bytes of the log's segments", m.log_bytes.clone());
+        registry.register("subjects", "Subjects by owner status", m.subjects.clone());
+        registry.register("processes", "Supervised processes by status", m.processes.clone());
+        registry.register("leases", "Leases by state", m.leases.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+/// `application/problem+json` (RFC 9457) with the CLI's `code` and evidence.
+fn problem(status: StatusCode, code: &str, detail: &str, mut extra: serde_json::Map<String, Value>) -> Response {
+    extra.insert("type".into(), json!(format!("urn:fencelog:problem:{}", code.to_ascii_lowercase())));
+    extra.insert("title".into(), json!(code));
+    extra.insert("status".into(), json!(status.as_u16()));
+    extra.insert("detail".into(), json!(detail));
+    extra.insert("code".into(), json!(code));
+    let mut r = (status, serde_json::to_string(&Value::Object(extra)).expect("problem")).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn plain(status: StatusCode, code: &str, detail: &str) -> Response {
+    problem(status, code, detail, serde_json::Map::new())
+}
+
+/// The HTTP status of an operation's error: refused 409, invalid 400, unknown 404,
+/// draining 503, anything else (I/O, damage) 500.
+pub fn problem_status(e: &OpError) -> StatusCode {
+    match e {
+        OpError::Refused(Refusal::UnknownProcess { .. } | Refusal::UnknownLease { .. }) => StatusCode::NOT_FOUND,
+        OpError::Ledger(crate::ledger::LedgerError::Draining) => StatusCode::SERVICE_UNAVAILABLE,
+        e => match e.exit_code() {
+            3 => StatusCode::CONFLICT,
+            2 => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+    }
+}
+
+fn op_problem(app: &App, e: &OpError) -> Response {
+    let status = problem_status(e);
+    app.metrics.refusals.get_or_create(&vec![("code".into(), e.code().into())]).inc();
+    let body = serde_json::to_value(e.body()).expect("error body");
+    let mut inner = body.get("error").and_then(Value::as_object).cloned().unwrap_or_default();
+    let detail = inner.remove("message").and_then(|m| m.as_str().map(str::to_owned)).unwrap_or_default();
+    let mut code = inner.remove("code").and_then(|c| c.as_str().map(str::to_owned)).unwrap_or_default();
+    if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Draining)) {
+        code = "NOT_COMMITTED".into();
+        inner.insert("retryable".into(), json!(true));
+    }
+    problem(status, &code, &detail, inner)
+}
+
+fn ok_json(value: &Value, request_id: Option<&str>) -> Response {
+    let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response();
+    if let Some(id) = request_id.and_then(|i| HeaderValue::from_str(i).ok()) {
+        r.headers_mut().insert("idempotency-key", id);
+    }
+    r
+}
+
+async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if path == "/healthz" || path == "/readyz" {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().as_bytes().to_vec());
+    match presented {
+        Some(t) if app.token_ok(&t) => next.run(req).await,
+        _ => {
+            let mut r = plain(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", "a bearer token is required (serve.token)");
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
+    }
+}
+
+async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let r = next.run(req).await;
+    app.metrics
+        .requests
+        .get_or_create(&vec![("route".into(), route), ("status".into(), r.status().as_u16().to_string())])
+        .inc();
+    r
+}
+
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/claim", post(claim))
+        .route("/v1/heartbeat", post(|s, h, b| generation(s, h, b, GenerationOp::Heartbeat)))
+        .route("/v1/release", post(|s, h, b| generation(s, h, b, GenerationOp::Release)))
+        .route("/v1/rotate-fence", post(|s, h, b| generation(s, h, b, GenerationOp::RotateFence)))
+        .route("/v1/takeover", post(takeover))
+        .route("/v1/note", post(note))
+        .route("/v1/lease/acquire", post(lease_acquire))
+        .route("/v1/lease/release", post(lease_release))
+        .route("/v1/run", post(run))
+        .route("/v1/processes", get(processes))
+        .route("/v1/processes/{id}", get(process_show))
+        .route("/v1/processes/{id}/wait", post(process_wait))
+        .route("/v1/processes/{id}/cancel", post(process_cancel))
+        .route("/v1/processes/{id}/logs", get(process_logs))
+        .route("/v1/requests/{id}", get(request_show))
+        .route("/v1/state", get(state))
+        .route("/v1/head", get(head))
+        .route("/v1/watch", get(watch))
+        .route("/v1/admin/cutover", post(admin_cutover))
+        .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), count))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(app)
+}
+
+type Body = Result<Bytes, BytesRejection>;
+
+/// The JSON object of a request body (empty: `{}`), or the problem.
+fn body_object(body: Body) -> Result<serde_json::Map<String, Value>, Response> {
+    let bytes = body.map_err(|rej| {
+        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            plain(StatusCode::PAYLOAD_TOO_LARGE, "BODY_TOO_LARGE", &format!("a request body is at most {BODY_BYTES_MAX} bytes"))
+        } else {
+            plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &rej.body_text())
+        }
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "the body is a JSON object")),
+        Err(e) => Err(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("the body is not JSON: {e}"))),
+    }
+}
+
+fn typed<T: DeserializeOwned>(m: serde_json::Map<String, Value>) -> Result<T, Response> {
+    serde_json::from_value(Value::Object(m))
+        .map_err(|e| plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("invalid request: {e}")))
+}
+
+fn not_admitting() -> Response {
+    plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "CUTOVER_IN_PROGRESS",
+        "this daemon is handing over; retry against its successor",
+    )
+}
+
+/// What a mutation's answer says happened, for the cutover record.
+fn settlement(op: &str, r: &Result<Value, OpError>) -> (String, Option<u64>) {
+    match r {
+        Ok(v) if op == "run" && v["status"] == "requested" => ("outcome_unknown".into(), v["requested_seq"].as_u64()),
+        Ok(v) => ("committed".into(), v["seq"].as_u64().or_else(|| v["requested_seq"].as_u64())),
+        Err(OpError::Ledger(crate::ledger::LedgerError::Draining)) => ("not_committed".into(), None),
+        Err(e) => (format!("refused:{}", e.code()), None),
+    }
+}
+
+/// Admit a mutation, run it on a blocking thread through the shared operations,
+/// and answer. The request id is the `Idempotency-Key` header, else the body's
+/// `request_id`, else one made here (returned in the header and the body), so a
+/// client that lost the answer can ask `GET /v1/requests/{id}`.
+async fn mutate<T, F>(app: Arc<App>, op: &'static str, headers: HeaderMap, body: Body, f: F) -> Response
+where
+    T: DeserializeOwned + Send + 'static,
+    F: FnOnce(&App, T) -> Result<Value, OpError> + Send + 'static,
+{
+    if !app.admitting.load(Ordering::SeqCst) {
+        return not_admitting();
+    }
+    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", "too many requests in flight; retry shortly");
+    };
+    let mut m = match body_object(body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let header_id = headers.get("idempotency-key").map(|v| v.to_str().map(str::to_owned));
+    let body_id = m.get("request_id").and_then(Value::as_str).map(str::to_owned);
+    let rid = match (header_id, body_id) {
+        (Some(Err(_)), _) => return plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "Idempotency-Key is not text"),
+        (Some(Ok(h)), Some(b)) if h != b => {
+            return plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "Idempotency-Key and request_id differ");
+        }
+        (Some(Ok(h)), _) => h,
+        (None, Some(b)) => b,
+        (None, None) => format!("http-{}", uuid::Uuid::new_v4()),
+    };
+    m.insert("request_id".into(), json!(rid));
+    let req: T = match typed(m) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let ticket = app.next_ticket.fetch_add(1, Ordering::SeqCst);
+    app.admitted.lock().expect("admitted").insert(ticket, (rid.clone(), op.to_owned()));
+    // Admission was checked before registering: a cutover that began in between
+    // must see this request (it waits for the admitted set) or refuse it.
+    if !app.admitting.load(Ordering::SeqCst) && !app.cutting.load(Ordering::SeqCst) {
+        app.admitted.lock().expect("admitted").remove(&ticket);
+        return not_admitting();
+    }
+    let t0 = Instant::now();
+    let worker = Arc::clone(&app);
+    let r = tokio::task::spawn_blocking(move || f(&worker, req))
+        .await
+        .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }));
+    drop(permit);
+    app.metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
+    if app.cutting.load(Ordering::SeqCst) {
+        let (how, seq) = settlement(op, &r);
+        app.settled.lock().expect("settled").push(SettledRequest { request: rid.clone(), op: op.into(), how, seq });
+    }
+    app.admitted.lock().expect("admitted").remove(&ticket);
+    match r {
+        Ok(mut v) => {
+            if op == "run" && v["status"] == "requested" && app.abort_waits.load(Ordering::SeqCst) {
+                let mut extra = serde_json::Map::new();
+                extra.insert("retryable".into(), json!(false));
+                extra.insert("action".into(), json!("reconcile"));
+                extra.insert("request_id".into(), json!(rid));
+                extra.insert("process".into(), v["id"].clone());
+                return problem(
+                    StatusCode::CONFLICT,
+                    "OUTCOME_UNKNOWN",
+                    "the spawn intent is recorded but its runner had not recorded a start at the cutover: reconcile \
+                     (GET /v1/processes/{id}) before any retry",
+                    extra,
+                );
+            }
+            if let Value::Object(o) = &mut v {
+                o.entry("request_id").or_insert(json!(rid));
+            }
+            ok_json(&v, Some(&rid))
+        }
+        Err(e) => op_problem(&app, &e),
+    }
+}
+
+fn to_value<T: serde::Serialize>(r: Result<T, OpError>) -> Result<Value, OpError> {
+    r.map(|v| serde_json::to_value(v).expect("responses serialize"))
+}
+
+/// Owners over HTTP usually run on another host: without `pid` a claim is a
+/// remote owner (instance only, never provably dead).
+const REMOTE: Caller = Caller { default_pid: None, remote: true };
+
+async fn claim(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
+    mutate(app, "claim", h, b, |app: &App, r: ops::ClaimRequest| {
+        ops::valid(&r.subject)?;
+        to_value(ops::claim(&app.ledger, &r, REMOTE))
+    })
+    .await
+}
+
+async fn generation(State(app): State<Arc<App>>, h: HeaderMap, b: Body, op: GenerationOp) -> Response {
+    let name = match op {
+        GenerationOp::Heartbeat => "heartbeat",
+        GenerationOp::Release => "release",
+        GenerationOp::RotateFence => "rotate-fence",
+    };
+    mutate(app, name, h, b, move |app: &App, r: ops::GenerationRequest| to_value(ops::generation(&app.ledger, op, &r)))
+        .await
+}
+
+async fn takeover(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
+    mutate(app, "takeover", h, b, |app: &App, r: ops::TakeoverRequest| to_value(ops::takeover(&app.ledger, &r, REMOTE)))
+        .await
+}
+
+async fn note(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
+    mutate(app, "note", h, b, |app: &App, r: ops::NoteRequest| to_value(ops::note(&app.ledger, &r))).await
+}
+
+async fn lease_acquire(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
+    mutate(app, "lease-acquire", h, b, |app: &App, r: ops::LeaseAcquireRequest| {
+        to_value(ops::lease_acquire(&app.ledger, &r))
+    })
+    .await
+}
+
+async fn lease_release(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
+    mutate(app, "lease-release", h, b, |app: &App, r: ops::LeaseReleaseRequest| {
+        to_value(ops::lease_release(&app.ledger, &r))
+    })
+    .await
+}
+
+async fn run(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
+    mutate(app, "run", h, b, |app: &App, r: supervisor::RunRequest| {
+        if r.wait_ms > HTTP_WAIT_MS_MAX {
+            return Err(OpError::Refused(Refusal::InvalidInput {
+                detail: format!("wait_ms is at most {HTTP_WAIT_MS_MAX} over HTTP"),
+            }));
+        }
+        to_value(supervisor::run_until(&app.ledger, &app.dir, &r, &app.self_exe, &app.abort_waits))
+    })
+    .await
+}
+
+/// A read on a blocking thread, answered as JSON or a problem.
+async fn read<F>(app: Arc<App>, f: F) -> Response
+where
+    F: FnOnce(&App) -> Result<Value, OpError> + Send + 'static,
+{
+    let worker = Arc::clone(&app);
+    match tokio::task::spawn_blocking(move || f(&worker)).await {
+        Ok(Ok(v)) => ok_json(&v, None),
+        Ok(Err(e)) => op_problem(&app, &e),
+        Err(e) => plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", &format!("the read panicked: {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+struct ProcessFilter {
+    status: Option<String>,
+    owner: Option<String>,
+}
+
+async fn processes(State(app): State<Arc<App>>, Query(q): Query<ProcessFilter>) -> Response {
+    read(app, move |app| {
+        let r = app.ledger.refresh_with(|p| supervisor::list(p, q.status.as_deref(), q.owner.as_deref()))?;
+        to_value(r)
+    })
+    .await
+}
+
+async fn process_show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
+    read(app, move |app| to_value(app.ledger.refresh_with(|p| supervisor::show(p, id))?)).await
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct WaitBody {
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+async fn process_wait(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body) -> Response {
+    let w: WaitBody = match body_object(b).and_then(typed) {
+        Ok(w) => w,
+        Err(r) => return r,
+    };
+    let timeout_ms = w.timeout_ms.unwrap_or(supervisor::WAIT_MS_DEFAULT).min(HTTP_WAIT_MS_MAX);
+    read(app, move |app| to_value(supervisor::wait(&app.ledger, id, timeout_ms))).await
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    generation: Option<u64>,
+    #[serde(default)]
+    grace_ms: Option<u64>,
+}
+
+async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body) -> Response {
+    if !app.admitting.load(Ordering::SeqCst) {
+        return not_admitting();
+    }
+    let c: CancelBody = match body_object(b).and_then(typed) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let by = match (c.owner, c.generation) {
+        (Some(subject), Some(generation)) => Some(OwnerRef { subject, generation }),
+        (None, None) => None,
+        _ => return plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "owner and generation go together"),
+    };
+    let grace = c.grace_ms.unwrap_or(2_000).min(HTTP_WAIT_MS_MAX);
+    read(app, move |app| to_value(supervisor::cancel(&app.ledger, id, by, grace))).await
+}
+
+#[derive(Deserialize)]
+struct LogsQuery {
+    stream: Option<supervisor::Stream>,
+}
+
+async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q): Query<LogsQuery>) -> Response {
+    let stream = q.stream.unwrap_or(supervisor::Stream::Stdout);
+    let worker = Arc::clone(&app);
+    let r = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, OpError> {
+        worker.ledger.refresh_with(|p| supervisor::show(p, id))??;
+        match std::fs::read(supervisor::output_path(&worker.dir, id, stream)) {
+            Ok(b) => Ok(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+            Err(e) => Err(OpError::Io { message: format!("process {id} output: {e}") }),
+        }
+    })
+    .await;
+    match r {
+        Ok(Ok(bytes)) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Ok(Err(e)) => op_problem(&app, &e),
+        Err(e) => plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", &e.to_string()),
+    }
+}
+
+async fn request_show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    read(app, move |app| to_value(app.ledger.request_status(&id).map_err(OpError::from))).await
+}
+
+#[derive(Deserialize)]
+struct StateQuery {
+    subject: Option<String>,
+}
+
+async fn state(State(app): State<Arc<App>>, Query(q): Query<StateQuery>) -> Response {
+    read(app, move |app| {
+        let view = app.ledger.view()?;
+        to_value(ops::state(&view, q.subject.as_deref(), crate::storage::LogOptions::default().now_ms()))
+    })
+    .await
+}
+
+async fn head(State(app): State<Arc<App>>) -> Response {
+    read(app, move |app| {
+        let view = app.ledger.view()?;
+        Ok(json!({"seq": view.projection.last_seq, "chain_head": crate::format::hex(&view.head)}))
+    })
+    .await
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.admitting.load(Ordering::SeqCst) {
+        "ready\n".into_response()
+    } else {
+        not_admitting()
+    }
+}
+
+async fn admin_cutover(State(app): State<Arc<App>>) -> Response {
+    let tx = app_cutover(&app);
+    match tx {
+        Some(tx) => {
+            let _ = tx.send(("POST /v1/admin/cutover".into(), false)).await;
+            (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], json!({"cutover": "started"}).to_string())
+                .into_response()
+        }
+        None => plain(StatusCode::SERVICE_UNAVAILABLE, "CUTOVER_IN_PROGRESS", "a cutover is already under way"),
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let worker = Arc::clone(&app);
+    let _ = tokio::task::spawn_blocking(move || {
+        let m = &worker.metrics;
+        let (appends, syncs) = worker.ledger.commit_stats();
+        m.appends.set(appends as i64);
+        m.syncs.set(syncs as i64);
+        let now = crate::storage::LogOptions::default().now_ms();
+        let _ = worker.ledger.refresh_with(|p| {
+            m.head_seq.set(p.last_seq as i64);
+            m.subjects.clear();
+            m.processes.clear();
+            m.leases.clear();
+            for s in p.subjects.values() {
+                let status = serde_json::to_value(ops::status(s.owner.as_ref(), now)).expect("status");
+                m.subjects.get_or_create(&vec![("status".into(), status.as_str().unwrap_or("").into())]).inc();
+            }
+            for x in p.processes.values() {
+                m.processes.get_or_create(&vec![("status".into(), x.status().as_str().into())]).inc();
+            }
+            for l in p.leases.values() {
+                let state = crate::model::flatten_tagged(&l.state)["kind"].as_str().unwrap_or("").to_owned();
+                m.leases.get_or_create(&vec![("state".into(), state)]).inc();
+            }
+        });
+        let bytes: u64 = crate::storage::list_segments(&worker.dir)
+            .map(|segs| segs.iter().filter_map(|(_, p)| std::fs::metadata(p).ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+        m.log_bytes.set(bytes as i64);
+    })
+    .await;
+    let mut out = String::new();
+    if encode(&mut out, &app.metrics.registry).is_err() {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", "metrics encoding failed");
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
+}
+
+#[derive(Deserialize)]
+struct WatchQuery {
+    from: Option<u64>,
+}
+
+/// Server-Sent Events: one committed record per event in the `inspect dump
+/// --json` shape, `id:` = sequence (a standard EventSource resumes with
+/// `Last-Event-ID` and misses nothing). At a cutover: a final `cutover` event.
+async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<WatchQuery>) -> Response {
+    let Ok(permit) = Arc::clone(&app.watchers).try_acquire_owned() else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", "too many watch streams");
+    };
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|last| last + 1);
+    let from = resume.or(q.from).unwrap_or(1).max(1);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
+    let dir = app.dir.clone();
+    let mut closed = watch_closed(&app);
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut tailer = crate::storage::Tailer::new(&dir, crate::inspect::body_max(), from);
+        loop {
+            let mut batch = Vec::new();
+            let polled = tailer.poll(|r| {
+                let mut v = crate::inspect::record_json(r, std::path::Path::new(""), 0);
+                if let Value::Object(o) = &mut v {
+                    o.remove("segment");
+                    o.remove("offset");
+                }
+                batch.push(SseEvent::default().id(r.seq.to_string()).event("record").data(v.to_string()));
+            });
+            if let Err(e) = polled {
+                let _ = tx.send(Ok(SseEvent::default().event("error").data(e.to_string()))).await;
+                return;
+            }
+            for ev in batch {
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = async { closed.wait_for(|c| *c).await.map(|_| ()) } => {
+                    let _ = tx.send(Ok(SseEvent::default().event("cutover").data("{\"cutover\":true}"))).await;
+                    return;
+                }
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()
+}
+
+fn app_cutover(app: &App) -> Option<tokio::sync::mpsc::Sender<(String, bool)>> {
+    app.admitting.load(Ordering::SeqCst).then(|| app.cutover_tx.clone())
+}
+
+fn watch_closed(app: &App) -> tokio::sync::watch::Receiver<bool> {
+    app.watch_close.subscribe()
+}
+
+pub(crate) fn close_watches(app: &App) {
+    let _ = app.watch_close.send(true);
+}

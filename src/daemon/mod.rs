@@ -1,0 +1,387 @@
+//! `daemon`: `fencelog serve` — the ledger over HTTP (axum, tokio).
+//!
+//! **Boot** = open (recover, verified snapshot, replay) → claim the home subject
+//! with the daemon's own identity (a live owner: refused, exit 2, unless
+//! `--handover`) → process recovery as the home's owner → one JSON line on stdout
+//! when ready. **Serve**: every operation through `ops` / `supervisor` (the CLI's
+//! code path, the CLI's bodies), bearer token on everything but `/healthz` and
+//! `/readyz`, errors as `application/problem+json`. **Cutover** (SIGTERM, SIGINT,
+//! `POST /v1/admin/cutover`, or the home lost): admission stops, admitted requests
+//! get `--drain-grace-ms`, then the ledger drains so that every admitted request
+//! is settled from the log, a `cutover` record lists how, and the home is released
+//! last. See `docs/DAEMON.md`.
+
+mod http;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::ledger::{Ledger, LedgerOptions};
+use crate::model::{Event, OwnerRef, SettledRequest, Txn};
+use crate::ops::{self, Caller, ClaimRequest, GenerationOp, GenerationRequest, OpError};
+
+pub use http::{ROUTES, problem_status};
+
+/// The home subject a daemon claims unless told otherwise.
+pub const HOME_DEFAULT: &str = "fencelog/serve";
+/// The home's staleness: a daemon heartbeats it every quarter of this.
+pub const HOME_STALE_AFTER_MS: u64 = 20_000;
+/// Largest request body.
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Requests being served at once; past it: 503 `OVERLOADED`, never a queue.
+pub const CONCURRENT_REQUESTS_MAX: usize = 256;
+/// Open `/v1/watch` streams at once.
+pub const WATCH_STREAMS_MAX: usize = 64;
+/// Longest wait a request may ask for over HTTP (`wait_ms`, `timeout_ms`).
+pub const HTTP_WAIT_MS_MAX: u64 = 60_000;
+/// Default `--drain-grace-ms`.
+pub const DRAIN_GRACE_MS_DEFAULT: u64 = 5_000;
+/// How long a cutover waits for the ledger to settle after the grace.
+const DRAIN_SETTLE_MS: u64 = 10_000;
+/// With `--handover`: how long to wait for the other daemon to release the home.
+pub const HANDOVER_WAIT_MS: u64 = 30_000;
+/// File (in the log directory) naming the address a live daemon listens on.
+pub const ADDR_FILE: &str = "serve.addr";
+
+/// Exit codes of `fencelog serve`.
+pub mod exit {
+    /// A cutover completed: every admitted request settled, the home released.
+    pub const CUT_OVER: u8 = 0;
+    /// Could not open the log or bind the address.
+    pub const IO: u8 = 1;
+    /// The home is held by a live daemon (and no `--handover`), or bad options.
+    pub const HOME_HELD: u8 = 2;
+    /// The home was taken from this daemon (its heartbeat was fenced): it stopped
+    /// admitting at once and cut over without releasing what is no longer its own.
+    pub const HOME_LOST: u8 = 5;
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    pub token_file: Option<PathBuf>,
+    pub home: String,
+    pub drain_grace_ms: u64,
+    pub handover: bool,
+    /// The fencelog binary runners are started from.
+    pub self_exe: PathBuf,
+}
+
+/// The one line printed when ready.
+#[derive(Debug, Serialize)]
+pub struct Ready {
+    pub listening: String,
+    pub home_generation: u64,
+    pub replayed: u64,
+    pub open_ms: u64,
+    pub token_file: String,
+}
+
+/// Shared state of a running daemon.
+pub(crate) struct App {
+    pub ledger: Arc<Ledger>,
+    pub dir: PathBuf,
+    pub self_exe: PathBuf,
+    token: Vec<u8>,
+    pub home: OwnerRef,
+    /// New requests are admitted (readiness).
+    pub admitting: AtomicBool,
+    /// A cutover is settling admitted requests: each records how it ended.
+    pub cutting: AtomicBool,
+    /// Ends the waits of `run` at a cutover.
+    pub abort_waits: Arc<AtomicBool>,
+    pub inflight: Arc<tokio::sync::Semaphore>,
+    pub watchers: Arc<tokio::sync::Semaphore>,
+    /// Admitted mutations not yet answered: ticket → (request id, operation).
+    pub admitted: Mutex<BTreeMap<u64, (String, String)>>,
+    pub next_ticket: AtomicU64,
+    pub settled: Mutex<Vec<SettledRequest>>,
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Starts the cutover (reason, whether the home was lost).
+    pub cutover_tx: tokio::sync::mpsc::Sender<(String, bool)>,
+    /// Tells watch streams to send their final event and close.
+    pub watch_close: tokio::sync::watch::Sender<bool>,
+    pub metrics: http::Metrics,
+    pub drain_grace_ms: u64,
+}
+
+impl App {
+    /// Constant-time comparison of a presented bearer token.
+    pub fn token_ok(&self, presented: &[u8]) -> bool {
+        if presented.len() != self.token.len() {
+            return false;
+        }
+        presented.iter().zip(&self.token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+fn io(what: &str, e: impl std::fmt::Display) -> OpError {
+    OpError::Io { message: format!("{what}: {e}") }
+}
+
+/// The token: `--token-file`, or `DIR/serve.token` (created 0600 on first start).
+fn load_token(dir: &Path, token_file: Option<&Path>) -> Result<(Vec<u8>, PathBuf), OpError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = token_file.map_or_else(|| dir.join(crate::storage::SERVE_TOKEN_FILE), Path::to_path_buf);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= 16 => return Ok((t.trim().as_bytes().to_vec(), path)),
+        Ok(_) => return Err(io("token", format!("{} holds no token (at least 16 characters)", path.display()))),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound || token_file.is_some() => {
+            return Err(io(&format!("reading {}", path.display()), e));
+        }
+        Err(_) => {}
+    }
+    let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| io(&format!("creating {}", path.display()), e))?;
+    f.write_all(token.as_bytes()).and_then(|_| f.sync_all()).map_err(|e| io("writing the token", e))?;
+    Ok((token.into_bytes(), path))
+}
+
+/// Ask the daemon named in `DIR/serve.addr` to cut over.
+fn ask_cutover(dir: &Path, token: &[u8]) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let addr = std::fs::read_to_string(dir.join(ADDR_FILE)).map_err(|e| format!("{ADDR_FILE}: {e}"))?;
+    let mut s = std::net::TcpStream::connect_timeout(
+        &addr.trim().parse().map_err(|e| format!("{ADDR_FILE}: {e}"))?,
+        Duration::from_secs(2),
+    )
+    .map_err(|e| format!("connecting to {}: {e}", addr.trim()))?;
+    s.set_read_timeout(Some(Duration::from_secs(HANDOVER_WAIT_MS / 1000))).ok();
+    let token = String::from_utf8_lossy(token);
+    write!(
+        s,
+        "POST /v1/admin/cutover HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        addr.trim()
+    )
+    .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).map_err(|e| e.to_string())?;
+    if &head[9..12] != b"202" && &head[9..12] != b"200" {
+        return Err(format!("the daemon answered {}", String::from_utf8_lossy(&head)));
+    }
+    Ok(())
+}
+
+/// Claim the home subject for this process; with `handover`, ask the live owner
+/// to cut over and claim it the moment it is released.
+fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u8, OpError)> {
+    let me = std::process::id();
+    let req = ClaimRequest {
+        subject: o.home.clone(),
+        pid: Some(me),
+        instance: Some(ledger.writer_id()),
+        stale_after_ms: HOME_STALE_AFTER_MS,
+        action: None,
+        request_id: None,
+    };
+    let caller = Caller { default_pid: Some(me), remote: false };
+    let deadline = Instant::now() + Duration::from_millis(HANDOVER_WAIT_MS);
+    let mut asked = false;
+    loop {
+        match ops::claim(ledger, &req, caller) {
+            Ok(r) => {
+                let generation = r.outcome.0.to_json()["generation"].as_u64().unwrap_or(0);
+                return Ok(generation);
+            }
+            Err(e @ OpError::Refused(crate::model::Refusal::AlreadyActive { .. }))
+            | Err(e @ OpError::Refused(crate::model::Refusal::StaleRequiresTakeover { .. })) => {
+                if !o.handover || Instant::now() >= deadline {
+                    return Err((exit::HOME_HELD, e));
+                }
+                if !asked {
+                    ask_cutover(&o.dir, token).map_err(|why| {
+                        (exit::HOME_HELD, OpError::Io { message: format!("--handover: cannot ask for a cutover: {why}") })
+                    })?;
+                    asked = true;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err((exit::IO, e)),
+        }
+    }
+}
+
+/// Run the daemon until it has cut over; returns the exit code. Boot failures are
+/// printed as the CLI prints errors (by the caller) with their exit code.
+pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
+    let t0 = Instant::now();
+    let fail = |code: u8| move |e: OpError| (code, e);
+    std::fs::create_dir_all(&o.dir).map_err(|e| (exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
+    let dir = std::fs::canonicalize(&o.dir).map_err(|e| (exit::IO, io("log directory", e)))?;
+    let ledger = Arc::new(Ledger::open(&dir, LedgerOptions::default()).map_err(|e| {
+        let e = OpError::from(e);
+        (e.exit_code(), e)
+    })?);
+    let replayed = ledger.open_report().replayed_records;
+    let (token, token_path) = load_token(&dir, o.token_file.as_deref()).map_err(fail(exit::IO))?;
+    let generation = claim_home(&ledger, &o, &token)?;
+    let home = OwnerRef { subject: o.home.clone(), generation };
+    let now_ms = crate::storage::LogOptions::default().now_ms();
+    let recovered = crate::supervisor::recover(&ledger, crate::supervisor::PRESPAWN_GRACE_MS_DEFAULT, now_ms, Some(&home))
+        .map_err(fail(exit::IO))?;
+    tracing::info!(?recovered, "process recovery");
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(CONCURRENT_REQUESTS_MAX + 16)
+        .enable_all()
+        .build()
+        .map_err(|e| (exit::IO, io("starting the runtime", e)))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(o.listen)
+            .await
+            .map_err(|e| (exit::IO, io(&format!("binding {}", o.listen), e)))?;
+        let addr = listener.local_addr().map_err(|e| (exit::IO, io("local address", e)))?;
+        std::fs::write(dir.join(ADDR_FILE), addr.to_string()).map_err(|e| (exit::IO, io(ADDR_FILE, e)))?;
+        let (shutdown, _) = tokio::sync::watch::channel(false);
+        let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<(String, bool)>(4);
+        let app = Arc::new(App {
+            ledger: Arc::clone(&ledger),
+            dir: dir.clone(),
+            self_exe: o.self_exe.clone(),
+            token,
+            home: home.clone(),
+            admitting: AtomicBool::new(true),
+            cutting: AtomicBool::new(false),
+            abort_waits: Arc::new(AtomicBool::new(false)),
+            inflight: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS_MAX)),
+            watchers: Arc::new(tokio::sync::Semaphore::new(WATCH_STREAMS_MAX)),
+            admitted: Mutex::new(BTreeMap::new()),
+            next_ticket: AtomicU64::new(1),
+            settled: Mutex::new(Vec::new()),
+            shutdown,
+            cutover_tx: cut_tx.clone(),
+            watch_close: tokio::sync::watch::channel(false).0,
+            metrics: http::Metrics::new(),
+            drain_grace_ms: o.drain_grace_ms,
+        });
+        let ready = Ready {
+            listening: addr.to_string(),
+            home_generation: generation,
+            replayed,
+            open_ms: t0.elapsed().as_millis() as u64,
+            token_file: token_path.display().to_string(),
+        };
+        println!("{}", serde_json::to_string(&ready).expect("ready line"));
+        // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
+        tokio::spawn(signals(cut_tx.clone()));
+        tokio::spawn(heartbeat(Arc::clone(&app), cut_tx));
+        let router = http::router(Arc::clone(&app));
+        let mut done = app.shutdown.subscribe();
+        let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+            let _ = done.wait_for(|d| *d).await;
+        });
+        let server = tokio::spawn(async move { server.await });
+        let (reason, home_lost) = cut_rx.recv().await.unwrap_or(("channel closed".into(), false));
+        let code = cutover(&app, &reason, home_lost).await;
+        let _ = app.shutdown.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        let _ = std::fs::remove_file(dir.join(ADDR_FILE));
+        Ok(code)
+    })
+}
+
+async fn signals(cut: tokio::sync::mpsc::Sender<(String, bool)>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return;
+    };
+    let why = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    let _ = cut.send((why.into(), false)).await;
+}
+
+/// Heartbeat the home every quarter of its staleness; a fenced heartbeat means the
+/// home was taken: stop admitting at once and cut over.
+async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(HOME_STALE_AFTER_MS / 4));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if !app.admitting.load(Ordering::Relaxed) {
+            return;
+        }
+        let (ledger, home) = (Arc::clone(&app.ledger), app.home.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            let req = GenerationRequest { subject: home.subject, generation: home.generation, request_id: None };
+            ops::generation(&ledger, GenerationOp::Heartbeat, &req)
+        })
+        .await;
+        if let Ok(Err(OpError::Refused(r))) = r {
+            tracing::error!("the home was taken: {r}; cutting over");
+            app.admitting.store(false, Ordering::SeqCst);
+            let _ = cut.send((format!("home lost: {r}"), true)).await;
+            return;
+        }
+    }
+}
+
+/// The cutover: stop admitting, give admitted requests the grace, drain the
+/// ledger so each is settled from the log, record how, release the home last.
+async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
+    tracing::info!(reason, "cutover");
+    app.admitting.store(false, Ordering::SeqCst);
+    app.cutting.store(true, Ordering::SeqCst);
+    // Watch streams get their final event now; they never consume the grace.
+    http::close_watches(app);
+    let grace_end = Instant::now() + Duration::from_millis(app.drain_grace_ms);
+    while !app.admitted.lock().expect("admitted").is_empty() && Instant::now() < grace_end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Whatever is still waiting: its wait ends; the ledger judges nothing new, and
+    // what it already judged becomes durable (or failed): every answer is known.
+    app.abort_waits.store(true, Ordering::SeqCst);
+    let ledger = Arc::clone(&app.ledger);
+    let drained = tokio::task::spawn_blocking(move || ledger.drain(DRAIN_SETTLE_MS)).await;
+    tracing::info!(?drained, "drained");
+    let settle_end = Instant::now() + Duration::from_millis(DRAIN_SETTLE_MS);
+    while !app.admitted.lock().expect("admitted").is_empty() && Instant::now() < settle_end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut settled = std::mem::take(&mut *app.settled.lock().expect("settled"));
+    // Any handler that has still not answered: its request is settled from the log.
+    for (_, (request, op)) in std::mem::take(&mut *app.admitted.lock().expect("admitted")) {
+        let how = match app.ledger.request_status(&request) {
+            Ok(crate::ledger::RequestStatus::Committed { seq, .. }) => ("committed", Some(seq)),
+            _ => ("not_committed", None),
+        };
+        settled.push(SettledRequest { request, op, how: how.0.into(), seq: how.1 });
+    }
+    let more = settled.len().saturating_sub(crate::model::CUTOVER_SETTLED_MAX) as u64;
+    settled.truncate(crate::model::CUTOVER_SETTLED_MAX);
+    let (ledger, home, reason) = (Arc::clone(&app.ledger), app.home.clone(), reason.to_owned());
+    let code = tokio::task::spawn_blocking(move || {
+        let event = Event::Cutover { home: home.clone(), reason, settled, more };
+        if let Err(e) = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![event.clone()]))) {
+            tracing::error!("cannot record the cutover: {e}");
+        }
+        if home_lost {
+            return exit::HOME_LOST;
+        }
+        // The home last: a successor claims it only once everything above is durable.
+        let release = Event::Release { subject: home.subject, generation: home.generation };
+        if let Err(e) = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![release.clone()]))) {
+            tracing::error!("cannot release the home: {e}");
+        }
+        exit::CUT_OVER
+    })
+    .await
+    .unwrap_or(exit::IO);
+    code
+}

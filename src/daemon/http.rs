@@ -226,27 +226,34 @@ pub(crate) fn router(app: Arc<App>) -> Router {
 type Body = Result<Bytes, BytesRejection>;
 
 /// The JSON object of a request body (empty: `{}`), or the problem.
-fn body_object(body: Body) -> Result<serde_json::Map<String, Value>, Response> {
+/// A request refused before it reached an operation (boxed: a response is large).
+type Reject = Box<Response>;
+
+fn body_object(body: Body) -> Result<serde_json::Map<String, Value>, Reject> {
     let bytes = body.map_err(|rej| {
-        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            plain(StatusCode::PAYLOAD_TOO_LARGE, "BODY_TOO_LARGE", &format!("a request body is at most {BODY_BYTES_MAX} bytes"))
+        Box::new(if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "BODY_TOO_LARGE",
+                &format!("a request body is at most {BODY_BYTES_MAX} bytes"),
+            )
         } else {
             plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &rej.body_text())
-        }
+        })
     })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::Map::new());
     }
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "the body is a JSON object")),
-        Err(e) => Err(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("the body is not JSON: {e}"))),
+        Ok(_) => Err(Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "the body is a JSON object"))),
+        Err(e) => Err(Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("the body is not JSON: {e}")))),
     }
 }
 
-fn typed<T: DeserializeOwned>(m: serde_json::Map<String, Value>) -> Result<T, Response> {
+fn typed<T: DeserializeOwned>(m: serde_json::Map<String, Value>) -> Result<T, Reject> {
     serde_json::from_value(Value::Object(m))
-        .map_err(|e| plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("invalid request: {e}")))
+        .map_err(|e| Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("invalid request: {e}"))))
 }
 
 fn not_admitting() -> Response {
@@ -284,7 +291,7 @@ where
     };
     let mut m = match body_object(body) {
         Ok(m) => m,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let header_id = headers.get("idempotency-key").map(|v| v.to_str().map(str::to_owned));
     let body_id = m.get("request_id").and_then(Value::as_str).map(str::to_owned);
@@ -300,7 +307,7 @@ where
     m.insert("request_id".into(), json!(rid));
     let req: T = match typed(m) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let ticket = app.next_ticket.fetch_add(1, Ordering::SeqCst);
     app.admitted.lock().expect("admitted").insert(ticket, (rid.clone(), op.to_owned()));
@@ -449,7 +456,7 @@ struct WaitBody {
 async fn process_wait(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body) -> Response {
     let w: WaitBody = match body_object(b).and_then(typed) {
         Ok(w) => w,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let timeout_ms = w.timeout_ms.unwrap_or(supervisor::WAIT_MS_DEFAULT).min(HTTP_WAIT_MS_MAX);
     read(app, move |app| to_value(supervisor::wait(&app.ledger, id, timeout_ms))).await
@@ -472,7 +479,7 @@ async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Bod
     }
     let c: CancelBody = match body_object(b).and_then(typed) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let by = match (c.owner, c.generation) {
         (Some(subject), Some(generation)) => Some(OwnerRef { subject, generation }),
@@ -533,11 +540,7 @@ async fn head(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.admitting.load(Ordering::SeqCst) {
-        "ready\n".into_response()
-    } else {
-        not_admitting()
-    }
+    if app.admitting.load(Ordering::SeqCst) { "ready\n".into_response() } else { not_admitting() }
 }
 
 async fn admin_cutover(State(app): State<Arc<App>>) -> Response {
@@ -545,7 +548,11 @@ async fn admin_cutover(State(app): State<Arc<App>>) -> Response {
     match tx {
         Some(tx) => {
             let _ = tx.send(("POST /v1/admin/cutover".into(), false)).await;
-            (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], json!({"cutover": "started"}).to_string())
+            (
+                StatusCode::ACCEPTED,
+                [(header::CONTENT_TYPE, "application/json")],
+                json!({"cutover": "started"}).to_string(),
+            )
                 .into_response()
         }
         None => plain(StatusCode::SERVICE_UNAVAILABLE, "CUTOVER_IN_PROGRESS", "a cutover is already under way"),

@@ -72,6 +72,8 @@ pub struct ServeOptions {
     pub handover: bool,
     /// The fencelog binary runners are started from.
     pub self_exe: PathBuf,
+    /// Staleness of the home claim (heartbeats every quarter of it).
+    pub home_stale_after_ms: u64,
 }
 
 /// The one line printed when ready.
@@ -184,7 +186,7 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u
         subject: o.home.clone(),
         pid: Some(me),
         instance: Some(ledger.writer_id()),
-        stale_after_ms: HOME_STALE_AFTER_MS,
+        stale_after_ms: o.home_stale_after_ms,
         action: None,
         request_id: None,
     };
@@ -204,7 +206,10 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u
                 }
                 if !asked {
                     ask_cutover(&o.dir, token).map_err(|why| {
-                        (exit::HOME_HELD, OpError::Io { message: format!("--handover: cannot ask for a cutover: {why}") })
+                        (
+                            exit::HOME_HELD,
+                            OpError::Io { message: format!("--handover: cannot ask for a cutover: {why}") },
+                        )
                     })?;
                     asked = true;
                 }
@@ -231,8 +236,9 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     let generation = claim_home(&ledger, &o, &token)?;
     let home = OwnerRef { subject: o.home.clone(), generation };
     let now_ms = crate::storage::LogOptions::default().now_ms();
-    let recovered = crate::supervisor::recover(&ledger, crate::supervisor::PRESPAWN_GRACE_MS_DEFAULT, now_ms, Some(&home))
-        .map_err(fail(exit::IO))?;
+    let recovered =
+        crate::supervisor::recover(&ledger, crate::supervisor::PRESPAWN_GRACE_MS_DEFAULT, now_ms, Some(&home))
+            .map_err(fail(exit::IO))?;
     tracing::info!(?recovered, "process recovery");
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -279,7 +285,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         println!("{}", serde_json::to_string(&ready).expect("ready line"));
         // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
         tokio::spawn(signals(cut_tx.clone()));
-        tokio::spawn(heartbeat(Arc::clone(&app), cut_tx));
+        tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
         let router = http::router(Arc::clone(&app));
         let mut done = app.shutdown.subscribe();
         let server = axum::serve(listener, router).with_graceful_shutdown(async move {
@@ -309,8 +315,8 @@ async fn signals(cut: tokio::sync::mpsc::Sender<(String, bool)>) {
 
 /// Heartbeat the home every quarter of its staleness; a fenced heartbeat means the
 /// home was taken: stop admitting at once and cut over.
-async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(HOME_STALE_AFTER_MS / 4));
+async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>, stale_after_ms: u64) {
+    let mut tick = tokio::time::interval(Duration::from_millis((stale_after_ms / 4).max(10)));
     tick.tick().await;
     loop {
         tick.tick().await;
@@ -366,7 +372,7 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
     let more = settled.len().saturating_sub(crate::model::CUTOVER_SETTLED_MAX) as u64;
     settled.truncate(crate::model::CUTOVER_SETTLED_MAX);
     let (ledger, home, reason) = (Arc::clone(&app.ledger), app.home.clone(), reason.to_owned());
-    let code = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let event = Event::Cutover { home: home.clone(), reason, settled, more };
         if let Err(e) = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![event.clone()]))) {
             tracing::error!("cannot record the cutover: {e}");
@@ -382,6 +388,5 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
         exit::CUT_OVER
     })
     .await
-    .unwrap_or(exit::IO);
-    code
+    .unwrap_or(exit::IO)
 }

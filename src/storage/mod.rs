@@ -16,7 +16,8 @@ mod writer;
 
 pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
 pub use dir::{
-    EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode, list_segments, listing, segment_path,
+    EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode, list_segments,
+    listing, segment_path,
 };
 pub use error::{Error, Result};
 pub use history::check_whole_history;

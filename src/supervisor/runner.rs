@@ -321,9 +321,7 @@ pub fn stop_group(pgid: u32, grace_ms: u64) -> usize {
 /// whoever adopted them), so it is confirmed from `/proc`.
 pub fn group_exists(pgid: u32) -> bool {
     // SAFETY: signal 0 checks for existence and permission; nothing is sent.
-    pgid > 1
-        && unsafe { libc::kill(-(pgid as i32), 0) } == 0
-        && !identity::process_group_members(pgid).is_empty()
+    pgid > 1 && unsafe { libc::kill(-(pgid as i32), 0) } == 0 && !identity::process_group_members(pgid).is_empty()
 }
 
 /// Send `signal` to process group `pgid`.

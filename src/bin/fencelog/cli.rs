@@ -181,6 +181,9 @@ pub(crate) enum Cmd {
         /// moment it is released.
         #[arg(long)]
         handover: bool,
+        /// Staleness of the home claim; heartbeats every quarter of it.
+        #[arg(long, default_value_t = fencelog::daemon::HOME_STALE_AFTER_MS, hide = true)]
+        home_stale_after_ms: u64,
     },
     /// Run a command under supervision: its intent, start and exit are records, its
     /// leases are held until it ends, and with a request id it runs at most once.

@@ -80,7 +80,7 @@ fn run(cmd: cli::Cmd) -> Printed {
         Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
         Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(&dir.dir, records, appenders, payload_bytes),
         cmd @ (Cmd::Run { .. } | Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
-        Cmd::Serve { dir, listen, token_file, home, drain_grace_ms, handover } => {
+        Cmd::Serve { dir, listen, token_file, home, drain_grace_ms, handover, home_stale_after_ms } => {
             fencelog::ops::valid(&home)?;
             let self_exe =
                 std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
@@ -92,6 +92,7 @@ fn run(cmd: cli::Cmd) -> Printed {
                 drain_grace_ms,
                 handover,
                 self_exe,
+                home_stale_after_ms,
             };
             match fencelog::daemon::serve(o) {
                 Ok(code) => Ok((Value::Null, code)),

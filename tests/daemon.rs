@@ -1,0 +1,461 @@
+//! The daemon (issue 11): a real `fencelog serve` process on loopback, real HTTP.
+//! Each test opens with what it proves.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+
+struct Daemon {
+    child: Child,
+    addr: String,
+    token: String,
+    ready: Value,
+}
+
+impl Daemon {
+    fn start(dir: &Path, extra: &[&str]) -> Daemon {
+        Self::try_start(dir, extra).unwrap_or_else(|(code, out)| panic!("serve exited {code:?}: {out}"))
+    }
+
+    /// Start `fencelog serve`, wait for its ready line (or its exit: code, stdout).
+    fn try_start(dir: &Path, extra: &[&str]) -> Result<Daemon, (Option<i32>, String)> {
+        let mut child = Command::new(FENCELOG)
+            .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let Ok(ready) = serde_json::from_str::<Value>(line.trim()) else {
+            let code = child.wait().unwrap().code();
+            return Err((code, line));
+        };
+        if ready.get("listening").is_none() {
+            let code = child.wait().unwrap().code();
+            return Err((code, line));
+        }
+        let token = std::fs::read_to_string(dir.join("serve.token")).unwrap().trim().to_owned();
+        Ok(Daemon { addr: ready["listening"].as_str().unwrap().to_owned(), child, token, ready })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value, Vec<(String, String)>) {
+        call(&self.url(path), method, Some(&self.token), body, headers)
+    }
+
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let (s, v, _) = self.call("POST", path, Some(body), &[]);
+        (s, v)
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let (s, v, _) = self.call("GET", path, None, &[]);
+        (s, v)
+    }
+
+    fn term(mut self) -> Option<i32> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap().code()
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// One request: (status, JSON body or Null, headers).
+fn call(
+    url: &str,
+    method: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (u16, Value, Vec<(String, String)>) {
+    let a = agent();
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let resp = match method {
+        "GET" => {
+            let mut r = a.get(url);
+            if let Some(v) = &auth {
+                r = r.header("Authorization", v);
+            }
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.call()
+        }
+        _ => {
+            let mut r = a.post(url);
+            if let Some(v) = &auth {
+                r = r.header("Authorization", v);
+            }
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.send(body.map(|b| b.to_string()).unwrap_or_default())
+        }
+    };
+    let mut resp = match resp {
+        Ok(r) => r,
+        Err(e) => return (0, json!({"transport_error": e.to_string()}), vec![]),
+    };
+    let status = resp.status().as_u16();
+    let hs = resp.headers().iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())).collect();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)), hs)
+}
+
+fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    hs.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+}
+
+fn log_dir() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("log");
+    (t, d)
+}
+
+/// `fencelog request show` from the log itself (no daemon).
+fn request_in_log(dir: &Path, id: &str) -> Value {
+    let out = Command::new(FENCELOG).args(["request", "show", "--dir", dir.to_str().unwrap(), id]).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Proves: the daemon creates its log on first start, prints its ready line,
+/// serves every operation with the CLI's bodies, refuses without the token (401)
+/// and past the body limit (413), answers refusals as problem+json 409, makes a
+/// request id when none is given (and `GET /v1/requests/{id}` answers for it), and
+/// every route is in the committed OpenAPI document.
+#[test]
+fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    assert_eq!(d.ready["home_generation"], 1, "{}", d.ready);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(dir.join("serve.token")).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let (s, v, hs) = call(&d.url("/v1/claim"), "POST", None, Some(json!({"subject": "a"})), &[]);
+    assert_eq!((s, v["code"].as_str()), (401, Some("UNAUTHENTICATED")), "{v}");
+    assert_eq!(header(&hs, "content-type"), Some("application/problem+json"));
+    let (s, _, _) = call(&d.url("/v1/state"), "GET", Some("wrong-token-wrong-token"), None, &[]);
+    assert_eq!(s, 401);
+    assert_eq!(call(&d.url("/healthz"), "GET", None, None, &[]).0, 200);
+    assert_eq!(call(&d.url("/readyz"), "GET", None, None, &[]).0, 200);
+
+    let (s, c, hs) = d.call("POST", "/v1/claim", Some(json!({"subject": "a"})), &[]);
+    assert_eq!((s, c["kind"].as_str(), c["generation"].as_u64()), (200, Some("claimed"), Some(1)), "{c}");
+    assert_eq!(c["owner"]["pid"], 0, "a claim without pid is a remote owner");
+    let made = header(&hs, "idempotency-key").unwrap().to_owned();
+    assert_eq!(c["request_id"], made.as_str());
+    let (s, r) = d.get(&format!("/v1/requests/{made}"));
+    assert_eq!((s, r["status"].as_str(), r["seq"].clone()), (200, Some("committed"), c["seq"].clone()), "{r}");
+
+    let (s, h) = d.post("/v1/heartbeat", json!({"subject": "a", "generation": 1}));
+    assert_eq!((s, h["kind"].as_str()), (200, Some("heartbeat")));
+    let (s, f) = d.post("/v1/heartbeat", json!({"subject": "a", "generation": 9}));
+    assert_eq!(
+        (s, f["code"].as_str(), f["status"].as_u64(), f["presented"].as_u64()),
+        (409, Some("FENCED"), Some(409), Some(9))
+    );
+    assert!(f["type"].is_string() && f["title"].is_string() && f["detail"].is_string(), "{f}");
+    let (s, n) = d.post("/v1/note", json!({"subject": "a", "generation": 1, "text": "hello"}));
+    assert_eq!((s, n["kind"].as_str()), (200, Some("noted")));
+    let (s, r) = d.post("/v1/rotate-fence", json!({"subject": "a", "generation": 1}));
+    assert_eq!((s, r["generation"].as_u64()), (200, Some(2)));
+    let (s, t) = d.post("/v1/takeover", json!({"subject": "a", "expect_generation": 2, "expect_heartbeat_ms": 1}));
+    assert_eq!((s, t["code"].as_str()), (409, Some("TAKEOVER_RACE")), "{t}");
+    let (s, l) = d.post("/v1/lease/acquire", json!({"resource": "db", "mode": "Write", "owner": "a", "generation": 2}));
+    assert_eq!((s, l["kind"].as_str()), (200, Some("lease_acquired")), "{l}");
+    let (s, lr) = d.post("/v1/lease/release", json!({"lease": l["lease"], "token": l["token"]}));
+    assert_eq!((s, lr["kind"].as_str()), (200, Some("lease_released")), "{lr}");
+    let (s, rel) = d.post("/v1/release", json!({"subject": "a", "generation": 2}));
+    assert_eq!((s, rel["kind"].as_str()), (200, Some("released")));
+
+    // Idempotency-Key is the request id: the same key and body again is deduplicated.
+    let key = [("Idempotency-Key", "k-1")];
+    let (s1, a, _) = d.call("POST", "/v1/claim", Some(json!({"subject": "b"})), &key);
+    let (s2, b, _) = d.call("POST", "/v1/claim", Some(json!({"subject": "b"})), &key);
+    assert_eq!((s1, s2, a["seq"].clone(), b["deduplicated"].as_bool()), (200, 200, b["seq"].clone(), Some(true)));
+    let (s, e, _) = d.call("POST", "/v1/claim", Some(json!({"subject": "b", "request_id": "other"})), &key);
+    assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")));
+    let (s, e) = d.post("/v1/claim", json!({"subject": "c", "bogus": 1}));
+    assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "{e}");
+    let big = "x".repeat(70 * 1024);
+    let (s, e) = d.post("/v1/note", json!({"subject": "a", "generation": 1, "text": big}));
+    assert_eq!((s, e["code"].as_str()), (413, Some("BODY_TOO_LARGE")), "{e}");
+
+    let (s, run) = d.post("/v1/run", json!({"command": ["sh", "-c", "echo out"], "wait_ms": 10000}));
+    assert_eq!(
+        (s, run["status"].as_str(), run["stdout_tail"].as_str()),
+        (200, Some("succeeded"), Some("out\n")),
+        "{run}"
+    );
+    let id = run["id"].as_u64().unwrap();
+    let (s, list) = d.get("/v1/processes?status=succeeded");
+    assert_eq!((s, list["processes"].as_array().map(Vec::len)), (200, Some(1)));
+    let (s, p) = d.get(&format!("/v1/processes/{id}"));
+    assert_eq!((s, p["status"].as_str()), (200, Some("succeeded")));
+    let (s, w) = d.post(&format!("/v1/processes/{id}/wait"), json!({"timeout_ms": 10}));
+    assert_eq!((s, w["status"].as_str()), (200, Some("succeeded")));
+    let (s, logs, _) = d.call("GET", &format!("/v1/processes/{id}/logs?stream=stdout"), None, &[]);
+    assert_eq!((s, logs), (200, Value::String("out\n".into())));
+    let (s, c) = d.post(&format!("/v1/processes/{id}/cancel"), json!({}));
+    assert_eq!((s, c["signalled"].as_bool()), (200, Some(false)));
+    let (s, e) = d.get("/v1/processes/999");
+    assert_eq!((s, e["code"].as_str()), (404, Some("UNKNOWN_PROCESS")));
+    let (s, st) = d.get("/v1/state?subject=b");
+    assert_eq!((s, st["subjects"][0]["subject"].as_str()), (200, Some("b")));
+    let (s, h) = d.get("/v1/head");
+    assert_eq!((s, h["seq"].as_u64().is_some()), (200, true));
+    let (s, m, _) = d.call("GET", "/metrics", None, &[]);
+    let m = m.as_str().unwrap_or_default().to_owned();
+    assert_eq!(s, 200);
+    for name in [
+        "fencelog_http_requests_total",
+        "fencelog_refusals_total",
+        "fencelog_commit_seconds_bucket",
+        "fencelog_head_seq",
+        "fencelog_syncs",
+        "fencelog_processes",
+        "fencelog_log_bytes",
+    ] {
+        assert!(m.contains(name), "{name} missing from /metrics");
+    }
+    let (s, doc) = d.get("/v1/openapi.json");
+    assert_eq!(s, 200);
+    for (method, path) in fencelog::daemon::ROUTES {
+        let op = &doc["paths"][*path][method.to_ascii_lowercase()];
+        assert!(op.is_object(), "{method} {path} is not in docs/openapi.json");
+    }
+    assert_eq!(d.term(), Some(0));
+}
+
+/// Proves: a second daemon on the same directory is refused (exit 2, naming the
+/// live home owner) while the first keeps serving.
+#[test]
+fn a_second_daemon_on_the_same_directory_is_refused() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let Err((code, out)) = Daemon::try_start(&dir, &[]) else { panic!("a second daemon started") };
+    assert_eq!(code, Some(2), "{out}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["error"]["code"], "ALREADY_ACTIVE", "{v}");
+    assert_eq!(v["error"]["pid"], d.child.id());
+    assert_eq!(d.get("/v1/head").0, 200);
+    assert_eq!(d.term(), Some(0));
+}
+
+/// Proves, across a kill -9 under traffic and a restart: every mutation answered
+/// 2xx is in the log, and none answered with a refusal is.
+#[test]
+fn kill_9_under_traffic_loses_no_acknowledged_mutation() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (url, token, stop) = (d.url("/v1/claim"), d.token.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut answered = vec![];
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let id = format!("w{w}-{i}");
+                    // Even ids claim fresh subjects (2xx); odd ones claim a held one (409).
+                    let subject = if i % 2 == 0 { format!("s-{w}-{i}") } else { format!("s-{w}-0") };
+                    let (s, _, _) = call(
+                        &url,
+                        "POST",
+                        Some(&token),
+                        Some(json!({"subject": subject})),
+                        &[("Idempotency-Key", &id)],
+                    );
+                    if s != 0 {
+                        answered.push((id, s));
+                    }
+                    i += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(600));
+    d.kill9();
+    stop.store(true, Ordering::Relaxed);
+    let answered: Vec<(String, u16)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    assert!(answered.iter().filter(|(_, s)| *s == 200).count() > 10, "traffic ran: {answered:?}");
+    // Restart: the home's previous owner is provably dead, so the claim succeeds.
+    let d2 = Daemon::start(&dir, &[]);
+    assert_eq!(d2.ready["home_generation"], 2);
+    for (id, s) in &answered {
+        let r = request_in_log(&dir, id);
+        match s {
+            200 => assert_eq!(r["status"], "committed", "{id} was acknowledged: {r}"),
+            409 => assert_eq!(r["status"], "never_committed", "{id} was refused: {r}"),
+            other => panic!("{id}: unexpected status {other}"),
+        }
+    }
+    assert_eq!(d2.term(), Some(0));
+}
+
+/// Proves: at a cutover (SIGTERM) an admitted slow request is settled — it
+/// completes within the grace and the `cutover` record lists it as committed; new
+/// requests meanwhile get 503 with Retry-After; the home is released last; the
+/// successor's `GET /v1/requests/{id}` agrees.
+#[test]
+fn a_cutover_settles_admitted_requests_and_the_successor_agrees() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &["--drain-grace-ms", "5000"]);
+    let (url, token) = (d.url("/v1/run"), d.token.clone());
+    let slow = std::thread::spawn(move || {
+        call(
+            &url,
+            "POST",
+            Some(&token),
+            Some(json!({"command": ["sleep", "0.6"], "wait_ms": 10000})),
+            &[("Idempotency-Key", "slow-1")],
+        )
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = d.child.id();
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    std::thread::sleep(Duration::from_millis(50));
+    let (s, e, hs) = d.call("POST", "/v1/claim", Some(json!({"subject": "late"})), &[]);
+    if s != 0 {
+        assert_eq!((s, e["code"].as_str()), (503, Some("CUTOVER_IN_PROGRESS")), "{e}");
+        assert_eq!(header(&hs, "retry-after"), Some("1"));
+    }
+    let (s, v, _) = slow.join().unwrap();
+    assert_eq!((s, v["status"].as_str()), (200, Some("succeeded")), "{v}");
+    let mut d = d;
+    assert_eq!(d.child.wait().unwrap().code(), Some(0));
+    let dump = Command::new(FENCELOG).args(["inspect", "dump", dir.to_str().unwrap(), "--json"]).output().unwrap();
+    let records: Vec<Value> =
+        String::from_utf8_lossy(&dump.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let n = records.len();
+    assert_eq!(records[n - 2]["kinds"], json!(["cutover"]));
+    let settled = &records[n - 2]["events"][0]["settled"];
+    assert_eq!(settled[0]["request"], "slow-1", "{settled}");
+    assert_eq!(settled[0]["how"], "committed");
+    assert_eq!(records[n - 1]["kinds"], json!(["release"]), "the home is released last");
+    let d2 = Daemon::start(&dir, &[]);
+    let (s, r) = d2.get("/v1/requests/slow-1");
+    assert_eq!((s, r["status"].as_str()), (200, Some("committed")), "{r}");
+    assert_eq!(d2.term(), Some(0));
+}
+
+/// Proves: a watch stream sends every committed record once, in order, with its
+/// sequence as the event id; resumed with Last-Event-ID it continues exactly after.
+#[test]
+fn watch_resumed_with_last_event_id_sees_every_record_once_in_order() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    for i in 0..5 {
+        assert_eq!(d.post("/v1/claim", json!({"subject": format!("w{i}")})).0, 200);
+    }
+    let read_events = |last: Option<&str>, want: usize| -> Vec<(u64, Value)> {
+        let mut r = agent().get(&d.url("/v1/watch")).header("Authorization", &format!("Bearer {}", d.token));
+        if let Some(l) = last {
+            r = r.header("Last-Event-ID", l);
+        }
+        let resp = r.call().unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut reader = BufReader::new(resp.into_body().into_reader());
+        let (mut out, mut id, mut line) = (vec![], None, String::new());
+        while out.len() < want {
+            line.clear();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            let l = line.trim_end();
+            if let Some(v) = l.strip_prefix("id:") {
+                id = v.trim().parse::<u64>().ok();
+            } else if let Some(data) = l.strip_prefix("data:") {
+                out.push((id.unwrap(), serde_json::from_str(data.trim()).unwrap()));
+            }
+        }
+        out
+    };
+    let first = read_events(None, 3);
+    assert_eq!(first.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(first[2].1["seq"], 3);
+    assert!(first[2].1["kinds"].is_array());
+    let rest = read_events(Some("3"), 3);
+    assert_eq!(rest.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![4, 5, 6], "resumed exactly after 3");
+    assert_eq!(d.term(), Some(0));
+}
+
+/// Proves: a daemon whose home is taken (its generation fenced) stops admitting
+/// and exits with the documented code, without releasing what is not its own.
+#[test]
+fn a_daemon_that_loses_its_home_stops_admitting_and_exits() {
+    let (_t, dir) = log_dir();
+    let mut d = Daemon::start(&dir, &["--home-stale-after-ms", "400"]);
+    let out = Command::new(FENCELOG)
+        .args(["rotate-fence", "--dir", dir.to_str().unwrap(), "--subject", "fencelog/serve", "--generation", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(Instant::now() < deadline, "the daemon kept running after losing its home");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(5));
+    let out = Command::new(FENCELOG)
+        .args(["state", "--dir", dir.to_str().unwrap(), "--subject", "fencelog/serve"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["subjects"][0]["generation"], 2, "not released by the daemon that lost it: {v}");
+    assert!(v["subjects"][0]["owner"].is_object());
+}
+
+/// Proves: `--handover` asks the live daemon to cut over and takes the home the
+/// moment it is released; the old daemon exits 0.
+#[test]
+fn handover_between_two_daemons() {
+    let (_t, dir) = log_dir();
+    let mut a = Daemon::start(&dir, &[]);
+    assert_eq!(a.post("/v1/claim", json!({"subject": "x"})).0, 200);
+    let t0 = Instant::now();
+    let b = Daemon::start(&dir, &["--handover"]);
+    let window = t0.elapsed();
+    assert_eq!(b.ready["home_generation"], 2, "{}", b.ready);
+    assert_eq!(a.child.wait().unwrap().code(), Some(0));
+    assert!(window < Duration::from_secs(10), "handover took {window:?}");
+    let (s, st) = b.get("/v1/state?subject=x");
+    assert_eq!((s, st["subjects"][0]["generation"].as_u64()), (200, Some(1)));
+    let mut buf = String::new();
+    let _ = a.child.stdout.take().map(|mut o| o.read_to_string(&mut buf));
+    assert_eq!(b.term(), Some(0));
+}

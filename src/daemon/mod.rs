@@ -282,7 +282,12 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             open_ms: t0.elapsed().as_millis() as u64,
             token_file: token_path.display().to_string(),
         };
-        println!("{}", serde_json::to_string(&ready).expect("ready line"));
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", serde_json::to_string(&ready).expect("ready line")).and_then(|_| out.flush());
+        }
+        sd_notify("READY=1");
         // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
         tokio::spawn(signals(cut_tx.clone()));
         tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
@@ -299,6 +304,24 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         let _ = std::fs::remove_file(dir.join(ADDR_FILE));
         Ok(code)
     })
+}
+
+/// systemd's readiness protocol: a datagram to `$NOTIFY_SOCKET` (a path, or `@`
+/// for the abstract namespace), if it is set; otherwise nothing.
+pub fn sd_notify(state: &str) {
+    use std::os::unix::net::UnixDatagram;
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = UnixDatagram::unbound() else { return };
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec();
+    let sent = if let Some(name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+    if let Err(e) = sent {
+        tracing::warn!("sd_notify {state}: {e}");
+    }
 }
 
 async fn signals(cut: tokio::sync::mpsc::Sender<(String, bool)>) {
@@ -342,6 +365,7 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
 /// ledger so each is settled from the log, record how, release the home last.
 async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
     tracing::info!(reason, "cutover");
+    sd_notify("STOPPING=1");
     app.admitting.store(false, Ordering::SeqCst);
     app.cutting.store(true, Ordering::SeqCst);
     // Watch streams get their final event now; they never consume the grace.

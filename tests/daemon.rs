@@ -459,3 +459,53 @@ fn handover_between_two_daemons() {
     let _ = a.child.stdout.take().map(|mut o| o.read_to_string(&mut buf));
     assert_eq!(b.term(), Some(0));
 }
+
+/// Proves: the CLI's operation commands with `--server` go through the daemon and
+/// print the same JSON with the same exit codes as when they open the log.
+#[test]
+fn the_cli_with_server_prints_the_same_json_and_exit_codes() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let url = format!("http://{}", d.addr);
+    let token = dir.join("serve.token");
+    let cli = |args: &[&str]| {
+        let out = Command::new(FENCELOG)
+            .args(args)
+            .env("FENCELOG_SERVER", &url)
+            .env("FENCELOG_TOKEN_FILE", &token)
+            .output()
+            .unwrap();
+        (out.status.code(), serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null), out.stdout)
+    };
+    let me = std::process::id().to_string();
+    let (code, c, _) = cli(&["claim", "--subject", "s", "--pid", &me, "--request-id", "r1"]);
+    assert_eq!(
+        (code, c["kind"].as_str(), c["owner"]["pid"].as_u64()),
+        (Some(0), Some("claimed"), Some(std::process::id() as u64)),
+        "{c}"
+    );
+    let (code, again, _) = cli(&["claim", "--subject", "s", "--pid", &me, "--request-id", "r1"]);
+    assert_eq!((code, again["deduplicated"].as_bool()), (Some(0), Some(true)));
+    let (code, e, _) = cli(&["claim", "--subject", "s", "--pid", &me]);
+    assert_eq!((code, e["error"]["code"].as_str()), (Some(3), Some("ALREADY_ACTIVE")), "{e}");
+    assert!(e["error"]["message"].is_string() && e["error"]["status"].is_null(), "the CLI's error body: {e}");
+    let (code, e, _) = cli(&["heartbeat", "--subject", "", "--generation", "1"]);
+    assert_eq!((code, e["error"]["code"].as_str()), (Some(2), Some("INVALID_SUBJECT")), "{e}");
+    let (code, st, _) = cli(&["state", "--subject", "s"]);
+    assert_eq!((code, st["subjects"][0]["generation"].as_u64()), (Some(0), Some(1)));
+    let (code, r, _) = cli(&["request", "show", "r1"]);
+    assert_eq!((code, r["status"].as_str()), (Some(0), Some("committed")));
+    let (code, run, _) = cli(&["run", "--", "sh", "-c", "printf out"]);
+    assert_eq!((code, run["status"].as_str()), (Some(0), Some("succeeded")), "{run}");
+    let id = run["id"].as_u64().unwrap().to_string();
+    let (code, _, raw) = cli(&["process", "logs", &id]);
+    assert_eq!((code, raw), (Some(0), b"out".to_vec()));
+    let (code, e, _) = cli(&["process", "show", "77"]);
+    assert_eq!((code, e["error"]["code"].as_str()), (Some(3), Some("UNKNOWN_PROCESS")));
+    let (code, e, _) = cli(&["init"]);
+    assert_eq!((code, e["error"]["code"].as_str()), (Some(2), Some("USAGE")));
+    let out =
+        Command::new(FENCELOG).args(["state", "--server", &url]).env_remove("FENCELOG_TOKEN_FILE").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "no token: usage error");
+    assert_eq!(d.term(), Some(0));
+}

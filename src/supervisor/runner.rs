@@ -587,6 +587,10 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
         .arg("--process")
         .arg(process.to_string())
         .envs(env.iter().map(|(k, v)| (k, v)))
+        // A runner always works on its directory, never through a daemon.
+        .env_remove("FENCELOG_SERVER")
+        .env_remove("FENCELOG_TOKEN_FILE")
+        .env_remove("FENCELOG_DIR")
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

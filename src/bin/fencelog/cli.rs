@@ -17,9 +17,25 @@ pub(crate) struct Cli {
 
 #[derive(Args, Clone)]
 pub(crate) struct Dir {
-    /// Log directory.
-    #[arg(long, env = "FENCELOG_DIR")]
-    pub(crate) dir: PathBuf,
+    /// Log directory (required unless --server).
+    #[arg(long, env = "FENCELOG_DIR", required_unless_present = "server")]
+    pub(crate) dir: Option<PathBuf>,
+    /// Send the operation to a daemon (`fencelog serve`) at URL instead of opening
+    /// the directory: the same JSON, the same exit codes.
+    #[arg(long, env = "FENCELOG_SERVER")]
+    pub(crate) server: Option<String>,
+    /// The daemon's bearer token (with `serve`: the token it uses; default
+    /// DIR/serve.token, created 0600 on first start).
+    #[arg(long, env = "FENCELOG_TOKEN_FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+}
+
+impl Dir {
+    /// The log directory (present: clap requires it unless `--server`, and a
+    /// command with `--server` never opens a directory).
+    pub(crate) fn path(&self) -> &std::path::Path {
+        self.dir.as_deref().unwrap_or(std::path::Path::new(""))
+    }
 }
 
 #[derive(Args, Clone)]
@@ -170,9 +186,6 @@ pub(crate) enum Cmd {
         dir: Dir,
         #[arg(long, default_value = "127.0.0.1:7411")]
         listen: std::net::SocketAddr,
-        /// The bearer token (default: DIR/serve.token, created 0600 on first start).
-        #[arg(long)]
-        token_file: Option<PathBuf>,
         #[arg(long, default_value = fencelog::daemon::HOME_DEFAULT)]
         home: String,
         #[arg(long, default_value_t = fencelog::daemon::DRAIN_GRACE_MS_DEFAULT)]

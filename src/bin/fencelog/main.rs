@@ -7,6 +7,7 @@
 //! (`{"error": {"code": ..., "message": ..., evidence}}`).
 
 mod cli;
+mod client;
 mod demo;
 mod inspect;
 mod mutate;
@@ -75,17 +76,31 @@ fn stdout_error(e: std::io::Error) -> OpError {
 
 fn run(cmd: cli::Cmd) -> Printed {
     use cli::Cmd;
+    if let Some(d) = client::dir_of(&cmd) {
+        if let Some(server) = d.server.clone() {
+            return client::run(cmd, &server);
+        }
+        if d.dir.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+            return Err(OpError::Usage {
+                code: "USAGE",
+                message: "--dir DIR (or FENCELOG_DIR) is required, or --server URL".into(),
+            });
+        }
+    }
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
-        Cmd::Demo { dir, records, appenders, payload_bytes } => demo::demo(&dir.dir, records, appenders, payload_bytes),
+        Cmd::Demo { dir, records, appenders, payload_bytes } => {
+            demo::demo(dir.path(), records, appenders, payload_bytes)
+        }
         cmd @ (Cmd::Run { .. } | Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
-        Cmd::Serve { dir, listen, token_file, home, drain_grace_ms, handover, home_stale_after_ms } => {
+        Cmd::Serve { dir, listen, home, drain_grace_ms, handover, home_stale_after_ms } => {
+            let token_file = dir.token_file.clone();
             fencelog::ops::valid(&home)?;
             let self_exe =
                 std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
             let o = fencelog::daemon::ServeOptions {
-                dir: dir.dir,
+                dir: dir.path().to_path_buf(),
                 listen,
                 token_file,
                 home,
@@ -103,7 +118,7 @@ fn run(cmd: cli::Cmd) -> Printed {
             }
         }
         Cmd::Runner { dir, process } => {
-            std::process::exit(fencelog::supervisor::runner::runner_main(&dir.dir, process))
+            std::process::exit(fencelog::supervisor::runner::runner_main(dir.path(), process))
         }
         other => mutate::run(other),
     }

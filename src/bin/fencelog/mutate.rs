@@ -17,7 +17,7 @@ pub(crate) fn ledger_options() -> LedgerOptions {
 }
 
 pub(crate) fn open(dir: &Dir) -> Result<Ledger, ops::OpError> {
-    Ok(Ledger::open(&dir.dir, ledger_options())?)
+    Ok(Ledger::open(dir.path(), ledger_options())?)
 }
 
 /// A claim or takeover without `--pid` is held for the process that ran us.
@@ -97,18 +97,18 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             printed(&ops::lease_release(&open(&dir)?, &r)?)
         }
         Cmd::Request { cmd: RequestCmd::Show { dir, id } } => {
-            printed(&ops::request_show(&Ledger::read_only(&dir.dir, &ledger_options())?, &id)?)
+            printed(&ops::request_show(&Ledger::read_only(dir.path(), &ledger_options())?, &id)?)
         }
         Cmd::State { dir, subject } => {
             if let Some(s) = &subject {
                 ops::valid(s)?;
             }
-            let view = Ledger::read_only(&dir.dir, &ledger_options())?;
+            let view = Ledger::read_only(dir.path(), &ledger_options())?;
             printed(&ops::state(&view, subject.as_deref(), LogOptions::default().now_ms())?)
         }
-        Cmd::Init { dir } => printed(&fencelog::storage::init(&dir.dir, LogOptions::default())?),
+        Cmd::Init { dir } => printed(&fencelog::storage::init(dir.path(), LogOptions::default())?),
         Cmd::Repair { dir, cut_from } => {
-            let r = fencelog::storage::repair(&dir.dir, cut_from, &LogOptions::default())?;
+            let r = fencelog::storage::repair(dir.path(), cut_from, &LogOptions::default())?;
             Ok((serde_json::to_value(&r).expect("report serializes"), if r.intact { 0 } else { 1 }))
         }
         Cmd::Demo { .. }

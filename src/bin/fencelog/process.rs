@@ -52,7 +52,7 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
                 generation,
             };
             let ledger = open(&dir)?;
-            printed(&sup::run(&ledger, &absolute(&dir.dir)?, &r, &self_exe()?)?)
+            printed(&sup::run(&ledger, &absolute(dir.path())?, &r, &self_exe()?)?)
         }
         Cmd::Recover { dir, prespawn_grace_ms, owner, generation } => {
             let ledger = open(&dir)?;
@@ -62,10 +62,10 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         }
         Cmd::Process { cmd } => match cmd {
             ProcessCmd::Show { dir, id } => {
-                printed(&sup::show(&Ledger::read_only(&dir.dir, &ledger_options())?.projection, id)?)
+                printed(&sup::show(&Ledger::read_only(dir.path(), &ledger_options())?.projection, id)?)
             }
             ProcessCmd::List { dir, status, owner } => printed(&sup::list(
-                &Ledger::read_only(&dir.dir, &ledger_options())?.projection,
+                &Ledger::read_only(dir.path(), &ledger_options())?.projection,
                 status.as_deref(),
                 owner.as_deref(),
             )?),
@@ -82,7 +82,7 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
                     StreamArg::Stdout => Stream::Stdout,
                     StreamArg::Stderr => Stream::Stderr,
                 };
-                logs(&dir.dir, id, stream, follow)
+                logs(dir.path(), id, stream, follow)
             }
         },
         _ => unreachable!("dispatched in main"),

@@ -1,0 +1,347 @@
+//! HTTP compare-and-append, one run, one machine: a real `fencelog serve` on
+//! loopback (heartbeats on distinct subjects; claims of new subjects) at 1, 16, 64
+//! and 256 concurrent keep-alive clients — txn/s, p50, p99 — and, side by side in
+//! the same run, etcd (one member on loopback, started here) doing the equivalent
+//! transaction (compare mod_revision, put) through its v3 JSON gateway. The daemon's
+//! resident memory is measured after 100,000 subjects exist.
+//!
+//!   benches/setup-etcd.sh                          # once: Debian's etcd-server
+//!   cargo bench --bench serve                      # full run
+//!   cargo bench --bench serve -- --quick --json    # short run, one JSON object
+//!
+//! Without etcd the bench says so and reports fencelog alone. Files live under
+//! $FENCELOG_BENCH_DIR (default target/bench-tmp).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+const CLIENTS: [usize; 4] = [1, 16, 64, 256];
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .max_idle_connections_per_host(1)
+        .build()
+        .into()
+}
+
+fn post(a: &ureq::Agent, url: &str, auth: Option<&str>, body: &str) -> (u16, String) {
+    let mut r = a.post(url).header("Content-Type", "application/json");
+    if let Some(t) = auth {
+        r = r.header("Authorization", t);
+    }
+    match r.send(body) {
+        Ok(mut resp) => (resp.status().as_u16(), resp.body_mut().read_to_string().unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+struct Figures {
+    txn_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
+}
+
+impl Figures {
+    fn json(&self) -> Value {
+        json!({
+            "txn_per_s": self.txn_per_s.round(),
+            "p50_us": self.p50_us.round(),
+            "p99_us": self.p99_us.round(),
+            "errors": self.errors,
+        })
+    }
+}
+
+/// `clients` threads, each preparing once (`prep(i)` → its state) and then
+/// running `op(&agent, &mut state, n)` until `run_for` passed.
+fn load<S: Send + 'static>(
+    clients: usize,
+    run_for: Duration,
+    prep: impl Fn(&ureq::Agent, usize) -> S + Send + Sync + 'static,
+    op: impl Fn(&ureq::Agent, &mut S, u64) -> bool + Send + Sync + 'static,
+) -> Figures {
+    let (prep, op) = (Arc::new(prep), Arc::new(op));
+    let go = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..clients)
+        .map(|i| {
+            let (prep, op, go) = (Arc::clone(&prep), Arc::clone(&op), Arc::clone(&go));
+            std::thread::spawn(move || {
+                let a = agent();
+                let mut state = prep(&a, i);
+                while !go.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let start = Instant::now();
+                let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0u64);
+                while start.elapsed() < run_for {
+                    let t = Instant::now();
+                    if !op(&a, &mut state, n) {
+                        errors += 1;
+                    }
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                    n += 1;
+                }
+                (lat, errors, start.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    go.store(true, Ordering::Release);
+    let (mut all, mut errors, mut longest) = (Vec::new(), 0, Duration::ZERO);
+    for t in threads {
+        let (lat, e, took) = t.join().unwrap();
+        all.extend(lat);
+        errors += e;
+        longest = longest.max(took);
+    }
+    all.sort_by(f64::total_cmp);
+    let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors }
+}
+
+struct Daemon {
+    child: Child,
+    url: String,
+    auth: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon(dir: &Path) -> Daemon {
+    let mut child = Command::new(FENCELOG)
+        .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(line.trim()).expect("ready line");
+    let token = std::fs::read_to_string(dir.join("serve.token")).unwrap();
+    Daemon {
+        child,
+        url: format!("http://{}", ready["listening"].as_str().unwrap()),
+        auth: format!("Bearer {}", token.trim()),
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fencelog_heartbeats(d: &Daemon, clients: usize, run_for: Duration, round: usize) -> Figures {
+    let (claim, hb, auth) = (format!("{}/v1/claim", d.url), format!("{}/v1/heartbeat", d.url), d.auth.clone());
+    let auth2 = auth.clone();
+    load(
+        clients,
+        run_for,
+        move |a, i| {
+            let subject = format!("hb/{round}/{clients}/{i}");
+            let (s, body) = post(a, &claim, Some(&auth), &json!({"subject": subject}).to_string());
+            assert_eq!(s, 200, "{body}");
+            let g: Value = serde_json::from_str(&body).unwrap();
+            (subject, g["generation"].as_u64().unwrap())
+        },
+        move |a, (subject, generation), _| {
+            let body = json!({"subject": subject, "generation": generation}).to_string();
+            post(a, &hb, Some(&auth2), &body).0 == 200
+        },
+    )
+}
+
+fn fencelog_claims(d: &Daemon, clients: usize, run_for: Duration, round: usize) -> Figures {
+    let (claim, auth) = (format!("{}/v1/claim", d.url), d.auth.clone());
+    load(
+        clients,
+        run_for,
+        move |_, i| i,
+        move |a, i, n| {
+            let body = json!({"subject": format!("claim/{round}/{clients}/{i}/{n}")}).to_string();
+            post(a, &claim, Some(&auth), &body).0 == 200
+        },
+    )
+}
+
+fn b64(s: &str) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let b = s.as_bytes();
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for (k, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if k <= c.len() {
+                out.push(T[((n >> shift) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// etcd's equivalent of a heartbeat: put the key if its mod_revision is still the
+/// one this client wrote last (compare-and-put), one member, through the gateway.
+fn etcd_heartbeats(endpoint: &str, clients: usize, run_for: Duration, round: usize) -> Figures {
+    let url = format!("{endpoint}/v3/kv/txn");
+    let url2 = url.clone();
+    load(
+        clients,
+        run_for,
+        move |a, i| {
+            let key = b64(&format!("hb/{round}/{clients}/{i}"));
+            let body = json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": b64("1")}}]});
+            let (s, out) = post(a, &url, None, &body.to_string());
+            assert_eq!(s, 200, "{out}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            (key, v["header"]["revision"].as_str().unwrap_or("0").to_owned())
+        },
+        move |a, (key, rev), _| {
+            let body = json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": rev}],
+                "success": [{"request_put": {"key": key, "value": b64("1")}}]});
+            let (s, out) = post(a, &url2, None, &body.to_string());
+            let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+            if s == 200 && v["succeeded"] == true {
+                *rev = v["header"]["revision"].as_str().unwrap_or("0").to_owned();
+                true
+            } else {
+                false
+            }
+        },
+    )
+}
+
+fn etcd_claims(endpoint: &str, clients: usize, run_for: Duration, round: usize) -> Figures {
+    let url = format!("{endpoint}/v3/kv/txn");
+    load(
+        clients,
+        run_for,
+        move |_, i| i,
+        move |a, i, n| {
+            let key = b64(&format!("claim/{round}/{clients}/{i}/{n}"));
+            let body = json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": b64("owner")}}]});
+            let (s, out) = post(a, &url, None, &body.to_string());
+            s == 200 && serde_json::from_str::<Value>(&out).map(|v| v["succeeded"] == true).unwrap_or(false)
+        },
+    )
+}
+
+struct Etcd {
+    pid: u32,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+    }
+}
+
+fn start_etcd(dir: &Path) -> Result<(Etcd, String), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/etcd-single.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(dir)
+        .args(["23790", "23800"])
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok((Etcd { pid: v["pid"].as_u64().unwrap_or(0) as u32 }, v["endpoint"].as_str().unwrap_or("").to_owned()))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let as_json = args.iter().any(|a| a == "--json");
+    let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+    std::fs::create_dir_all(&root).unwrap();
+    let root = std::path::absolute(root).unwrap();
+    let run_for = Duration::from_millis(if quick { 2000 } else { 5000 });
+    let tmp = tempfile::Builder::new().prefix("serve").tempdir_in(&root).unwrap();
+    let d = start_daemon(&tmp.path().join("log"));
+    let etcd = start_etcd(&tmp.path().join("etcd"));
+    if let Err(why) = &etcd {
+        eprintln!("etcd not measured: {why} (benches/setup-etcd.sh installs it)");
+    }
+    let mut out = serde_json::Map::new();
+    out.insert("quick".into(), json!(quick));
+    out.insert("cores".into(), json!(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)));
+    out.insert("etcd".into(), json!(etcd.as_ref().map(|_| "3.4 single member, v3 JSON gateway").map_err(|e| e.clone())));
+    let raw = {
+        let mut f = std::fs::File::create(tmp.path().join("raw")).unwrap();
+        let mut lat = vec![];
+        for _ in 0..200 {
+            use std::io::Write;
+            let t = Instant::now();
+            f.write_all(&[b'x'; 200]).unwrap();
+            f.sync_data().unwrap();
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        lat.sort_by(f64::total_cmp);
+        lat[lat.len() / 2]
+    };
+    out.insert("raw_fdatasync_p50_us".into(), json!(raw.round()));
+    for (round, &k) in CLIENTS.iter().enumerate() {
+        let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
+        let fl_claim = fencelog_claims(&d, k, run_for, round);
+        let mut row = json!({"fencelog_heartbeat": fl_hb.json(), "fencelog_claim": fl_claim.json()});
+        if let Ok((_, endpoint)) = &etcd {
+            let e_hb = etcd_heartbeats(endpoint, k, run_for, round);
+            let e_claim = etcd_claims(endpoint, k, run_for, round);
+            row["etcd_heartbeat"] = e_hb.json();
+            row["etcd_claim"] = e_claim.json();
+            row["heartbeat_vs_etcd"] = json!(((fl_hb.txn_per_s / e_hb.txn_per_s.max(1.0)) * 100.0).round() / 100.0);
+        }
+        eprintln!("{k} clients: {row}");
+        out.insert(format!("clients_{k}"), row);
+    }
+    // Resident memory with 100,000 subjects (claimed by 16 clients).
+    let subjects = if quick { 20_000 } else { 100_000 };
+    let (claim, auth) = (format!("{}/v1/claim", d.url), d.auth.clone());
+    let per = subjects / 16;
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let (claim, auth) = (claim.clone(), auth.clone());
+            std::thread::spawn(move || {
+                let a = agent();
+                for n in 0..per {
+                    post(&a, &claim, Some(&auth), &json!({"subject": format!("mem/{t}/{n}")}).to_string());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    out.insert("subjects_for_rss".into(), json!(per * 16));
+    out.insert("daemon_rss_mib".into(), json!((rss_kib(d.child.id()) as f64 / 1024.0).round()));
+    let out = Value::Object(out);
+    if as_json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}

@@ -187,7 +187,8 @@ fn b64(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = String::new();
     for c in b.chunks(3) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        let n =
+            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
         for (k, shift) in [18, 12, 6, 0].into_iter().enumerate() {
             if k <= c.len() {
                 out.push(T[((n >> shift) & 63) as usize] as char);
@@ -289,7 +290,10 @@ fn main() {
     let mut out = serde_json::Map::new();
     out.insert("quick".into(), json!(quick));
     out.insert("cores".into(), json!(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)));
-    out.insert("etcd".into(), json!(etcd.as_ref().map(|_| "3.4 single member, v3 JSON gateway").map_err(|e| e.clone())));
+    out.insert(
+        "etcd".into(),
+        json!(etcd.as_ref().map(|_| "3.4 single member, v3 JSON gateway").map_err(|e| e.clone())),
+    );
     let raw = {
         let mut f = std::fs::File::create(tmp.path().join("raw")).unwrap();
         let mut lat = vec![];

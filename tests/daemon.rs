@@ -364,6 +364,9 @@ fn a_cutover_settles_admitted_requests_and_the_successor_agrees() {
     assert_eq!(settled[0]["request"], "slow-1", "{settled}");
     assert_eq!(settled[0]["how"], "committed");
     assert_eq!(records[n - 1]["kinds"], json!(["release"]), "the home is released last");
+    let audit = Command::new(FENCELOG).args(["audit", dir.to_str().unwrap(), "--format", "json"]).output().unwrap();
+    let audit: Value = serde_json::from_slice(&audit.stdout).unwrap();
+    assert_eq!(audit["daemon_cutovers"][0]["settled"][0]["request"], "slow-1", "the audit shows the cutover: {audit}");
     let d2 = Daemon::start(&dir, &[]);
     let (s, r) = d2.get("/v1/requests/slow-1");
     assert_eq!((s, r["status"].as_str()), (200, Some("committed")), "{r}");

@@ -157,6 +157,22 @@ pub struct Report {
     /// record that does not decode. One line each, at most `FINDINGS_LISTED_MAX`.
     pub findings: Vec<String>,
     pub subjects: Vec<SubjectStory>,
+    /// Daemon cutovers (`fencelog serve` handing over): every admitted request and
+    /// how it was settled.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub daemon_cutovers: Vec<DaemonCutover>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DaemonCutover {
+    pub seq: u64,
+    pub time_ms: u64,
+    pub home: String,
+    pub generation: u64,
+    pub reason: String,
+    pub settled: Vec<crate::model::SettledRequest>,
+    /// Settled requests beyond those listed.
+    pub more: u64,
 }
 
 /// Findings listed in a report (the count of undecodable records is always given).
@@ -262,6 +278,7 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
     let mut p = Projection::default();
     let mut undecodable: Vec<u64> = Vec::new();
     let mut work: BTreeMap<String, Work> = BTreeMap::new();
+    let mut daemon_cutovers = Vec::new();
     let summary = scan_dir(dir, 1, body_max(), |item| {
         let ScanItem::Record { rec, .. } = item else { return true };
         if rec.seq <= p.last_seq {
@@ -324,6 +341,21 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
             }
         };
         let (seq, ms) = (rec.seq, txn.time_ms);
+        for e in &txn.events {
+            if let Event::Cutover { home, reason, settled, more } = e
+                && only.is_none_or(|s| s == home.subject)
+            {
+                daemon_cutovers.push(DaemonCutover {
+                    seq,
+                    time_ms: ms,
+                    home: home.subject.clone(),
+                    generation: home.generation,
+                    reason: reason.clone(),
+                    settled: settled.clone(),
+                    more: *more,
+                });
+            }
+        }
         for (e, o) in txn.events.iter().zip(&outcomes) {
             let Some(subject) = e.subject() else { continue };
             if only.is_some_and(|s| s != subject) {
@@ -479,6 +511,7 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
             .map(|pr| json!({"kind": pr.kind, "offset": pr.offset, "seq": pr.seq, "torn_tail": pr.torn_tail}))
             .collect(),
         subjects,
+        daemon_cutovers,
     })
 }
 

@@ -131,6 +131,25 @@ pub fn text(r: &Report) -> String {
         out.push('\n');
         story_text(s, &mut out);
     }
+    for c in &r.daemon_cutovers {
+        let _ = writeln!(
+            out,
+            "\ndaemon cutover at seq {} ({}): {}@{} ({}), {} request(s) settled",
+            c.seq,
+            format_ms(c.time_ms),
+            c.home,
+            c.generation,
+            c.reason,
+            c.settled.len() as u64 + c.more
+        );
+        for r in &c.settled {
+            let at = r.seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
+            let _ = writeln!(out, "  request {:?} ({}): {}{at}", r.request, r.op, r.how);
+        }
+        if c.more > 0 {
+            let _ = writeln!(out, "  … and {} more", c.more);
+        }
+    }
     out
 }
 

@@ -179,6 +179,39 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
     }
 }
 
+/// Every request but a watch stream is bounded in time (reading its body
+/// included): past the bound, 503 `REQUEST_TIMEOUT`. A mutation may still land
+/// after that answer; its request id says (`GET /v1/requests/{id}`).
+async fn time_limit(req: Request, next: Next) -> Response {
+    if req.uri().path() == "/v1/watch" {
+        return next.run(req).await;
+    }
+    match tokio::time::timeout(Duration::from_millis(super::REQUEST_TIME_MS_MAX), next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "REQUEST_TIMEOUT",
+            &format!(
+                "the request took longer than {} ms; a mutation may still land: ask GET /v1/requests/{{id}}",
+                super::REQUEST_TIME_MS_MAX
+            ),
+        ),
+    }
+}
+
+/// Removes an admitted request from the cutover's view however its handler ends
+/// (answered, or dropped by the time limit).
+struct Admitted<'a> {
+    app: &'a App,
+    ticket: u64,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.app.admitted.lock().expect("admitted").remove(&self.ticket);
+    }
+}
+
 async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -218,6 +251,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .layer(middleware::from_fn(time_limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), count))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app)
@@ -311,10 +345,10 @@ where
     };
     let ticket = app.next_ticket.fetch_add(1, Ordering::SeqCst);
     app.admitted.lock().expect("admitted").insert(ticket, (rid.clone(), op.to_owned()));
+    let admitted = Admitted { app: &app, ticket };
     // Admission was checked before registering: a cutover that began in between
     // must see this request (it waits for the admitted set) or refuse it.
     if !app.admitting.load(Ordering::SeqCst) && !app.cutting.load(Ordering::SeqCst) {
-        app.admitted.lock().expect("admitted").remove(&ticket);
         return not_admitting();
     }
     let t0 = Instant::now();
@@ -328,7 +362,7 @@ where
         let (how, seq) = settlement(op, &r);
         app.settled.lock().expect("settled").push(SettledRequest { request: rid.clone(), op: op.into(), how, seq });
     }
-    app.admitted.lock().expect("admitted").remove(&ticket);
+    drop(admitted);
     match r {
         Ok(mut v) => {
             if op == "run" && v["status"] == "requested" && app.abort_waits.load(Ordering::SeqCst) {

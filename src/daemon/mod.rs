@@ -40,6 +40,9 @@ pub const CONCURRENT_REQUESTS_MAX: usize = 256;
 pub const WATCH_STREAMS_MAX: usize = 64;
 /// Longest wait a request may ask for over HTTP (`wait_ms`, `timeout_ms`).
 pub const HTTP_WAIT_MS_MAX: u64 = 60_000;
+/// Longest any request may take (watch streams excepted): above the longest wait
+/// a request may ask for.
+pub const REQUEST_TIME_MS_MAX: u64 = HTTP_WAIT_MS_MAX + 15_000;
 /// Default `--drain-grace-ms`.
 pub const DRAIN_GRACE_MS_DEFAULT: u64 = 5_000;
 /// How long a cutover waits for the ledger to settle after the grace.

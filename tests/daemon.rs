@@ -191,7 +191,7 @@ fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
     assert_eq!((s, r["generation"].as_u64()), (200, Some(2)));
     let (s, t) = d.post("/v1/takeover", json!({"subject": "a", "expect_generation": 2, "expect_heartbeat_ms": 1}));
     assert_eq!((s, t["code"].as_str()), (409, Some("TAKEOVER_RACE")), "{t}");
-    let (s, l) = d.post("/v1/lease/acquire", json!({"resource": "db", "mode": "Write", "owner": "a", "generation": 2}));
+    let (s, l) = d.post("/v1/lease/acquire", json!({"resource": "db", "mode": "write", "owner": "a", "generation": 2}));
     assert_eq!((s, l["kind"].as_str()), (200, Some("lease_acquired")), "{l}");
     let (s, lr) = d.post("/v1/lease/release", json!({"lease": l["lease"], "token": l["token"]}));
     assert_eq!((s, lr["kind"].as_str()), (200, Some("lease_released")), "{lr}");
@@ -207,6 +207,18 @@ fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
     assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")));
     let (s, e) = d.post("/v1/claim", json!({"subject": "c", "bogus": 1}));
     assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "{e}");
+    let (s, e) = d.post("/v1/note", json!({"subject": "a", "generation": 1, "text": "x", "request_id": 7}));
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (400, Some("INVALID_INPUT")),
+        "a numeric request id is refused, not replaced: {e}"
+    );
+    let (s, e) = d.post("/v1/release", json!({"subject": "fencelog/serve", "generation": 1}));
+    assert_eq!((s, e["code"].as_str()), (409, Some("HOME_RESERVED")), "{e}");
+    let (s, _, _) = call(&d.url("/v1/head"), "GET", None, None, &[("Authorization", &format!("bearer {}", d.token))]);
+    assert_eq!(s, 200, "the scheme is case-insensitive");
+    let (s, e) = d.get("/v1/no-such-route");
+    assert_eq!((s, e["code"].as_str()), (404, Some("NOT_FOUND")));
     let big = "x".repeat(70 * 1024);
     let (s, e) = d.post("/v1/note", json!({"subject": "a", "generation": 1, "text": big}));
     assert_eq!((s, e["code"].as_str()), (413, Some("BODY_TOO_LARGE")), "{e}");
@@ -455,6 +467,11 @@ fn handover_between_two_daemons() {
     let window = t0.elapsed();
     assert_eq!(b.ready["home_generation"], 2, "{}", b.ready);
     assert_eq!(a.child.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("serve.addr")).unwrap(),
+        b.addr,
+        "the old daemon left its successor's address"
+    );
     assert!(window < Duration::from_secs(10), "handover took {window:?}");
     let (s, st) = b.get("/v1/state?subject=x");
     assert_eq!((s, st["subjects"][0]["generation"].as_u64()), (200, Some(1)));

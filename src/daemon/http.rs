@@ -137,6 +137,9 @@ pub fn problem_status(e: &OpError) -> StatusCode {
 }
 
 fn op_problem(app: &App, e: &OpError) -> Response {
+    if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Storage(_))) && e.code() == "WRITER_POISONED" {
+        app.broken.store(true, Ordering::SeqCst);
+    }
     let status = problem_status(e);
     app.metrics.refusals.get_or_create(&vec![("code".into(), e.code().into())]).inc();
     let body = serde_json::to_value(e.body()).expect("error body");
@@ -167,8 +170,9 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().as_bytes().to_vec());
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().as_bytes().to_vec());
     match presented {
         Some(t) if app.token_ok(&t) => next.run(req).await,
         _ => {
@@ -250,6 +254,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .fallback(|| async { plain(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route (see /v1/openapi.json)") })
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
         .layer(middleware::from_fn(time_limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), count))
@@ -290,6 +295,10 @@ fn typed<T: DeserializeOwned>(m: serde_json::Map<String, Value>) -> Result<T, Re
         .map_err(|e| Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("invalid request: {e}"))))
 }
 
+fn overloaded() -> Response {
+    plain(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", "too many requests in flight; retry shortly")
+}
+
 fn not_admitting() -> Response {
     plain(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -321,12 +330,26 @@ where
         return not_admitting();
     }
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
-        return plain(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", "too many requests in flight; retry shortly");
+        return overloaded();
     };
     let mut m = match body_object(body) {
         Ok(m) => m,
         Err(r) => return *r,
     };
+    if m.get("request_id").is_some_and(|v| !v.is_string() && !v.is_null()) {
+        return plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "request_id is a string");
+    }
+    if headers.get_all("idempotency-key").iter().count() > 1 {
+        return plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "one Idempotency-Key header, not several");
+    }
+    // The daemon's home is its own: no client may release, rotate or take it.
+    if m.get("subject").and_then(Value::as_str) == Some(app.home.subject.as_str()) {
+        return plain(
+            StatusCode::CONFLICT,
+            "HOME_RESERVED",
+            &format!("{} is this daemon's home subject; it is not changed over its own API", app.home.subject),
+        );
+    }
     let header_id = headers.get("idempotency-key").map(|v| v.to_str().map(str::to_owned));
     let body_id = m.get("request_id").and_then(Value::as_str).map(str::to_owned);
     let rid = match (header_id, body_id) {
@@ -353,10 +376,14 @@ where
     }
     let t0 = Instant::now();
     let worker = Arc::clone(&app);
-    let r = tokio::task::spawn_blocking(move || f(&worker, req))
-        .await
-        .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }));
-    drop(permit);
+    // The permit goes with the work: a client that hangs up does not free its
+    // slot while its operation still runs.
+    let r = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f(&worker, req)
+    })
+    .await
+    .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }));
     app.metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
     if app.cutting.load(Ordering::SeqCst) {
         let (how, seq) = settlement(op, &r);
@@ -454,8 +481,16 @@ async fn read<F>(app: Arc<App>, f: F) -> Response
 where
     F: FnOnce(&App) -> Result<Value, OpError> + Send + 'static,
 {
+    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+        return overloaded();
+    };
     let worker = Arc::clone(&app);
-    match tokio::task::spawn_blocking(move || f(&worker)).await {
+    match tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f(&worker)
+    })
+    .await
+    {
         Ok(Ok(v)) => ok_json(&v, None),
         Ok(Err(e)) => op_problem(&app, &e),
         Err(e) => plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", &format!("the read panicked: {e}")),
@@ -531,8 +566,12 @@ struct LogsQuery {
 
 async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q): Query<LogsQuery>) -> Response {
     let stream = q.stream.unwrap_or(supervisor::Stream::Stdout);
+    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+        return overloaded();
+    };
     let worker = Arc::clone(&app);
     let r = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, OpError> {
+        let _permit = permit;
         worker.ledger.refresh_with(|p| supervisor::show(p, id))??;
         match std::fs::read(supervisor::output_path(&worker.dir, id, stream)) {
             Ok(b) => Ok(b),
@@ -574,10 +613,27 @@ async fn head(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.broken.load(Ordering::SeqCst) {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "WRITER_POISONED",
+            "the log cannot be written; restart the daemon",
+        );
+    }
     if app.admitting.load(Ordering::SeqCst) { "ready\n".into_response() } else { not_admitting() }
 }
 
-async fn admin_cutover(State(app): State<Arc<App>>) -> Response {
+#[derive(Deserialize)]
+struct CutoverQuery {
+    /// Wall-clock ms after which this request is void (a successor that asked and
+    /// gave up must not cause a cutover later).
+    not_after_ms: Option<u64>,
+}
+
+async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery>) -> Response {
+    if q.not_after_ms.is_some_and(|t| crate::storage::LogOptions::default().now_ms() > t) {
+        return plain(StatusCode::CONFLICT, "EXPIRED", "this cutover request came after its deadline; ignored");
+    }
     let tx = app_cutover(&app);
     match tx {
         Some(tx) => {
@@ -594,8 +650,12 @@ async fn admin_cutover(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
+        return overloaded();
+    };
     let worker = Arc::clone(&app);
     let _ = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let m = &worker.metrics;
         let (appends, syncs) = worker.ledger.commit_stats();
         m.appends.set(appends as i64);
@@ -647,7 +707,7 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|last| last + 1);
+        .map(|last| last.saturating_add(1));
     let from = resume.or(q.from).unwrap_or(1).max(1);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
     let dir = app.dir.clone();
@@ -676,6 +736,8 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                // The client hung up: free the slot now, not at the next record.
+                _ = tx.closed() => return,
                 _ = async { closed.wait_for(|c| *c).await.map(|_| ()) } => {
                     let _ = tx.send(Ok(SseEvent::default().event("cutover").data("{\"cutover\":true}"))).await;
                     return;

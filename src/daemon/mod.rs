@@ -100,6 +100,12 @@ pub(crate) struct App {
     pub admitting: AtomicBool,
     /// A cutover is settling admitted requests: each records how it ended.
     pub cutting: AtomicBool,
+    /// The log cannot be written (the ledger is poisoned): not ready; exits 1.
+    pub broken: AtomicBool,
+    /// The home was released (the heartbeat stops only then).
+    pub home_released: AtomicBool,
+    /// The home was taken from this daemon.
+    pub home_lost: AtomicBool,
     /// Ends the waits of `run` at a cutover.
     pub abort_waits: Arc<AtomicBool>,
     pub inflight: Arc<tokio::sync::Semaphore>,
@@ -137,8 +143,18 @@ fn load_token(dir: &Path, token_file: Option<&Path>) -> Result<(Vec<u8>, PathBuf
     use std::os::unix::fs::OpenOptionsExt;
     let path = token_file.map_or_else(|| dir.join(crate::storage::SERVE_TOKEN_FILE), Path::to_path_buf);
     match std::fs::read_to_string(&path) {
-        Ok(t) if t.trim().len() >= 16 => return Ok((t.trim().as_bytes().to_vec(), path)),
-        Ok(_) => return Err(io("token", format!("{} holds no token (at least 16 characters)", path.display()))),
+        Ok(t) if t.trim().len() >= 16 && t.trim().bytes().all(|b| b.is_ascii_graphic()) => {
+            return Ok((t.trim().as_bytes().to_vec(), path));
+        }
+        Ok(_) => {
+            return Err(OpError::Usage {
+                code: "INVALID_TOKEN_FILE",
+                message: format!(
+                    "{} holds no token: one line of at least 16 printable ASCII characters",
+                    path.display()
+                ),
+            });
+        }
         Err(e) if e.kind() != std::io::ErrorKind::NotFound || token_file.is_some() => {
             return Err(io(&format!("reading {}", path.display()), e));
         }
@@ -165,11 +181,14 @@ fn ask_cutover(dir: &Path, token: &[u8]) -> Result<(), String> {
         Duration::from_secs(2),
     )
     .map_err(|e| format!("connecting to {}: {e}", addr.trim()))?;
-    s.set_read_timeout(Some(Duration::from_secs(HANDOVER_WAIT_MS / 1000))).ok();
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let token = String::from_utf8_lossy(token);
+    // Void after 5 s: if this daemon gives up waiting for the answer, a request
+    // still queued in the socket must not cut the other over later.
+    let not_after_ms = crate::storage::LogOptions::default().now_ms() + 5_000;
     write!(
         s,
-        "POST /v1/admin/cutover HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "POST /v1/admin/cutover?not_after_ms={not_after_ms} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         addr.trim()
     )
     .map_err(|e| e.to_string())?;
@@ -235,7 +254,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         (e.exit_code(), e)
     })?);
     let replayed = ledger.open_report().replayed_records;
-    let (token, token_path) = load_token(&dir, o.token_file.as_deref()).map_err(fail(exit::IO))?;
+    let (token, token_path) = load_token(&dir, o.token_file.as_deref()).map_err(|e| (e.exit_code(), e))?;
     let generation = claim_home(&ledger, &o, &token)?;
     let home = OwnerRef { subject: o.home.clone(), generation };
     let now_ms = crate::storage::LogOptions::default().now_ms();
@@ -266,6 +285,9 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             home: home.clone(),
             admitting: AtomicBool::new(true),
             cutting: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            home_released: AtomicBool::new(false),
+            home_lost: AtomicBool::new(false),
             abort_waits: Arc::new(AtomicBool::new(false)),
             inflight: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS_MAX)),
             watchers: Arc::new(tokio::sync::Semaphore::new(WATCH_STREAMS_MAX)),
@@ -304,7 +326,10 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         let code = cutover(&app, &reason, home_lost).await;
         let _ = app.shutdown.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        let _ = std::fs::remove_file(dir.join(ADDR_FILE));
+        // Only if it still names this daemon (a successor may have written its own).
+        if std::fs::read_to_string(dir.join(ADDR_FILE)).is_ok_and(|a| a.trim() == addr.to_string()) {
+            let _ = std::fs::remove_file(dir.join(ADDR_FILE));
+        }
         Ok(code)
     })
 }
@@ -346,7 +371,7 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
     tick.tick().await;
     loop {
         tick.tick().await;
-        if !app.admitting.load(Ordering::Relaxed) {
+        if app.home_released.load(Ordering::SeqCst) {
             return;
         }
         let (ledger, home) = (Arc::clone(&app.ledger), app.home.clone());
@@ -355,11 +380,22 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
             ops::generation(&ledger, GenerationOp::Heartbeat, &req)
         })
         .await;
-        if let Ok(Err(OpError::Refused(r))) = r {
-            tracing::error!("the home was taken: {r}; cutting over");
-            app.admitting.store(false, Ordering::SeqCst);
-            let _ = cut.send((format!("home lost: {r}"), true)).await;
-            return;
+        match r {
+            Ok(Err(OpError::Refused(r))) => {
+                tracing::error!("the home was taken: {r}; cutting over");
+                app.home_lost.store(true, Ordering::SeqCst);
+                app.admitting.store(false, Ordering::SeqCst);
+                let _ = cut.send((format!("home lost: {r}"), true)).await;
+                return;
+            }
+            Ok(Err(e @ OpError::Ledger(_))) => {
+                tracing::error!("the home's heartbeat cannot be written: {e}; cutting over");
+                app.broken.store(true, Ordering::SeqCst);
+                app.admitting.store(false, Ordering::SeqCst);
+                let _ = cut.send((format!("log unwritable: {e}"), false)).await;
+                return;
+            }
+            _ => {}
         }
     }
 }
@@ -399,20 +435,32 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
     let more = settled.len().saturating_sub(crate::model::CUTOVER_SETTLED_MAX) as u64;
     settled.truncate(crate::model::CUTOVER_SETTLED_MAX);
     let (ledger, home, reason) = (Arc::clone(&app.ledger), app.home.clone(), reason.to_owned());
+    let worker = Arc::clone(app);
     tokio::task::spawn_blocking(move || {
         let event = Event::Cutover { home: home.clone(), reason, settled, more };
-        if let Err(e) = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![event.clone()]))) {
+        let recorded = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![event.clone()])));
+        if let Err(e) = &recorded {
             tracing::error!("cannot record the cutover: {e}");
         }
-        if home_lost {
+        if home_lost || worker.home_lost.load(Ordering::SeqCst) {
             return exit::HOME_LOST;
         }
         // The home last: a successor claims it only once everything above is durable.
         let release = Event::Release { subject: home.subject, generation: home.generation };
-        if let Err(e) = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![release.clone()]))) {
-            tracing::error!("cannot release the home: {e}");
+        let released = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![release.clone()])));
+        worker.home_released.store(true, Ordering::SeqCst);
+        match released {
+            Err(crate::ledger::LedgerError::Refused(r)) => {
+                tracing::error!("the home was taken during the cutover: {r}");
+                exit::HOME_LOST
+            }
+            Err(e) => {
+                tracing::error!("cannot release the home: {e}");
+                exit::IO
+            }
+            Ok(_) if recorded.is_err() || worker.broken.load(Ordering::SeqCst) => exit::IO,
+            Ok(_) => exit::CUT_OVER,
         }
-        exit::CUT_OVER
     })
     .await
     .unwrap_or(exit::IO)

@@ -64,7 +64,9 @@ pub struct LockIntent {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseMode {
+    #[serde(alias = "read")]
     Read,
+    #[serde(alias = "write")]
     Write,
 }
 

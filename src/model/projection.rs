@@ -577,18 +577,8 @@ impl Projection {
                 Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
             }
             Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
-                validate_subject(resource)?;
                 validate_text("holder", holder)?;
-                let (token, displaced) = self.lease_grant(resource, *mode, now_ms)?;
-                ids.lease += 1;
-                Ok(Outcome::LeaseAcquired {
-                    lease: ids.lease,
-                    resource: resource.clone(),
-                    mode: *mode,
-                    token,
-                    expires_ms: now_ms.saturating_add(*ttl_ms),
-                    displaced,
-                })
+                self.lease_acquired(resource, *mode, *ttl_ms, now_ms, ids)
             }
             Event::Cutover { home, reason, settled, more } => {
                 validate_subject(&home.subject)?;
@@ -606,19 +596,9 @@ impl Projection {
                 Ok(Outcome::CutoverRecorded { settled: settled.len() as u64 + more })
             }
             Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
-                validate_subject(resource)?;
                 validate_subject(&owner.subject)?;
                 self.owner_at(&owner.subject, owner.generation)?;
-                let (token, displaced) = self.lease_grant(resource, *mode, now_ms)?;
-                ids.lease += 1;
-                Ok(Outcome::LeaseAcquired {
-                    lease: ids.lease,
-                    resource: resource.clone(),
-                    mode: *mode,
-                    token,
-                    expires_ms: now_ms.saturating_add(*ttl_ms),
-                    displaced,
-                })
+                self.lease_acquired(resource, *mode, *ttl_ms, now_ms, ids)
             }
             Event::SpawnRequested { command, owner, leases, .. } => {
                 validate_command(command)?;
@@ -717,6 +697,28 @@ impl Projection {
                 }
             }
         }
+    }
+
+    /// A new lease on `resource` (the next id), or the conflict.
+    fn lease_acquired(
+        &self,
+        resource: &str,
+        mode: LeaseMode,
+        ttl_ms: u64,
+        now_ms: u64,
+        ids: &mut Ids,
+    ) -> Result<Outcome, Refusal> {
+        validate_subject(resource)?;
+        let (token, displaced) = self.lease_grant(resource, mode, now_ms)?;
+        ids.lease += 1;
+        Ok(Outcome::LeaseAcquired {
+            lease: ids.lease,
+            resource: resource.to_owned(),
+            mode,
+            token,
+            expires_ms: now_ms.saturating_add(ttl_ms),
+            displaced,
+        })
     }
 
     /// The token a new lease on `resource` would get and the expired leases it

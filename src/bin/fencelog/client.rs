@@ -4,13 +4,12 @@
 use std::io::Write;
 use std::time::Duration;
 
-use fencelog::model::LeaseMode;
-use fencelog::ops::{self, OpError};
-use fencelog::supervisor::RunRequest;
+use fencelog::ops::{GenerationOp, OpError};
 use serde_json::{Value, json};
 
 use crate::Printed;
-use crate::cli::{Cmd, Dir, LeaseCmd, Mode, ProcessCmd, RequestCmd, StreamArg};
+use crate::cli::{Cmd, Dir, LeaseCmd, ProcessCmd, RequestCmd, StreamArg};
+use crate::mutate::{Op, op_of};
 
 /// The directory/server arguments of a command, if it has them.
 pub(crate) fn dir_of(cmd: &Cmd) -> Option<&Dir> {
@@ -56,13 +55,6 @@ fn enc(s: &str) -> String {
         .collect()
 }
 
-fn mode(m: Mode) -> LeaseMode {
-    match m {
-        Mode::Read => LeaseMode::Read,
-        Mode::Write => LeaseMode::Write,
-    }
-}
-
 enum Call {
     Post(String, Value, Option<String>),
     Get(String),
@@ -72,100 +64,39 @@ fn body<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).expect("requests serialize")
 }
 
-fn generation(path: &str, subject: String, generation: u64, request_id: Option<String>) -> Call {
-    let r = ops::GenerationRequest { subject, generation, request_id };
-    Call::Post(path.into(), body(&r), r.request_id)
-}
-
 /// The HTTP request a command stands for, or why it has none.
 fn call_of(cmd: Cmd) -> Result<Call, OpError> {
+    let post = |path: &str, v: Value| {
+        let id = v["request_id"].as_str().map(str::to_owned);
+        Call::Post(path.into(), v, id)
+    };
+    let cmd = match op_of(cmd) {
+        Ok((_, op)) => {
+            return Ok(match op {
+                Op::Claim(r) => post("/v1/claim", body(&r)),
+                Op::Generation(op, r) => post(
+                    match op {
+                        GenerationOp::Heartbeat => "/v1/heartbeat",
+                        GenerationOp::Release => "/v1/release",
+                        GenerationOp::RotateFence => "/v1/rotate-fence",
+                    },
+                    body(&r),
+                ),
+                Op::Note(r) => post("/v1/note", body(&r)),
+                Op::Takeover(r) => post("/v1/takeover", body(&r)),
+                Op::LeaseAcquire(r) => post("/v1/lease/acquire", body(&r)),
+                Op::LeaseRelease(r) => post("/v1/lease/release", body(&r)),
+                Op::Run(r) => post("/v1/run", body(&r)),
+            });
+        }
+        Err(cmd) => *cmd,
+    };
     Ok(match cmd {
-        Cmd::Claim { subject, pid, instance, stale_after_ms, action, req, .. } => {
-            let r = ops::ClaimRequest { subject, pid, instance, stale_after_ms, action, request_id: req.request_id };
-            Call::Post("/v1/claim".into(), body(&r), r.request_id)
-        }
-        Cmd::Heartbeat { subject, generation: g, req, .. } => generation("/v1/heartbeat", subject, g, req.request_id),
-        Cmd::Release { subject, generation: g, req, .. } => generation("/v1/release", subject, g, req.request_id),
-        Cmd::RotateFence { subject, generation: g, req, .. } => {
-            generation("/v1/rotate-fence", subject, g, req.request_id)
-        }
-        Cmd::Note { subject, generation, text, req, .. } => {
-            let r = ops::NoteRequest { subject, generation, text, request_id: req.request_id };
-            Call::Post("/v1/note".into(), body(&r), r.request_id)
-        }
-        Cmd::Takeover {
-            subject,
-            expect_generation,
-            expect_heartbeat_ms,
-            pid,
-            instance,
-            stale_after_ms,
-            reason,
-            req,
-            ..
-        } => {
-            let r = ops::TakeoverRequest {
-                subject,
-                expect_generation,
-                expect_heartbeat_ms,
-                pid,
-                instance,
-                stale_after_ms,
-                reason,
-                request_id: req.request_id,
-            };
-            Call::Post("/v1/takeover".into(), body(&r), r.request_id)
-        }
-        Cmd::Lease { cmd: LeaseCmd::Acquire { resource, mode: m, holder, owner, generation, ttl_ms, req, .. } } => {
-            let r = ops::LeaseAcquireRequest {
-                resource,
-                mode: mode(m),
-                holder: holder.unwrap_or_default(),
-                owner,
-                generation,
-                ttl_ms,
-                request_id: req.request_id,
-            };
-            Call::Post("/v1/lease/acquire".into(), body(&r), r.request_id)
-        }
-        Cmd::Lease { cmd: LeaseCmd::Release { lease, token, req, .. } } => {
-            let r = ops::LeaseReleaseRequest { lease, token, request_id: req.request_id };
-            Call::Post("/v1/lease/release".into(), body(&r), r.request_id)
-        }
         Cmd::Request { cmd: RequestCmd::Show { id, .. } } => Call::Get(format!("/v1/requests/{}", enc(&id))),
         Cmd::State { subject, .. } => match subject {
             Some(s) => Call::Get(format!("/v1/state?subject={}", enc(&s))),
             None => Call::Get("/v1/state".into()),
         },
-        Cmd::Run {
-            req,
-            leases,
-            lease_wait_ms,
-            timeout_ms,
-            wait_ms,
-            cwd,
-            env,
-            output_bytes_max,
-            owner,
-            generation,
-            command,
-            ..
-        } => {
-            let r = RunRequest {
-                command,
-                request_id: req.request_id,
-                leases,
-                lease_wait_ms,
-                timeout_ms,
-                wait_ms,
-                cwd,
-                env,
-                output_bytes_max,
-                owner,
-                generation,
-            };
-            Call::Post("/v1/run".into(), body(&r), r.request_id)
-        }
         Cmd::Process { cmd } => match cmd {
             ProcessCmd::Show { id, .. } => Call::Get(format!("/v1/processes/{id}")),
             ProcessCmd::List { status, owner, .. } => {

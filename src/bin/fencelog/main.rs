@@ -87,13 +87,17 @@ fn run(cmd: cli::Cmd) -> Printed {
             });
         }
     }
+    let cmd = match mutate::op_of(cmd) {
+        Ok((dir, op)) => return mutate::run_op(&dir, op),
+        Err(cmd) => *cmd,
+    };
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
         Cmd::Demo { dir, records, appenders, payload_bytes } => {
             demo::demo(dir.path(), records, appenders, payload_bytes)
         }
-        cmd @ (Cmd::Run { .. } | Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
+        cmd @ (Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
         Cmd::Serve { dir, listen, home, drain_grace_ms, handover, home_stale_after_ms } => {
             let token_file = dir.token_file.clone();
             fencelog::ops::valid(&home)?;

@@ -25,32 +25,36 @@ fn caller() -> Caller {
     Caller { default_pid: Some(identity::parent_pid()), remote: false }
 }
 
-pub(crate) fn run(cmd: Cmd) -> Printed {
-    match cmd {
-        Cmd::Claim { dir, subject, pid, instance, stale_after_ms, action, req } => {
-            let r = ops::ClaimRequest { subject, pid, instance, stale_after_ms, action, request_id: req.request_id };
-            ops::valid(&r.subject)?;
-            printed(&ops::claim(&open(&dir)?, &r, caller())?)
+/// A mutation as its typed request: what the command line asks for, whichever
+/// way it then goes (the directory, or a daemon with `--server`).
+pub(crate) enum Op {
+    Claim(ops::ClaimRequest),
+    Generation(GenerationOp, GenerationRequest),
+    Note(ops::NoteRequest),
+    Takeover(ops::TakeoverRequest),
+    LeaseAcquire(ops::LeaseAcquireRequest),
+    LeaseRelease(ops::LeaseReleaseRequest),
+    Run(fencelog::supervisor::RunRequest),
+}
+
+/// The mutation a command is, with its directory arguments; any other command
+/// is given back.
+pub(crate) fn op_of(cmd: Cmd) -> Result<(Dir, Op), Box<Cmd>> {
+    let g = |op, subject, generation, req: crate::cli::Req| {
+        Op::Generation(op, GenerationRequest { subject, generation, request_id: req.request_id })
+    };
+    Ok(match cmd {
+        Cmd::Claim { dir, subject, pid, instance, stale_after_ms, action, req } => (
+            dir,
+            Op::Claim(ops::ClaimRequest { subject, pid, instance, stale_after_ms, action, request_id: req.request_id }),
+        ),
+        Cmd::Heartbeat { dir, subject, generation, req } => (dir, g(GenerationOp::Heartbeat, subject, generation, req)),
+        Cmd::Release { dir, subject, generation, req } => (dir, g(GenerationOp::Release, subject, generation, req)),
+        Cmd::RotateFence { dir, subject, generation, req } => {
+            (dir, g(GenerationOp::RotateFence, subject, generation, req))
         }
-        Cmd::Heartbeat { dir, subject, generation, req } => generation_op(
-            &dir,
-            GenerationOp::Heartbeat,
-            GenerationRequest { subject, generation, request_id: req.request_id },
-        ),
-        Cmd::Release { dir, subject, generation, req } => generation_op(
-            &dir,
-            GenerationOp::Release,
-            GenerationRequest { subject, generation, request_id: req.request_id },
-        ),
-        Cmd::RotateFence { dir, subject, generation, req } => generation_op(
-            &dir,
-            GenerationOp::RotateFence,
-            GenerationRequest { subject, generation, request_id: req.request_id },
-        ),
         Cmd::Note { dir, subject, generation, text, req } => {
-            let r = ops::NoteRequest { subject, generation, text, request_id: req.request_id };
-            ops::valid(&r.subject)?;
-            printed(&ops::note(&open(&dir)?, &r)?)
+            (dir, Op::Note(ops::NoteRequest { subject, generation, text, request_id: req.request_id }))
         }
         Cmd::Takeover {
             dir,
@@ -62,8 +66,9 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             stale_after_ms,
             reason,
             req,
-        } => {
-            let r = ops::TakeoverRequest {
+        } => (
+            dir,
+            Op::Takeover(ops::TakeoverRequest {
                 subject,
                 expect_generation,
                 expect_heartbeat_ms,
@@ -72,30 +77,94 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
                 stale_after_ms,
                 reason,
                 request_id: req.request_id,
-            };
-            ops::valid(&r.subject)?;
-            printed(&ops::takeover(&open(&dir)?, &r, caller())?)
-        }
-        Cmd::Lease { cmd: LeaseCmd::Acquire { dir, resource, mode, holder, owner, generation, ttl_ms, req } } => {
-            let mode = match mode {
-                Mode::Read => LeaseMode::Read,
-                Mode::Write => LeaseMode::Write,
-            };
-            let r = ops::LeaseAcquireRequest {
+            }),
+        ),
+        Cmd::Lease { cmd: LeaseCmd::Acquire { dir, resource, mode, holder, owner, generation, ttl_ms, req } } => (
+            dir,
+            Op::LeaseAcquire(ops::LeaseAcquireRequest {
                 resource,
-                mode,
+                mode: match mode {
+                    Mode::Read => LeaseMode::Read,
+                    Mode::Write => LeaseMode::Write,
+                },
                 holder: holder.unwrap_or_default(),
                 owner,
                 generation,
                 ttl_ms,
                 request_id: req.request_id,
-            };
-            printed(&ops::lease_acquire(&open(&dir)?, &r)?)
-        }
+            }),
+        ),
         Cmd::Lease { cmd: LeaseCmd::Release { dir, lease, token, req } } => {
-            let r = ops::LeaseReleaseRequest { lease, token, request_id: req.request_id };
-            printed(&ops::lease_release(&open(&dir)?, &r)?)
+            (dir, Op::LeaseRelease(ops::LeaseReleaseRequest { lease, token, request_id: req.request_id }))
         }
+        Cmd::Run {
+            dir,
+            req,
+            leases,
+            lease_wait_ms,
+            timeout_ms,
+            wait_ms,
+            cwd,
+            env,
+            output_bytes_max,
+            owner,
+            generation,
+            command,
+        } => (
+            dir,
+            Op::Run(fencelog::supervisor::RunRequest {
+                command,
+                request_id: req.request_id,
+                leases,
+                lease_wait_ms,
+                timeout_ms,
+                wait_ms,
+                cwd,
+                env,
+                output_bytes_max,
+                owner,
+                generation,
+            }),
+        ),
+        other => return Err(Box::new(other)),
+    })
+}
+
+/// A mutation on the directory.
+pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
+    match op {
+        Op::Claim(r) => {
+            ops::valid(&r.subject)?;
+            printed(&ops::claim(&open(dir)?, &r, caller())?)
+        }
+        Op::Generation(op, r) => {
+            ops::valid(&r.subject)?;
+            printed(&ops::generation(&open(dir)?, op, &r)?)
+        }
+        Op::Note(r) => {
+            ops::valid(&r.subject)?;
+            printed(&ops::note(&open(dir)?, &r)?)
+        }
+        Op::Takeover(r) => {
+            ops::valid(&r.subject)?;
+            printed(&ops::takeover(&open(dir)?, &r, caller())?)
+        }
+        Op::LeaseAcquire(r) => printed(&ops::lease_acquire(&open(dir)?, &r)?),
+        Op::LeaseRelease(r) => printed(&ops::lease_release(&open(dir)?, &r)?),
+        Op::Run(r) => {
+            let ledger = open(dir)?;
+            let exe =
+                std::env::current_exe().map_err(|e| ops::OpError::Io { message: format!("own executable: {e}") })?;
+            let abs = std::path::absolute(dir.path())
+                .map_err(|e| ops::OpError::Io { message: format!("{}: {e}", dir.path().display()) })?;
+            printed(&fencelog::supervisor::run(&ledger, &abs, &r, &exe)?)
+        }
+    }
+}
+
+/// The commands on a log's state that are not mutations.
+pub(crate) fn run(cmd: Cmd) -> Printed {
+    match cmd {
         Cmd::Request { cmd: RequestCmd::Show { dir, id } } => {
             printed(&ops::request_show(&Ledger::read_only(dir.path(), &ledger_options())?, &id)?)
         }
@@ -111,7 +180,14 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             let r = fencelog::storage::repair(dir.path(), cut_from, &LogOptions::default())?;
             Ok((serde_json::to_value(&r).expect("report serializes"), if r.intact { 0 } else { 1 }))
         }
-        Cmd::Demo { .. }
+        Cmd::Claim { .. }
+        | Cmd::Heartbeat { .. }
+        | Cmd::Release { .. }
+        | Cmd::RotateFence { .. }
+        | Cmd::Note { .. }
+        | Cmd::Takeover { .. }
+        | Cmd::Lease { .. }
+        | Cmd::Demo { .. }
         | Cmd::Inspect { .. }
         | Cmd::Audit { .. }
         | Cmd::Run { .. }
@@ -120,9 +196,4 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         | Cmd::Runner { .. }
         | Cmd::Serve { .. } => unreachable!("dispatched in main"),
     }
-}
-
-fn generation_op(dir: &Dir, op: GenerationOp, r: GenerationRequest) -> Printed {
-    ops::valid(&r.subject)?;
-    printed(&ops::generation(&open(dir)?, op, &r)?)
 }

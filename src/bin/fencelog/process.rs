@@ -7,53 +7,14 @@ use std::time::Duration;
 use fencelog::ledger::Ledger;
 use fencelog::ops::OpError;
 use fencelog::storage::LogOptions;
-use fencelog::supervisor::{self as sup, RunRequest, Stream};
+use fencelog::supervisor::{self as sup, Stream};
 
 use crate::cli::{Cmd, ProcessCmd, StreamArg};
 use crate::mutate::{ledger_options, open};
 use crate::{Printed, printed};
 
-fn self_exe() -> Result<std::path::PathBuf, OpError> {
-    std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })
-}
-
-/// The log directory as an absolute path (the runner starts in `/`).
-fn absolute(dir: &std::path::Path) -> Result<std::path::PathBuf, OpError> {
-    std::path::absolute(dir).map_err(|e| OpError::Io { message: format!("{}: {e}", dir.display()) })
-}
-
 pub(crate) fn run(cmd: Cmd) -> Printed {
     match cmd {
-        Cmd::Run {
-            dir,
-            req,
-            leases,
-            lease_wait_ms,
-            timeout_ms,
-            wait_ms,
-            cwd,
-            env,
-            output_bytes_max,
-            owner,
-            generation,
-            command,
-        } => {
-            let r = RunRequest {
-                command,
-                request_id: req.request_id,
-                leases,
-                lease_wait_ms,
-                timeout_ms,
-                wait_ms,
-                cwd,
-                env,
-                output_bytes_max,
-                owner,
-                generation,
-            };
-            let ledger = open(&dir)?;
-            printed(&sup::run(&ledger, &absolute(dir.path())?, &r, &self_exe()?)?)
-        }
         Cmd::Recover { dir, prespawn_grace_ms, owner, generation } => {
             let ledger = open(&dir)?;
             let me =

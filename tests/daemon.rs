@@ -291,9 +291,11 @@ fn kill_9_under_traffic_loses_no_acknowledged_mutation() {
     let (_t, dir) = log_dir();
     let d = Daemon::start(&dir, &[]);
     let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let workers: Vec<_> = (0..4)
         .map(|w| {
-            let (url, token, stop) = (d.url("/v1/claim"), d.token.clone(), Arc::clone(&stop));
+            let (url, token, stop, acked) =
+                (d.url("/v1/claim"), d.token.clone(), Arc::clone(&stop), Arc::clone(&acked));
             std::thread::spawn(move || {
                 let mut answered = vec![];
                 let mut i = 0;
@@ -308,6 +310,9 @@ fn kill_9_under_traffic_loses_no_acknowledged_mutation() {
                         Some(json!({"subject": subject})),
                         &[("Idempotency-Key", &id)],
                     );
+                    if s == 200 {
+                        acked.fetch_add(1, Ordering::Relaxed);
+                    }
                     if s != 0 {
                         answered.push((id, s));
                     }
@@ -317,7 +322,12 @@ fn kill_9_under_traffic_loses_no_acknowledged_mutation() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(600));
+    // Kill it mid-traffic, once some mutations were acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.load(Ordering::Relaxed) < 40 {
+        assert!(Instant::now() < deadline, "no traffic got through");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     d.kill9();
     stop.store(true, Ordering::Relaxed);
     let answered: Vec<(String, u16)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
@@ -354,7 +364,12 @@ fn a_cutover_settles_admitted_requests_and_the_successor_agrees() {
             &[("Idempotency-Key", "slow-1")],
         )
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // SIGTERM once the run is admitted and its intent is on record.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.get("/v1/processes").1["processes"].as_array().is_none_or(Vec::is_empty) {
+        assert!(Instant::now() < deadline, "the run never reached the log");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let pid = d.child.id();
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     std::thread::sleep(Duration::from_millis(50));

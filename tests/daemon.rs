@@ -544,3 +544,33 @@ fn the_cli_with_server_prints_the_same_json_and_exit_codes() {
     assert_eq!(out.status.code(), Some(2), "no token: usage error");
     assert_eq!(d.term(), Some(0));
 }
+
+/// Proves: idle connections cannot take the daemon's descriptors: past the
+/// connection cap they wait in the backlog (the daemon's open descriptors stay
+/// bounded), and once they close it serves again.
+#[test]
+fn idle_connections_cannot_exhaust_the_daemons_descriptors() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.child.id())).unwrap().count();
+    let before = fds();
+    let idle: Vec<std::net::TcpStream> = (0..fencelog::daemon::CONNECTIONS_MAX + 100)
+        .filter_map(|_| std::net::TcpStream::connect(&d.addr).ok())
+        .collect();
+    assert!(idle.len() > fencelog::daemon::CONNECTIONS_MAX, "the backlog took the rest: {}", idle.len());
+    std::thread::sleep(Duration::from_millis(300));
+    let during = fds();
+    assert!(
+        during <= before + fencelog::daemon::CONNECTIONS_MAX + 8,
+        "{during} descriptors open with {} idle connections (cap {})",
+        idle.len(),
+        fencelog::daemon::CONNECTIONS_MAX
+    );
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.get("/v1/head").0 != 200 {
+        assert!(Instant::now() < deadline, "the daemon did not serve again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(d.term(), Some(0));
+}

@@ -759,3 +759,75 @@ fn watch_closed(app: &App) -> tokio::sync::watch::Receiver<bool> {
 pub(crate) fn close_watches(app: &App) {
     let _ = app.watch_close.send(true);
 }
+
+/// A listener that holds at most `max` connections open: the next is accepted
+/// only when one closes (it waits in the kernel's backlog meanwhile). Connections
+/// cost descriptors, and the ledger needs descriptors of its own: a flood of idle
+/// connections must never make an append or a sync fail.
+pub(crate) struct CappedListener {
+    pub inner: tokio::net::TcpListener,
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+pub(crate) struct CappedIo {
+    io: tokio::net::TcpStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tokio::io::AsyncRead for CappedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CappedIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl axum::serve::Listener for CappedListener {
+    type Io = CappedIo;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let slot = Arc::clone(&self.slots).acquire_owned().await.expect("the semaphore is never closed");
+        loop {
+            match self.inner.accept().await {
+                Ok((io, addr)) => {
+                    let _ = io.set_nodelay(true);
+                    return (CappedIo { io, _slot: slot }, addr);
+                }
+                // Out of descriptors or similar: wait a little, never spin.
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}

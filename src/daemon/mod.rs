@@ -36,6 +36,9 @@ pub const HOME_STALE_AFTER_MS: u64 = 20_000;
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
 /// Requests being served at once; past it: 503 `OVERLOADED`, never a queue.
 pub const CONCURRENT_REQUESTS_MAX: usize = 256;
+/// Open connections at once; the next waits in the kernel's backlog until one
+/// closes (descriptors are kept for the log).
+pub const CONNECTIONS_MAX: usize = 512;
 /// Open `/v1/watch` streams at once.
 pub const WATCH_STREAMS_MAX: usize = 64;
 /// Longest wait a request may ask for over HTTP (`wait_ms`, `timeout_ms`).
@@ -318,6 +321,8 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
         let router = http::router(Arc::clone(&app));
         let mut done = app.shutdown.subscribe();
+        let listener =
+            http::CappedListener { inner: listener, slots: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)) };
         let server = axum::serve(listener, router).with_graceful_shutdown(async move {
             let _ = done.wait_for(|d| *d).await;
         });

@@ -530,6 +530,14 @@ fn the_cli_with_server_prints_the_same_json_and_exit_codes() {
     assert_eq!((code, st["subjects"][0]["generation"].as_u64()), (Some(0), Some(1)));
     let (code, r, _) = cli(&["request", "show", "r1"]);
     assert_eq!((code, r["status"].as_str()), (Some(0), Some("committed")));
+    // The same JSON as from the directory, answers and refusals alike.
+    let local = |args: &[&str]| {
+        let out = Command::new(FENCELOG).args(args).env("FENCELOG_DIR", &dir).output().unwrap();
+        (out.status.code(), serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null))
+    };
+    assert_eq!(local(&["request", "show", "r1"]), (code, r.clone()));
+    let (code, bad, _) = cli(&["process", "list", "--status", "bogus"]);
+    assert_eq!(local(&["process", "list", "--status", "bogus"]), (code, bad.clone()), "{bad}");
     let (code, run, _) = cli(&["run", "--", "sh", "-c", "printf out"]);
     assert_eq!((code, run["status"].as_str()), (Some(0), Some("succeeded")), "{run}");
     let id = run["id"].as_u64().unwrap().to_string();

@@ -108,7 +108,8 @@ fn problem(status: StatusCode, code: &str, detail: &str, mut extra: serde_json::
     extra.insert("type".into(), json!(format!("urn:fencelog:problem:{}", code.to_ascii_lowercase())));
     extra.insert("title".into(), json!(code));
     extra.insert("status".into(), json!(status.as_u16()));
-    extra.insert("detail".into(), json!(detail));
+    // A refusal's own `detail` (evidence) is kept; otherwise RFC 9457's `detail`.
+    extra.entry("detail").or_insert(json!(detail));
     extra.insert("code".into(), json!(code));
     let mut r = (status, serde_json::to_string(&Value::Object(extra)).expect("problem")).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
@@ -143,8 +144,9 @@ fn op_problem(app: &App, e: &OpError) -> Response {
     let status = problem_status(e);
     app.metrics.refusals.get_or_create(&vec![("code".into(), e.code().into())]).inc();
     let body = serde_json::to_value(e.body()).expect("error body");
+    // The CLI's error members, `message` included, beside RFC 9457's.
     let mut inner = body.get("error").and_then(Value::as_object).cloned().unwrap_or_default();
-    let detail = inner.remove("message").and_then(|m| m.as_str().map(str::to_owned)).unwrap_or_default();
+    let detail = inner.get("message").and_then(Value::as_str).unwrap_or_default().to_owned();
     let mut code = inner.remove("code").and_then(|c| c.as_str().map(str::to_owned)).unwrap_or_default();
     if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Draining)) {
         code = "NOT_COMMITTED".into();
@@ -588,7 +590,7 @@ async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q)
 }
 
 async fn request_show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    read(app, move |app| to_value(app.ledger.request_status(&id).map_err(OpError::from))).await
+    read(app, move |app| to_value(ops::request_show(&app.ledger.view()?, &id))).await
 }
 
 #[derive(Deserialize)]

@@ -191,11 +191,14 @@ pub(crate) fn run(cmd: Cmd, server: &str) -> Printed {
         Value::Object(m) => m,
         other => return Ok((json!({"error": {"code": "IO_ERROR", "message": other.to_string()}}), 1)),
     };
-    let message = err.remove("detail").unwrap_or(Value::Null);
     for k in ["type", "title", "status"] {
         err.remove(k);
     }
-    err.insert("message".into(), message);
+    // RFC 9457's `detail` repeats the message; a refusal's own `detail` is evidence.
+    if err.get("detail") == err.get("message") || !err.contains_key("message") {
+        let detail = err.remove("detail").unwrap_or(Value::Null);
+        err.entry("message").or_insert(detail);
+    }
     if let Some(m) = err.get("message").and_then(Value::as_str) {
         eprintln!("fencelog: {m}");
     }

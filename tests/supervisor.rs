@@ -711,8 +711,9 @@ fn the_runner_does_not_hold_descriptors_the_caller_inherited() {
     let mut buf = Vec::new();
     r.read_to_end(&mut buf).unwrap();
     assert!(started.elapsed() < Duration::from_secs(4), "the pipe stayed open for the command's lifetime");
-    let v = show(&dir, 1);
-    fencelog::supervisor::runner::signal_group(v["pid"].as_u64().unwrap_or(0) as u32, libc::SIGKILL);
+    let v = until(&dir, 1, "started", |v| v["pid"].as_u64().is_some());
+    fencelog::supervisor::runner::signal_group(v["pid"].as_u64().unwrap() as u32, libc::SIGKILL);
+    until(&dir, 1, "ended", |v| v["status"] != "running");
 }
 
 /// Proves: a runner whose binary was replaced on disk (a package upgrade) is still

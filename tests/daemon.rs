@@ -229,6 +229,18 @@ fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
     assert_eq!(s, 200, "the scheme is case-insensitive");
     let (s, e) = d.get("/v1/no-such-route");
     assert_eq!((s, e["code"].as_str()), (404, Some("NOT_FOUND")));
+    // Errors axum answers itself are problem documents too.
+    for (path, status, code) in [
+        ("/v1/processes/-1", 400, "INVALID_INPUT"),
+        ("/v1/processes/1/logs?stream=../x", 400, "INVALID_INPUT"),
+        ("/v1/watch?from=abc", 400, "INVALID_INPUT"),
+    ] {
+        let (s, e, hs) = d.call("GET", path, None, &[]);
+        assert_eq!((s, e["code"].as_str()), (status, Some(code)), "{path}: {e}");
+        assert_eq!(header(&hs, "content-type"), Some("application/problem+json"), "{path}");
+    }
+    let (s, e, _) = d.call("GET", "/v1/claim", None, &[]);
+    assert_eq!((s, e["code"].as_str()), (405, Some("METHOD_NOT_ALLOWED")), "{e}");
     let big = "x".repeat(70 * 1024);
     let (s, e) = d.post("/v1/note", json!({"subject": "a", "generation": 1, "text": big}));
     assert_eq!((s, e["code"].as_str()), (413, Some("BODY_TOO_LARGE")), "{e}");

@@ -218,6 +218,30 @@ impl Drop for Admitted<'_> {
     }
 }
 
+/// Errors axum answers itself (a path or query that does not parse, a method a
+/// route does not have) become problem documents like every other error.
+async fn problems_only(req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    let status = r.status();
+    let is_problem =
+        r.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return r;
+    }
+    let text = axum::body::to_bytes(r.into_body(), 4096).await.unwrap_or_default();
+    let detail = String::from_utf8_lossy(&text).trim().to_owned();
+    let code = match status {
+        StatusCode::NOT_FOUND => "NOT_FOUND",
+        StatusCode::METHOD_NOT_ALLOWED => "METHOD_NOT_ALLOWED",
+        StatusCode::PAYLOAD_TOO_LARGE => "BODY_TOO_LARGE",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UNSUPPORTED_MEDIA_TYPE",
+        s if s.is_client_error() => "INVALID_INPUT",
+        _ => "IO_ERROR",
+    };
+    let detail = if detail.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { detail };
+    plain(status, code, &detail)
+}
+
 async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -258,6 +282,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(readyz))
         .fallback(|| async { plain(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route (see /v1/openapi.json)") })
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .layer(middleware::from_fn(problems_only))
         .layer(middleware::from_fn(time_limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), count))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

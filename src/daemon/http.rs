@@ -738,38 +738,44 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
     let from = resume.or(q.from).unwrap_or(1).max(1);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
     let dir = app.dir.clone();
-    let mut closed = watch_closed(&app);
-    tokio::spawn(async move {
+    let closed = watch_closed(&app);
+    // Reading the log is blocking file I/O: each stream tails on a blocking thread
+    // of its own (at most WATCH_STREAMS_MAX), and hands events over one at a time
+    // through a bounded channel — a slow client slows its reader, and a stream
+    // from sequence 1 of a long log never holds the log in memory.
+    tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let mut tailer = crate::storage::Tailer::new(&dir, crate::inspect::body_max(), from);
         loop {
-            let mut batch = Vec::new();
+            let mut gone = false;
             let polled = tailer.poll(|r| {
+                if gone {
+                    return;
+                }
                 let mut v = crate::inspect::record_json(r, std::path::Path::new(""), 0);
                 if let Value::Object(o) = &mut v {
                     o.remove("segment");
                     o.remove("offset");
                 }
-                batch.push(SseEvent::default().id(r.seq.to_string()).event("record").data(v.to_string()));
+                let ev = SseEvent::default().id(r.seq.to_string()).event("record").data(v.to_string());
+                gone = tx.blocking_send(Ok(ev)).is_err();
             });
-            if let Err(e) = polled {
-                let _ = tx.send(Ok(SseEvent::default().event("error").data(e.to_string()))).await;
+            if gone {
                 return;
             }
-            for ev in batch {
-                if tx.send(Ok(ev)).await.is_err() {
-                    return;
-                }
+            if let Err(e) = polled {
+                let _ = tx.blocking_send(Ok(SseEvent::default().event("error").data(e.to_string())));
+                return;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                // The client hung up: free the slot now, not at the next record.
-                _ = tx.closed() => return,
-                _ = async { closed.wait_for(|c| *c).await.map(|_| ()) } => {
-                    let _ = tx.send(Ok(SseEvent::default().event("cutover").data("{\"cutover\":true}"))).await;
-                    return;
-                }
+            if *closed.borrow() {
+                let _ = tx.blocking_send(Ok(SseEvent::default().event("cutover").data("{\"cutover\":true}")));
+                return;
             }
+            // The client hung up: free the slot now, not at the next record.
+            if tx.is_closed() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()

@@ -268,7 +268,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .max_blocking_threads(CONCURRENT_REQUESTS_MAX + 16)
+        .max_blocking_threads(CONCURRENT_REQUESTS_MAX + WATCH_STREAMS_MAX + 16)
         .enable_all()
         .build()
         .map_err(|e| (exit::IO, io("starting the runtime", e)))?;

@@ -604,3 +604,57 @@ fn idle_connections_cannot_exhaust_the_daemons_descriptors() {
     }
     assert_eq!(d.term(), Some(0));
 }
+
+/// Proves: past the cap on requests in flight (reads and waits included) the next
+/// one is refused at once — 503 OVERLOADED with Retry-After, never queued — and
+/// past the cap on watch streams the next stream is refused the same way.
+#[test]
+fn requests_and_watch_streams_past_their_caps_are_refused_not_queued() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let (s, run) = d.post("/v1/run", json!({"command": ["sleep", "30"], "wait_ms": 0}));
+    assert_eq!(s, 200, "{run}");
+    let waiters: Vec<_> = (0..fencelog::daemon::CONCURRENT_REQUESTS_MAX)
+        .map(|_| {
+            let (url, token) = (d.url("/v1/processes/1/wait"), d.token.clone());
+            std::thread::spawn(move || call(&url, "POST", Some(&token), Some(json!({"timeout_ms": 6000})), &[]).0)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let t0 = Instant::now();
+        let (s, e, hs) = d.call("GET", "/v1/head", None, &[]);
+        if s == 503 {
+            assert!(t0.elapsed() < Duration::from_secs(2), "refused at once, not after queueing");
+            assert_eq!(header(&hs, "retry-after"), Some("1"));
+            break e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never refused with {} requests in flight",
+            fencelog::daemon::CONCURRENT_REQUESTS_MAX
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused["code"], "OVERLOADED");
+    for w in waiters {
+        assert_eq!(w.join().unwrap(), 200, "every admitted wait was answered");
+    }
+    let (s, _) = d.post("/v1/processes/1/cancel", json!({}));
+    assert_eq!(s, 200);
+
+    let open = |d: &Daemon| {
+        agent().get(&d.url("/v1/watch")).header("Authorization", &format!("Bearer {}", d.token)).call().unwrap()
+    };
+    let streams: Vec<_> = (0..fencelog::daemon::WATCH_STREAMS_MAX).map(|_| open(&d)).collect();
+    assert!(streams.iter().all(|r| r.status().as_u16() == 200));
+    let (s, e, _) = d.call("GET", "/v1/watch", None, &[]);
+    assert_eq!((s, e["code"].as_str()), (503, Some("OVERLOADED")), "{e}");
+    drop(streams);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open(&d).status().as_u16() != 200 {
+        assert!(Instant::now() < deadline, "closed streams never gave their slots back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(d.term(), Some(0));
+}

@@ -61,6 +61,16 @@ fn until(dir: &Path, id: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
     }
 }
 
+/// A runner started by hand for `id` refuses before spawning anything.
+fn assert_runner_starts_nothing(dir: &Path, id: u64) {
+    let out = Command::new(FENCELOG)
+        .args(["__runner", "--process", &id.to_string()])
+        .env("FENCELOG_DIR", dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+}
+
 fn lines(path: &Path) -> usize {
     fs::read_to_string(path).map(|s| s.lines().count()).unwrap_or(0)
 }
@@ -443,12 +453,7 @@ fn prespawn_abandonment_waits_for_the_grace_and_terminal_is_final() {
     assert!(matches!(e, Err(fencelog::ledger::LedgerError::Refused(Refusal::AlreadyTerminal { .. }))), "{e:?}");
     drop(l);
     // A runner started now for it refuses before spawning anything.
-    let out = Command::new(FENCELOG)
-        .args(["__runner", "--process", &id.to_string()])
-        .env("FENCELOG_DIR", &dir)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+    assert_runner_starts_nothing(&dir, id);
 }
 
 /// Proves: a second runner for a process that already started refuses before
@@ -459,8 +464,7 @@ fn a_second_runner_for_a_started_process_starts_nothing() {
     let marker = t.path().join("marker");
     let (code, v) = run(&dir, &[], &["sh", "-c", &format!("echo ran >> {}", marker.display())]);
     assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")));
-    let out = Command::new(FENCELOG).args(["__runner", "--process", "1"]).env("FENCELOG_DIR", &dir).output().unwrap();
-    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+    assert_runner_starts_nothing(&dir, 1);
     assert_eq!(lines(&marker), 1);
 }
 
@@ -610,12 +614,7 @@ fn cancelling_a_process_before_it_starts_ends_it_and_it_never_runs() {
         (Some("cancelled"), Some("CANCELLED_BEFORE_START")),
         "{c}"
     );
-    let out = Command::new(FENCELOG)
-        .args(["__runner", "--process", &id.to_string()])
-        .env("FENCELOG_DIR", &dir)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
+    assert_runner_starts_nothing(&dir, id);
 }
 
 /// Proves: a process run for a generation that was fenced, whose runner and
@@ -753,4 +752,28 @@ fn a_binary_replaced_on_disk_does_not_make_a_live_runner_or_owner_dead() {
     assert_eq!((code, code_of(&e)), (3, "ALREADY_ACTIVE"), "a live owner is not dead: {e}");
     owner.kill().unwrap();
     owner.wait().unwrap();
+}
+
+/// Proves: the limits on a command's size are checked before anything is recorded
+/// (INVALID_INPUT, exit 2, the log untouched).
+#[test]
+fn oversized_commands_are_refused_before_anything_is_recorded() {
+    let (_t, dir) = new_log();
+    let many: Vec<String> = (0..=fencelog::model::ARGS_MAX).map(|i| i.to_string()).collect();
+    let mut args: Vec<&str> = vec!["true"];
+    args.extend(many.iter().map(String::as_str));
+    let (code, e) = run(&dir, &[], &args);
+    assert_eq!((code, code_of(&e)), (2, "INVALID_INPUT"), "{e}");
+    let long = "x".repeat(fencelog::model::ARGS_BYTES_MAX + 1);
+    let (code, e) = run(&dir, &[], &["echo", &long]);
+    assert_eq!((code, code_of(&e)), (2, "INVALID_INPUT"), "{e}");
+    let leases: Vec<String> = (0..=fencelog::model::PROCESS_LEASES_MAX).map(|i| format!("r{i}:read")).collect();
+    let mut flags: Vec<&str> = vec![];
+    for l in &leases {
+        flags.extend(["--lease", l]);
+    }
+    let (code, e) = run(&dir, &flags, &["true"]);
+    assert_eq!((code, code_of(&e)), (2, "INVALID_INPUT"), "{e}");
+    let (_, head) = fl(&dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(head["seq"], 0, "nothing was recorded: {head}");
 }

@@ -393,7 +393,9 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
                 let _ = cut.send((format!("home lost: {r}"), true)).await;
                 return;
             }
-            Ok(Err(e @ OpError::Ledger(_))) => {
+            // A storage failure (the ledger is poisoned); not a transient refusal
+            // or contention, which the next heartbeat retries.
+            Ok(Err(e @ OpError::Ledger(crate::ledger::LedgerError::Storage(_)))) => {
                 tracing::error!("the home's heartbeat cannot be written: {e}; cutting over");
                 app.broken.store(true, Ordering::SeqCst);
                 app.admitting.store(false, Ordering::SeqCst);

@@ -11,16 +11,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fencelog::format::{
-    Cursor, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, decode_frame, encode_frame, hex,
-    scan_frames,
+    Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, decode_frame,
+    encode_frame, hex, scan_frames, scan_segment_frames,
 };
 use fencelog::storage::{Log, LogOptions, read_records, verify_dir};
 use serde_json::{Value, json};
 
 const WRITER: [u8; 16] = *b"fencelog-vectors";
 
+/// `FENCELOG_REGEN_GOLDEN=V` rewrites the vectors and fixture of format version V
+/// only (the others are never touched).
+fn regen_version(version: u16) -> bool {
+    std::env::var("FENCELOG_REGEN_GOLDEN").is_ok_and(|v| v == version.to_string())
+}
+
 fn regen() -> bool {
-    std::env::var("FENCELOG_REGEN_GOLDEN").is_ok_and(|v| v == "1")
+    regen_version(1)
 }
 
 fn root(rel: &str) -> PathBuf {
@@ -85,12 +91,12 @@ fn segment_vectors_decode_and_reencode_byte_for_byte() {
     let (hbin, hjs) = (dir.join("segment-header.bin"), dir.join("segment-header.json"));
     let (sbin, sjs) = (dir.join("segment-three-records.seg"), dir.join("segment-three-records.json"));
     if regen() {
-        let h = SegmentHeader { first_seq: 1_000_001, prev_link: [0x5a; 32] };
+        let h = SegmentHeader { version: 1, first_seq: 1_000_001, prev_link: [0x5a; 32] };
         fs::write(&hbin, h.encode()).unwrap();
         let v =
             json!({"magic": "FENCELOG", "format_version": 1, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
         fs::write(&hjs, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
-        let mut seg = SegmentHeader { first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
+        let mut seg = SegmentHeader { version: 1, first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
         let mut link = GENESIS_LINK;
         let mut listed = vec![];
         for (seq, p) in [(1u64, &b"alpha"[..]), (2, b"beta"), (3, b"gamma")] {
@@ -126,10 +132,12 @@ fn segment_vectors_decode_and_reencode_byte_for_byte() {
     assert_eq!(Value::Array(got), want);
 }
 
-fn fixture_options() -> LogOptions {
+fn fixture_options(format_version: u16) -> LogOptions {
     let t = Arc::new(AtomicU64::new(1_767_225_600_000));
     LogOptions {
         segment_bytes_max: 512,
+        format_version,
+        segment_prealloc_bytes: 4096,
         writer_id: Some(uuid::Uuid::from_bytes(WRITER)),
         clock: Some(Arc::new(move || t.fetch_add(250, Ordering::SeqCst))),
         ..LogOptions::default()
@@ -144,7 +152,7 @@ fn v1_fixture_log_reads_verifies_and_accepts_appends() {
     let dir = root("fixtures/v1-multi-segment");
     if regen() {
         let _ = fs::remove_dir_all(&dir);
-        let log = Log::open(&dir, fixture_options()).unwrap();
+        let log = Log::open(&dir, fixture_options(1)).unwrap();
         for i in 1..=12u32 {
             let p = format!("{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{}\"}}", "v1".repeat(i as usize * 3));
             log.append(p.as_bytes()).unwrap();
@@ -179,5 +187,130 @@ fn v1_fixture_log_reads_verifies_and_accepts_appends() {
     assert!(log.open_report().repairs.is_empty());
     assert_eq!(log.append(b"appended by a later build").unwrap().first_seq, 13);
     log.close().unwrap();
+    assert!(verify_dir(copy.path(), body_max).unwrap().is_intact());
+}
+
+/// Proves: the v2 vectors pin the preallocated layout: a version 2 header, and a
+/// segment whose three frames are followed by the end mark and zeros to the end of
+/// the file — which a scan reports as the end of the frames (not damage), at the
+/// offset listed.
+#[test]
+fn v2_vectors_decode_and_reencode_byte_for_byte() {
+    let dir = root("log-format/vectors");
+    let (hbin, hjs) = (dir.join("segment-header-v2.bin"), dir.join("segment-header-v2.json"));
+    let (sbin, sjs) = (dir.join("segment-v2-preallocated.seg"), dir.join("segment-v2-preallocated.json"));
+    if regen_version(2) {
+        let h = SegmentHeader { version: 2, first_seq: 1_000_001, prev_link: [0x5a; 32] };
+        fs::write(&hbin, h.encode()).unwrap();
+        let v =
+            json!({"magic": "FENCELOG", "format_version": 2, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
+        fs::write(&hjs, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
+        let mut seg = SegmentHeader { version: 2, first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
+        let mut link = GENESIS_LINK;
+        let mut listed = vec![];
+        // The last payload ends in zero bytes of its own: the end of the frames is
+        // found by frames, not by the last non-zero byte.
+        for (seq, p) in [(1u64, &b"alpha"[..]), (2, b"beta"), (3, b"gamma\0\0\0\0")] {
+            let prev = link;
+            link = encode_frame(&mut seg, &prev, seq, &WRITER, 1_767_225_600_000 + seq, p);
+            listed.push(expected_frame_json(&prev, seq, 1_767_225_600_000 + seq, p, &link));
+        }
+        let frames_end = seg.len();
+        seg.extend_from_slice(&FRAMES_END_MARK);
+        seg.resize(1024, 0);
+        fs::write(&sbin, &seg).unwrap();
+        let v = json!({"frames_end": frames_end, "file_bytes": 1024, "records": listed});
+        fs::write(&sjs, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
+    }
+    let hb = fs::read(&hbin).unwrap();
+    let want: Value = serde_json::from_str(&fs::read_to_string(&hjs).unwrap()).unwrap();
+    let h = SegmentHeader::decode(&hb).unwrap();
+    assert_eq!(u16::from_le_bytes([hb[8], hb[9]]) as u64, want["format_version"].as_u64().unwrap());
+    assert_eq!((h.version, h.layout()), (2, Layout::Preallocated));
+    assert_eq!(
+        (h.first_seq, hex(&h.prev_link)),
+        (want["first_seq"].as_u64().unwrap(), want["prev_link"].as_str().unwrap().into())
+    );
+    assert_eq!(h.encode().to_vec(), hb);
+
+    let seg = fs::read(&sbin).unwrap();
+    let want: Value = serde_json::from_str(&fs::read_to_string(&sjs).unwrap()).unwrap();
+    assert_eq!(seg.len() as u64, want["file_bytes"].as_u64().unwrap());
+    let h = SegmentHeader::decode(&seg).unwrap();
+    let mut c = Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
+    let mut got = vec![];
+    let mut prev = h.prev_link;
+    let out = scan_segment_frames(&seg, SEGMENT_HEADER_BYTES, 0, &mut c, u32::MAX, h.layout(), |_, r| {
+        got.push(expected_frame_json(&prev, r.seq, r.time_ms, r.payload, &r.link));
+        prev = r.link;
+    });
+    assert_eq!(out, ScanOutcome::ZeroTail { offset: want["frames_end"].as_u64().unwrap() });
+    assert_eq!(Value::Array(got), want["records"]);
+    // Read as version 1 (the file ends where the frames end), the same zeros are damage.
+    let mut c = Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
+    assert!(matches!(scan_frames(&seg, SEGMENT_HEADER_BYTES, &mut c, u32::MAX, |_, _| {}), ScanOutcome::Damaged(_)));
+}
+
+/// Proves: the v2 fixture — a real multi-segment log of preallocated segments
+/// written by this build (sealed segments cut to their last record, the last one
+/// followed by zeros) — reads and verifies, its content is unchanged (insta), and it
+/// can be opened for writing and appended to, overwriting its zeros in place.
+#[test]
+fn v2_fixture_log_reads_verifies_and_accepts_appends() {
+    let dir = root("fixtures/v2-preallocated");
+    if regen_version(2) {
+        let _ = fs::remove_dir_all(&dir);
+        let log = Log::open(&dir, fixture_options(2)).unwrap();
+        for i in 1..=12u32 {
+            let p = format!("{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{}\"}}", "v2".repeat(i as usize * 3));
+            log.append(p.as_bytes()).unwrap();
+        }
+        log.close().unwrap();
+        let _ = fs::remove_file(dir.join("LOCK"));
+        let _ = fs::remove_dir(dir.join("snapshots"));
+    }
+    let segments = fencelog::storage::list_segments(&dir).unwrap();
+    let last = &segments.last().unwrap().1;
+    let last_bytes = fs::read(last).unwrap();
+    assert_eq!(SegmentHeader::decode(&last_bytes).unwrap().version, 2);
+    assert_eq!(*last_bytes.last().unwrap(), 0, "the last segment ends in preallocated zeros");
+    let body_max = LogOptions::default().body_max();
+    let s = verify_dir(&dir, body_max).unwrap();
+    assert!(s.is_intact(), "{:?}", s.problems);
+    let mut listing = format!(
+        "segments {} records {} seq {:?}..{:?} time {:?}..{:?}\nchain head {}\n",
+        s.segments, s.records, s.first_seq, s.last_seq, s.first_time_ms, s.last_time_ms, s.chain_head
+    );
+    read_records(&dir, 1, body_max, |r| {
+        let w = uuid::Uuid::from_bytes(r.writer);
+        listing += &format!(
+            "{} {} {w} {} {}\n",
+            r.seq,
+            r.time_ms,
+            hex(&r.link)[..16].to_owned(),
+            String::from_utf8_lossy(r.payload)
+        );
+        true
+    })
+    .unwrap();
+    insta::assert_snapshot!("v2_preallocated_listing", listing);
+
+    let h = SegmentHeader::decode(&last_bytes).unwrap();
+    let mut c = Cursor { next_seq: h.first_seq, prev_link: h.prev_link };
+    let ScanOutcome::ZeroTail { offset: frames_end } =
+        scan_segment_frames(&last_bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, h.layout(), |_, _| {})
+    else {
+        panic!("the fixture's last segment ends in zeros")
+    };
+    let copy = common::copy_dir(&dir);
+    let copied_last = copy.path().join(last.file_name().unwrap());
+    let log = Log::open(copy.path(), LogOptions::default()).unwrap();
+    assert!(log.open_report().repairs.is_empty());
+    assert_eq!(log.append(b"appended by a later build").unwrap().first_seq, 13);
+    log.close().unwrap();
+    let after = fs::read(&copied_last).unwrap();
+    assert_eq!(&after[..frames_end as usize], &last_bytes[..frames_end as usize], "nothing before the end moved");
+    let (rec, _) = decode_frame(&after[frames_end as usize..], body_max).unwrap();
+    assert_eq!((rec.seq, rec.payload), (13, &b"appended by a later build"[..]), "written where the zeros began");
     assert!(verify_dir(copy.path(), body_max).unwrap().is_intact());
 }

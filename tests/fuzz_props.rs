@@ -238,7 +238,7 @@ proptest! {
         cut in prop::option::of(any::<prop::sample::Index>()),
         extra in prop::collection::vec(any::<u8>(), 0..8),
     ) {
-        let mut h = SegmentHeader { first_seq, prev_link: link }.encode().to_vec();
+        let mut h = SegmentHeader { version: 1 + (first_seq % 2) as u16, first_seq, prev_link: link }.encode().to_vec();
         for (at, v) in &flips {
             let i = at.index(h.len());
             h[i] ^= v;

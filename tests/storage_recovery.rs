@@ -6,8 +6,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{copy_dir, hash_tree, records, segment_files};
-use fencelog::format::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use common::{VERSIONS, copy_dir, hash_tree, opts_v, records, segment_files, stop_write_at, written_bytes};
+use fencelog::format::{FRAME_HEADER_BYTES, FRAMES_END_MARK, SEGMENT_HEADER_BYTES};
 use fencelog::storage::{Error, Log, LogOptions, verify_dir};
 
 fn payload(i: u64) -> Vec<u8> {
@@ -26,90 +26,133 @@ fn small_segments() -> LogOptions {
     LogOptions { segment_bytes_max: 300, ..LogOptions::default() }
 }
 
-/// Proves: cutting the last record at every byte offset is recovered as a torn
-/// tail: earlier records survive exactly, the cut bytes are kept as evidence, and the
-/// next append gets the next sequence with a valid chain.
+/// Proves: a write of the last record stopped at every byte offset (the file cut
+/// there in v1; zeros from there on in v2, the end mark included) is recovered as a
+/// torn tail: earlier records survive exactly, the cut bytes are kept as evidence,
+/// and the next append gets the next sequence with a valid chain.
 #[test]
 fn truncation_at_every_offset_of_the_last_record_recovers_the_previous_records() {
-    let base = tempfile::tempdir().unwrap();
-    write_log(base.path(), 5, LogOptions::default());
-    let seg = &segment_files(base.path())[0];
-    let full = fs::read(seg).unwrap();
-    let last_len = fencelog::format::frame_bytes(payload(5).len());
-    let last_start = full.len() - last_len;
-    for cut in last_start..=full.len() {
-        let d = copy_dir(base.path());
-        let seg = &segment_files(d.path())[0];
-        fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(cut as u64).unwrap();
-        let log = Log::open(d.path(), LogOptions::default()).unwrap();
-        let report = log.open_report().clone();
-        let intact = cut == full.len();
-        assert_eq!(report.last_seq, if intact { 5 } else { 4 }, "cut at {cut}");
-        if intact || cut == last_start {
-            assert!(report.repairs.is_empty(), "cut at {cut}: a clean boundary needs no repair");
-        } else {
-            assert_eq!(report.repairs.len(), 1);
-            let r = &report.repairs[0];
-            assert_eq!((r.kind, r.offset, r.seq), ("torn_tail", last_start as u64, 5));
-            assert_eq!(fs::read(&r.evidence).unwrap(), &full[last_start..cut], "evidence keeps the cut bytes");
+    for version in VERSIONS {
+        let base = tempfile::tempdir().unwrap();
+        write_log(base.path(), 5, opts_v(version));
+        let seg = &segment_files(base.path())[0];
+        let full = fs::read(seg).unwrap();
+        let frames_end = fencelog::storage::frames_end(seg).unwrap() as usize;
+        let last_len = fencelog::format::frame_bytes(payload(5).len());
+        let last_start = frames_end - last_len;
+        // The last write: the frame, and in v2 the end mark after it.
+        let write_end = if version == 1 { frames_end } else { frames_end + FRAMES_END_MARK.len() };
+        for cut in last_start..=write_end {
+            let d = copy_dir(base.path());
+            let seg = &segment_files(d.path())[0];
+            stop_write_at(seg, cut as u64, version);
+            let log = Log::open(d.path(), opts_v(version)).unwrap();
+            let report = log.open_report().clone();
+            let intact = cut >= frames_end;
+            assert_eq!(report.last_seq, if intact { 5 } else { 4 }, "v{version} cut at {cut}");
+            if intact || cut == last_start {
+                assert!(report.repairs.is_empty(), "v{version} cut at {cut}: a clean boundary needs no repair");
+            } else {
+                assert_eq!(report.repairs.len(), 1);
+                let r = &report.repairs[0];
+                assert_eq!((r.kind, r.offset, r.seq), ("torn_tail", last_start as u64, 5));
+                let mut cut_bytes = full[last_start..cut].to_vec();
+                if version == 2 {
+                    // The zeros of the preallocated space are not evidence.
+                    cut_bytes.truncate(cut_bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1));
+                }
+                assert_eq!(fs::read(&r.evidence).unwrap(), cut_bytes, "v{version}: evidence keeps the cut bytes");
+            }
+            let next = log.append(b"after recovery").unwrap();
+            assert_eq!(next.first_seq, report.last_seq + 1);
+            log.close().unwrap();
+            let recs = records(d.path());
+            let expect: Vec<_> = (1..=report.last_seq).map(|i| (i, payload(i))).collect();
+            assert_eq!(&recs[..recs.len() - 1], &expect[..], "v{version} cut at {cut}");
+            assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
         }
-        let next = log.append(b"after recovery").unwrap();
-        assert_eq!(next.first_seq, report.last_seq + 1);
-        log.close().unwrap();
-        let recs = records(d.path());
-        let expect: Vec<_> = (1..=report.last_seq).map(|i| (i, payload(i))).collect();
-        assert_eq!(&recs[..recs.len() - 1], &expect[..], "cut at {cut}");
-        assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
     }
 }
 
 /// Proves: one bit flipped at every byte of a multi-segment log is detected every
 /// time and refused as corruption — in the very last record too: a flipped bit is
 /// rot of a record that may have been acknowledged, never a torn write (no sector
-/// is zeroed; a length field that grew still leaves a body that checksums) — never
-/// accepted silently, never cut, never a panic.
+/// is zeroed; a length field that grew still leaves a body that checksums; in v2
+/// the end mark after the last record shows its write completed) — never accepted
+/// silently, never cut, never a panic. In v2, the end mark is flipped too (refused),
+/// and so are bytes of the zeros after it (space no record uses: cut as bytes after
+/// the end mark, every record kept).
 #[test]
 fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
-    let base = tempfile::tempdir().unwrap();
-    write_log(base.path(), 9, small_segments());
-    let segs = segment_files(base.path());
-    assert!(segs.len() >= 3, "the log must span several segments, has {}", segs.len());
-    let original = records(base.path());
-    let (mut torn, mut refused) = (0, 0);
-    for (si, _) in segs.iter().enumerate() {
-        let len = fs::metadata(&segs[si]).unwrap().len() as usize;
-        for byte in 0..len {
-            let d = copy_dir(base.path());
-            let seg = &segment_files(d.path())[si];
-            let mut bytes = fs::read(seg).unwrap();
-            bytes[byte] ^= 1 << (byte % 8);
-            fs::write(seg, &bytes).unwrap();
-            let where_ = format!("segment {si} byte {byte}");
-            let summary = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
-            assert!(!summary.is_intact(), "{where_}: the reader must report the damage");
-            match Log::open(d.path(), small_segments()) {
-                Err(Error::Corruption { segment, offset, seq, .. }) => {
-                    refused += 1;
-                    assert!(summary.has_corruption(), "{where_}: reader and writer must agree");
-                    assert!(segment.starts_with(d.path()) && seq >= 1 && offset < len as u64, "{where_}");
+    for version in VERSIONS {
+        let small = LogOptions { format_version: version, segment_prealloc_bytes: 4096, ..small_segments() };
+        let base = tempfile::tempdir().unwrap();
+        write_log(base.path(), 9, small.clone());
+        let segs = segment_files(base.path());
+        assert!(segs.len() >= 3, "the log must span several segments, has {}", segs.len());
+        let original = records(base.path());
+        let (mut torn, mut refused, mut unused_space_cut) = (0, 0, 0);
+        let mut flipped = 0u64;
+        for (si, _) in segs.iter().enumerate() {
+            let len = fs::metadata(&segs[si]).unwrap().len() as usize;
+            let written = written_bytes(&segs[si]).len();
+            // Every written byte; of the zeros after them (v2's last segment), the
+            // first 64 and then one in 97.
+            let bytes_to_flip = (0..len).filter(|&b| b < written + 64 || b % 97 == 0);
+            for byte in bytes_to_flip {
+                let d = copy_dir(base.path());
+                let seg = &segment_files(d.path())[si];
+                let mut bytes = fs::read(seg).unwrap();
+                bytes[byte] ^= 1 << (byte % 8);
+                fs::write(seg, &bytes).unwrap();
+                let where_ = format!("v{version} segment {si} byte {byte}");
+                let summary = verify_dir(d.path(), LogOptions::default().body_max()).unwrap();
+                assert!(!summary.is_intact(), "{where_}: the reader must report the damage");
+                match Log::open(d.path(), small.clone()) {
+                    Err(Error::Corruption { segment, offset, seq, .. }) => {
+                        assert!(byte < written, "{where_}: a flip in unused space is not corruption");
+                        refused += 1;
+                        assert!(summary.has_corruption(), "{where_}: reader and writer must agree");
+                        assert!(segment.starts_with(d.path()) && seq >= 1 && offset < len as u64, "{where_}");
+                    }
+                    Err(e) => panic!("{where_}: unexpected error {e}"),
+                    Ok(log) if byte >= written => {
+                        unused_space_cut += 1;
+                        let r = log.open_report().repairs.clone();
+                        assert_eq!((r.len(), r[0].damage.as_str()), (1, "bytes_after_end_mark"), "{where_}");
+                        assert!(!summary.has_corruption(), "{where_}: reader must call it a torn tail");
+                        drop(log);
+                        assert_eq!(records(d.path()), original, "{where_}: every record kept");
+                    }
+                    Ok(log) => {
+                        torn += 1;
+                        let r = log.open_report().repairs.clone();
+                        assert_eq!(r.len(), 1, "{where_}: opened without reporting a repair");
+                        assert!(
+                            si == segs.len() - 1 && r[0].offset <= byte as u64,
+                            "{where_}: cut must cover the flip"
+                        );
+                        assert!(!summary.has_corruption(), "{where_}: reader must call it a torn tail");
+                        drop(log);
+                        let survived = records(d.path());
+                        assert_eq!(
+                            &original[..survived.len()],
+                            &survived[..],
+                            "{where_}: survivors are an exact prefix"
+                        );
+                        assert_eq!(survived.len(), original.len() - 1, "{where_}: only the last record is lost");
+                    }
                 }
-                Err(e) => panic!("{where_}: unexpected error {e}"),
-                Ok(log) => {
-                    torn += 1;
-                    let r = log.open_report().repairs.clone();
-                    assert_eq!(r.len(), 1, "{where_}: opened without reporting a repair");
-                    assert!(si == segs.len() - 1 && r[0].offset <= byte as u64, "{where_}: cut must cover the flip");
-                    assert!(!summary.has_corruption(), "{where_}: reader must call it a torn tail");
-                    drop(log);
-                    let survived = records(d.path());
-                    assert_eq!(&original[..survived.len()], &survived[..], "{where_}: survivors are an exact prefix");
-                    assert_eq!(survived.len(), original.len() - 1, "{where_}: only the last record is lost");
-                }
+                flipped += 1;
             }
         }
+        let written: u64 = segs.iter().map(|s| written_bytes(s).len() as u64).sum();
+        assert_eq!((torn, refused), (0, written), "v{version}: every flip of a written byte refused, none cut");
+        assert_eq!(unused_space_cut, flipped - written, "v{version}");
+        if version == 2 {
+            assert!(unused_space_cut > 0, "v2: the last segment has preallocated space after its end mark");
+        }
     }
-    let bytes: u64 = segs.iter().map(|s| fs::metadata(s).unwrap().len()).sum();
-    assert_eq!((torn, refused), (0, bytes), "every flip refused, none cut");
 }
 
 /// Proves: a damaged record followed by intact ones refuses to open for writing,
@@ -168,9 +211,15 @@ fn an_edited_record_with_a_recomputed_checksum_breaks_the_chain() {
 /// appends continue with the next sequence in a fresh segment.
 #[test]
 fn crash_between_segment_creation_and_header_write_is_recovered() {
-    for torn_header in [vec![], b"FENCE".to_vec(), vec![0u8; SEGMENT_HEADER_BYTES]] {
+    for (version, torn_header) in
+        VERSIONS.into_iter().flat_map(|v| [(v, vec![]), (v, b"FENCE".to_vec()), (v, vec![0u8; SEGMENT_HEADER_BYTES])])
+    {
         let d = tempfile::tempdir().unwrap();
-        write_log(d.path(), 3, LogOptions::default());
+        write_log(d.path(), 3, opts_v(version));
+        // A writer seals a segment (cut to its last record) before it creates the next.
+        let first = &segment_files(d.path())[0];
+        let sealed_at = fencelog::storage::frames_end(first).unwrap();
+        fs::OpenOptions::new().write(true).open(first).unwrap().set_len(sealed_at).unwrap();
         let torn_path = fencelog::storage::segment_path(d.path(), 4);
         fs::write(&torn_path, &torn_header).unwrap();
         let log = Log::open(d.path(), LogOptions::default()).unwrap();
@@ -292,13 +341,13 @@ fn unknown_format_version_is_a_clear_error_naming_it() {
     write_log(d.path(), 1, LogOptions::default());
     let seg = segment_files(d.path())[0].clone();
     let mut b = fs::read(&seg).unwrap();
-    b[8..10].copy_from_slice(&2u16.to_le_bytes());
+    b[8..10].copy_from_slice(&3u16.to_le_bytes());
     let crc = crc32fast::hash(&b[..60]);
     b[60..64].copy_from_slice(&crc.to_le_bytes());
     fs::write(&seg, &b).unwrap();
     let err = Log::open(d.path(), LogOptions::default()).err().unwrap();
     assert_eq!(err.code(), "UNSUPPORTED_FORMAT");
-    assert!(err.to_string().contains("version 2") && err.to_string().contains("[1]"), "{err}");
+    assert!(err.to_string().contains("version 3") && err.to_string().contains("[1, 2]"), "{err}");
     assert_eq!(verify_dir(d.path(), 1 << 20).unwrap_err().code(), "UNSUPPORTED_FORMAT");
 }
 

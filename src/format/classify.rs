@@ -68,8 +68,13 @@ pub fn classify(e: Evidence) -> Action {
         // R5: damage followed by intact records, or anywhere in a sealed segment: a
         // crash only ever damages the tail.
         Evidence::Frame { sealed: true, .. } | Evidence::Frame { intact_after: true, .. } => Action::Refuse,
-        // R2: the last frame runs past the end of the file: an interrupted write.
+        // R2: the last frame runs past the end of the file (or, preallocated, into
+        // zeros where its group's end mark belongs): an interrupted write.
         Evidence::Frame { kind: Incomplete, .. } => Action::CutTornTail,
+        // R2b: after the end mark of a preallocated segment, bytes that hold no
+        // intact frame: the group before the mark is whole; they were never
+        // acknowledged.
+        Evidence::Frame { kind: AfterEndMark, .. } => Action::CutTornTail,
         // R3: a complete last frame fails its checksum (or its length is impossible)
         // and a sector of it is zeros: sectors of the last write did not persist.
         Evidence::Frame { kind: Checksum | LengthOutOfRange, zeroed_sector: true, .. } => Action::CutTornTail,
@@ -140,6 +145,7 @@ mod tests {
         assert_eq!(classify(frame(Checksum, false, false, false)), RefuseRotten, "R4");
         assert_eq!(classify(frame(LengthOutOfRange, false, false, false)), RefuseRotten, "R4");
         assert_eq!(classify(frame(LengthMismatch, false, false, true)), RefuseRotten, "R4 length field");
+        assert_eq!(classify(frame(AfterEndMark, false, false, false)), CutTornTail, "R2b");
         for kind in [
             Incomplete,
             Checksum,
@@ -148,6 +154,7 @@ mod tests {
             ChainMismatch,
             SequenceMismatch { found: 9 },
             LengthMismatch,
+            AfterEndMark,
         ] {
             for z in [false, true] {
                 assert_eq!(classify(frame(kind, true, false, z)), Refuse, "R5 sealed {kind:?}");

@@ -12,8 +12,14 @@ pub use frame::{
     BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, GENESIS_LINK, RecordBody, RecordRef, chain_link,
     decode_frame, encode_frame, frame_bytes, hex,
 };
-pub use scan::{Cursor, Damage, DamageKind, ScanOutcome, find_next_frame, scan_frames, scan_frames_in};
-pub use segment::{FORMAT_VERSION, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader, SegmentHeaderError};
+pub use scan::{
+    Cursor, Damage, DamageKind, ScanOutcome, all_zero, find_next_frame, scan_frames, scan_frames_in,
+    scan_segment_frames,
+};
+pub use segment::{
+    FORMAT_VERSION, FRAMES_END_MARK, Layout, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader,
+    SegmentHeaderError,
+};
 
 /// Hard upper bound on a record payload, whatever the configuration says. The frame
 /// length is a u32, and a bound this size keeps a corrupt length field from asking a

@@ -4,6 +4,7 @@
 
 use super::classify::{Action, Evidence, classify, has_zeroed_sector};
 use super::frame::{BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, RecordRef, decode_frame};
+use super::segment::{FRAMES_END_MARK, Layout};
 
 /// Where verification stands: the sequence the next record must carry and the link
 /// it must follow from.
@@ -32,6 +33,11 @@ pub enum DamageKind {
     /// are a whole body that matches the stored checksum: the length field rotted
     /// (a torn write cannot leave a prefix that checksums as the whole).
     LengthMismatch,
+    /// Bytes that are not a frame after the end mark of a preallocated segment: the
+    /// group before the mark was written whole; what follows it was never
+    /// acknowledged (a later group whose write did not complete, or damage to
+    /// space no record uses).
+    AfterEndMark,
 }
 
 impl DamageKind {
@@ -44,6 +50,7 @@ impl DamageKind {
             DamageKind::SequenceMismatch { .. } => "sequence_mismatch",
             DamageKind::ChainMismatch => "chain_mismatch",
             DamageKind::LengthMismatch => "length_mismatch",
+            DamageKind::AfterEndMark => "bytes_after_end_mark",
         }
     }
 }
@@ -85,6 +92,12 @@ impl Damage {
 pub enum ScanOutcome {
     /// Every byte from `start` to the end is intact frames.
     Clean,
+    /// Intact frames end at `offset`, and every byte from there to the end of the
+    /// buffer is zero: the unused, preallocated space of a version 2 segment
+    /// ([`Layout::Preallocated`] only).
+    ZeroTail {
+        offset: u64,
+    },
     Damaged(Damage),
 }
 
@@ -108,10 +121,41 @@ pub fn scan_frames_in(
     file_offset: u64,
     cursor: &mut Cursor,
     body_max: u32,
+    visit: impl FnMut(u64, &RecordRef<'_>),
+) -> ScanOutcome {
+    scan_segment_frames(buf, start, file_offset, cursor, body_max, Layout::Appended, visit)
+}
+
+/// [`scan_frames_in`] for a segment of either layout. In a preallocated segment a
+/// frame boundary followed only by zeros is the end of the frames
+/// ([`ScanOutcome::ZeroTail`]); damage is judged on the *damaged region*: from the
+/// damage to the later of the end of the non-zero bytes and the end the damaged
+/// frame's length claims — the zeros after it are space never written, not evidence
+/// of a torn write (FORMAT.md §3a).
+pub fn scan_segment_frames(
+    buf: &[u8],
+    start: usize,
+    file_offset: u64,
+    cursor: &mut Cursor,
+    body_max: u32,
+    layout: Layout,
     mut visit: impl FnMut(u64, &RecordRef<'_>),
 ) -> ScanOutcome {
     let mut at = start;
     while at < buf.len() {
+        // In a preallocated segment the frames end at the end mark (or, where no
+        // group was ever written, at zeros), and only zeros may follow.
+        // (A mark cut short by a write that stopped in it counts: its bytes are
+        // never zero, so a prefix of it followed by zeros is nothing else.)
+        let mut after_mark = false;
+        if layout == Layout::Preallocated {
+            let rest = &buf[at..];
+            let marked = rest.iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
+            if all_zero(&rest[marked..]) {
+                return ScanOutcome::ZeroTail { offset: at as u64 };
+            }
+            after_mark = marked == FRAMES_END_MARK.len();
+        }
         let kind = match decode_frame(&buf[at..], body_max) {
             Ok((rec, used)) => {
                 if rec.seq != cursor.next_seq {
@@ -145,8 +189,36 @@ pub fn scan_frames_in(
         } else {
             kind
         };
-        let resync_at = find_next_frame(buf, at + 1, body_max, cursor.next_seq).map(|o| o as u64);
-        let zeroed_sector = resync_at.is_none() && has_zeroed_sector(&buf[at..], file_offset + at as u64);
+        // A frame that checks out to no sum, followed by zeros where the end mark
+        // of its group would be, was never written whole: its write stopped part
+        // way (a process killed while copying it, or a reader looking while it is
+        // copied). With the mark after it, it was written whole: damage is rot.
+        let kind = match (layout, claimed_end(buf, at, body_max)) {
+            _ if after_mark => DamageKind::AfterEndMark,
+            (Layout::Preallocated, Some(end))
+                if kind == DamageKind::Checksum && end < buf.len() && all_zero(&buf[end..]) =>
+            {
+                DamageKind::Incomplete
+            }
+            _ => kind,
+        };
+        // A length field that grew past the end mark, with a whole body that checks
+        // out before the mark: the length field rotted (as `LengthMismatch` in v1).
+        let kind = match layout {
+            Layout::Preallocated if kind == DamageKind::Incomplete && whole_body_before_end_mark(&buf[at..]) => {
+                DamageKind::LengthMismatch
+            }
+            _ => kind,
+        };
+        let region_end = match layout {
+            Layout::Appended => buf.len(),
+            Layout::Preallocated => damaged_region_end(buf, at, body_max),
+        };
+        // No frame starts in the zeros after the region (its length would be 0).
+        let resync_at = (at + 1..region_end)
+            .find(|&o| matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= cursor.next_seq))
+            .map(|o| o as u64);
+        let zeroed_sector = resync_at.is_none() && has_zeroed_sector(&buf[at..region_end], file_offset + at as u64);
         return ScanOutcome::Damaged(Damage {
             kind,
             offset: at as u64,
@@ -156,6 +228,40 @@ pub fn scan_frames_in(
         });
     }
     ScanOutcome::Clean
+}
+
+/// Are all these bytes zero? (OR-folded in blocks, which compiles to wide loads.)
+pub fn all_zero(bytes: &[u8]) -> bool {
+    bytes.chunks(4096).all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)
+}
+
+/// In a preallocated segment, where the region damaged at `at` ends: after the last
+/// non-zero byte, or after the end the frame's length field claims if that is later
+/// and within the buffer (a record may end with zero bytes of its own).
+fn damaged_region_end(buf: &[u8], at: usize, body_max: u32) -> usize {
+    let written_end = buf.iter().rposition(|&b| b != 0).map_or(at, |p| p + 1);
+    written_end.max(claimed_end(buf, at, body_max).unwrap_or(at)).max(at + 1).min(buf.len())
+}
+
+/// Where the frame at `at` ends by its length field, if that length is possible
+/// and the buffer holds that many bytes.
+fn claimed_end(buf: &[u8], at: usize, body_max: u32) -> Option<usize> {
+    buf.get(at..at + 4)
+        .map(|l| u32::from_le_bytes(l.try_into().expect("4 bytes")))
+        .filter(|&len| (BODY_FIXED_BYTES as u32..=body_max).contains(&len))
+        .map(|len| at + FRAME_HEADER_BYTES + len as usize)
+        .filter(|&end| end <= buf.len())
+}
+
+/// In a preallocated segment: is there an end mark after the frame header at the
+/// start of `rest` such that the bytes before it are a whole frame?
+fn whole_body_before_end_mark(rest: &[u8]) -> bool {
+    let min = FRAME_HEADER_BYTES + BODY_FIXED_BYTES;
+    rest.get(min..).is_some_and(|tail| {
+        tail.windows(FRAMES_END_MARK.len())
+            .position(|w| w == FRAMES_END_MARK)
+            .is_some_and(|p| whole_body_after_rotten_length(&rest[..min + p]))
+    })
 }
 
 /// Do the bytes after a frame header whose length runs past the end form a whole

@@ -259,13 +259,14 @@ pub const VERIFY_LIVE_REREADS_MAX: u32 = 3;
 /// `verify`, calling `after_read` after each read of the log (a seam for tests).
 ///
 /// On a live log, the last frame may be an append in progress and look like a torn
-/// tail. A torn tail therefore stands only if the segments hold exactly the bytes
-/// that were read; if the log changed meanwhile, it is read again (at most
+/// tail. A torn tail therefore stands only if the segments did not change from
+/// before the read to after it; if the log changed meanwhile, it is read again (at most
 /// `VERIFY_LIVE_REREADS_MAX` times, then the last reading is reported as it is).
 /// Corruption is reported at once: an append never makes earlier bytes valid.
 fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary, u8), Error> {
     let mut rereads = 0;
     loop {
+        let before = log_fingerprint(dir)?;
         let mut progress = Progress::new(dir, "verify");
         let s = scan_dir(dir, 1, body_max(), |item| {
             if let ScanItem::Record { segment, offset, .. } = item {
@@ -276,7 +277,7 @@ fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary,
         drop(progress);
         after_read();
         let settled = s.is_intact() || s.has_corruption() || rereads == VERIFY_LIVE_REREADS_MAX;
-        if settled || segment_bytes(dir)? == s.bytes {
+        if settled || log_fingerprint(dir)? == before {
             let code = if s.is_intact() { 0 } else { 1 };
             return Ok((s, code));
         }
@@ -285,9 +286,15 @@ fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary,
     }
 }
 
-/// Bytes in the segment files now (a segment removed meanwhile counts as 0).
-fn segment_bytes(dir: &Path) -> Result<u64, Error> {
-    Ok(list_segments(dir)?.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum())
+/// What changes when anything is appended: the segments and their lengths, and
+/// the content of the last one (a preallocated segment keeps its length while
+/// appends overwrite its zeros). Read only when a torn tail was found.
+fn log_fingerprint(dir: &Path) -> Result<(Vec<(u64, u64)>, u32), Error> {
+    // A directory the scan reports problems with (odd names, say) has no fingerprint.
+    let segments = list_segments(dir).unwrap_or_default();
+    let lens = segments.iter().map(|(s, p)| (*s, std::fs::metadata(p).map_or(0, |m| m.len()))).collect();
+    let last = segments.last().map_or(0, |(_, p)| std::fs::read(p).map_or(0, |b| crc32fast::hash(&b)));
+    Ok((lens, last))
 }
 
 fn problem_json(p: &Problem) -> Value {
@@ -732,64 +739,82 @@ mod tests {
     use super::*;
     use crate::storage::Log;
 
-    /// A log whose last frame is cut in half; returns the cut-off bytes.
-    fn log_with_half_a_last_frame(dir: &Path) -> Vec<u8> {
-        let log = Log::open(dir, LogOptions::default()).unwrap();
+    /// A log of format `version` whose last frame lost its second half (cut off the
+    /// file in v1; in v2 zeros where it and the end mark after it were, as a write
+    /// stopped part way leaves it); returns the segment, where the lost bytes were
+    /// and the lost bytes.
+    fn log_with_half_a_last_frame(dir: &Path, version: u16) -> (PathBuf, u64, Vec<u8>) {
+        let log = Log::open(dir, LogOptions { format_version: version, ..LogOptions::default() }).unwrap();
+        let mut end = 0;
         for i in 0..5 {
-            log.append(format!("record {i}").as_bytes()).unwrap();
+            let a = log.append(format!("record {i}").as_bytes()).unwrap();
+            end = a.last_seq;
         }
+        assert_eq!(end, 5);
         log.close().unwrap();
         let (_, seg) = list_segments(dir).unwrap().pop().unwrap();
         let bytes = std::fs::read(&seg).unwrap();
         let frame = frame_bytes(b"record 4".len());
-        let cut = bytes.len() - frame / 2;
-        std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(cut as u64).unwrap();
-        bytes[cut..].to_vec()
+        let frames_end = crate::storage::frames_end(&seg).unwrap() as usize;
+        let cut = frames_end - frame / 2;
+        let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+        if version == 1 {
+            f.set_len(cut as u64).unwrap();
+        } else {
+            // The end mark after it was never written either.
+            std::os::unix::fs::FileExt::write_all_at(&f, &vec![0u8; bytes.len() - cut], cut as u64).unwrap();
+        }
+        let end = if version == 1 { frames_end } else { frames_end + crate::format::FRAMES_END_MARK.len() };
+        (seg, cut as u64, bytes[cut..end].to_vec())
     }
 
     #[test]
     fn an_append_completing_while_verify_reads_is_not_reported_as_a_torn_tail() {
-        let d = tempfile::tempdir().unwrap();
-        let rest = log_with_half_a_last_frame(d.path());
-        let (_, seg) = list_segments(d.path()).unwrap().pop().unwrap();
-        let mut reads = 0;
-        let (s, code) = verify_with(d.path(), || {
-            reads += 1;
-            if reads == 1 {
-                // The "writer" finishes its append after the first read.
-                use std::io::Write;
-                std::fs::OpenOptions::new().append(true).open(&seg).unwrap().write_all(&rest).unwrap();
-            }
-        })
-        .unwrap();
-        assert_eq!((code, s.records, reads), (0, 5, 2), "{s:?}");
-        assert!(s.is_intact());
+        for version in [1, 2] {
+            let d = tempfile::tempdir().unwrap();
+            let (seg, cut, rest) = log_with_half_a_last_frame(d.path(), version);
+            let mut reads = 0;
+            let (s, code) = verify_with(d.path(), || {
+                reads += 1;
+                if reads == 1 {
+                    // The "writer" finishes its append after the first read.
+                    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+                    std::os::unix::fs::FileExt::write_all_at(&f, &rest, cut).unwrap();
+                }
+            })
+            .unwrap();
+            assert_eq!((code, s.records, reads), (0, 5, 2), "v{version}: {s:?}");
+            assert!(s.is_intact());
+        }
     }
 
     #[test]
     fn a_torn_tail_on_a_log_that_does_not_move_is_reported_after_one_read() {
-        let d = tempfile::tempdir().unwrap();
-        log_with_half_a_last_frame(d.path());
-        let mut reads = 0;
-        let (s, code) = verify_with(d.path(), || reads += 1).unwrap();
-        assert_eq!((code, s.records, reads), (1, 4, 1), "{s:?}");
-        assert!(!s.has_corruption() && s.problems[0].torn_tail, "{s:?}");
+        for version in [1, 2] {
+            let d = tempfile::tempdir().unwrap();
+            log_with_half_a_last_frame(d.path(), version);
+            let mut reads = 0;
+            let (s, code) = verify_with(d.path(), || reads += 1).unwrap();
+            assert_eq!((code, s.records, reads), (1, 4, 1), "v{version}: {s:?}");
+            assert!(!s.has_corruption() && s.problems[0].torn_tail, "v{version}: {s:?}");
+        }
     }
 
     #[test]
     fn a_log_that_keeps_changing_is_read_a_bounded_number_of_times() {
-        let d = tempfile::tempdir().unwrap();
-        log_with_half_a_last_frame(d.path());
-        let (_, seg) = list_segments(d.path()).unwrap().pop().unwrap();
-        let mut reads = 0;
-        let (s, code) = verify_with(d.path(), || {
-            reads += 1;
-            // Grows by one garbage byte after every read: never settles.
-            use std::io::Write;
-            std::fs::OpenOptions::new().append(true).open(&seg).unwrap().write_all(&[0xAB]).unwrap();
-        })
-        .unwrap();
-        assert_eq!(reads, VERIFY_LIVE_REREADS_MAX + 1);
-        assert_eq!(code, 1, "{s:?}");
+        for version in [1, 2] {
+            let d = tempfile::tempdir().unwrap();
+            let (seg, cut, _) = log_with_half_a_last_frame(d.path(), version);
+            let mut reads = 0u64;
+            let (s, code) = verify_with(d.path(), || {
+                // One more garbage byte after every read: never settles.
+                let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &[0xAB], cut + 40 + reads).unwrap();
+                reads += 1;
+            })
+            .unwrap();
+            assert_eq!(reads, u64::from(VERIFY_LIVE_REREADS_MAX) + 1, "v{version}");
+            assert_eq!(code, 1, "v{version}: {s:?}");
+        }
     }
 }

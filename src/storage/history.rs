@@ -141,6 +141,7 @@ fn scan_segment(file: &File, len: u64, path: &Path, body_max: u32) -> Result<Las
     match scan_frames(&bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |o, _| offset = o) {
         ScanOutcome::Damaged(d) => Err(refusal(path, 0, &d, true)),
         ScanOutcome::Clean => Ok(LastRecord { offset, seq: c.next_seq - 1, link: c.prev_link }),
+        ScanOutcome::ZeroTail { .. } => unreachable!("a scan of the appended layout never reports a zero tail"),
     }
 }
 

@@ -3,6 +3,9 @@ use std::sync::Arc;
 use super::error::{Error, Result};
 use crate::format::{PAYLOAD_BYTES_HARD_MAX, SEGMENT_BYTES_HARD_MAX, SEGMENT_HEADER_BYTES};
 
+/// Smallest preallocation step: one page.
+pub const SEGMENT_PREALLOC_BYTES_MIN: u64 = 4096;
+
 /// How much of the log `Log::open` verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VerifyOnOpen {
@@ -29,6 +32,16 @@ pub struct LogOptions {
     /// A segment is rotated before it would grow past this size (a single record
     /// larger than this gets a segment of its own).
     pub segment_bytes_max: u64,
+    /// The format version of segments this writer creates: 2 (preallocated, the
+    /// default) or 1 (appended; for reading tests and old tools). An existing
+    /// segment is always appended to in its own version.
+    pub format_version: u16,
+    /// How far a version 2 segment is extended ahead of its frames at a time, with
+    /// zeros synced before use, so that appends overwrite in place and `fdatasync`
+    /// flushes no size change (default 1 MiB, at least 4 KiB, at most
+    /// `segment_bytes_max`). Readers check the zeros after the frames once per
+    /// open, so this bounds that work too.
+    pub segment_prealloc_bytes: u64,
     /// Most append requests waiting for the writer thread; callers block beyond it.
     pub queue_depth_max: usize,
     /// Longest wait for the cross-process append lock before `LOCK_TIMEOUT`.
@@ -51,6 +64,8 @@ impl Default for LogOptions {
             batch_records_max: 4096,
             batch_bytes_max: 16 * 1024 * 1024,
             segment_bytes_max: 64 * 1024 * 1024,
+            format_version: crate::format::FORMAT_VERSION,
+            segment_prealloc_bytes: 1024 * 1024,
             queue_depth_max: 16 * 1024,
             lock_wait_ms_max: 10_000,
             create: true,
@@ -68,6 +83,8 @@ impl std::fmt::Debug for LogOptions {
             .field("batch_records_max", &self.batch_records_max)
             .field("batch_bytes_max", &self.batch_bytes_max)
             .field("segment_bytes_max", &self.segment_bytes_max)
+            .field("format_version", &self.format_version)
+            .field("segment_prealloc_bytes", &self.segment_prealloc_bytes)
             .field("queue_depth_max", &self.queue_depth_max)
             .field("lock_wait_ms_max", &self.lock_wait_ms_max)
             .field("verify_on_open", &self.verify_on_open)
@@ -99,6 +116,16 @@ impl LogOptions {
             return bad(format!(
                 "segment_bytes_max must exceed the {SEGMENT_HEADER_BYTES}-byte header and be at most {SEGMENT_BYTES_HARD_MAX}"
             ));
+        }
+        if !crate::format::SUPPORTED_VERSIONS.contains(&self.format_version) {
+            return bad(format!(
+                "format_version {} is not one this build writes ({:?})",
+                self.format_version,
+                crate::format::SUPPORTED_VERSIONS
+            ));
+        }
+        if self.segment_prealloc_bytes < SEGMENT_PREALLOC_BYTES_MIN {
+            return bad(format!("segment_prealloc_bytes must be at least {SEGMENT_PREALLOC_BYTES_MIN}"));
         }
         if self.queue_depth_max == 0 {
             return bad("queue_depth_max must be > 0".into());

@@ -12,8 +12,8 @@ use super::dir::{list_segments, listing, open_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Action, Cursor, GENESIS_LINK, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError,
-    classify, decode_frame, hex, scan_frames, scan_frames_in, segment_file_bytes_max,
+    Action, Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, segment_file_bytes_max,
 };
 
 /// One problem found by a reader.
@@ -188,14 +188,32 @@ pub fn scan_dir(
         let mut at = SEGMENT_HEADER_BYTES;
         loop {
             let mut local = ReadSummary::default();
-            let outcome = scan_frames(bytes, at, &mut c, body_max, |offset, rec| {
+            let outcome = scan_segment_frames(bytes, at, 0, &mut c, body_max, header.layout(), |offset, rec| {
                 if rec.seq >= from_seq && !stopped {
                     count(&mut local, rec);
                     stopped = !on(ScanItem::Record { rec, segment: path, offset });
                 }
             });
             merge(&mut sum, local);
-            let ScanOutcome::Damaged(d) = outcome else { break };
+            let d = match outcome {
+                ScanOutcome::Clean => break,
+                ScanOutcome::ZeroTail { .. } if is_last => break,
+                ScanOutcome::ZeroTail { offset } => {
+                    let e = super::recovery::sealed_zero_tail(path, offset, c.next_seq);
+                    let p = problem(
+                        "zero_tail_in_sealed_segment",
+                        path,
+                        offset,
+                        c.next_seq,
+                        false,
+                        bytes.len() as u64 - offset,
+                        e.to_string(),
+                    );
+                    report(&mut on, &mut sum, p, &mut stopped);
+                    break;
+                }
+                ScanOutcome::Damaged(d) => d,
+            };
             if stopped {
                 break;
             }
@@ -294,9 +312,28 @@ fn merge(into: &mut ReadSummary, from: ReadSummary) {
     into.head_link = from.head_link;
 }
 
+/// Where the frames of the segment at `path` end: its length for a version 1
+/// segment, the start of its zeros for a preallocated one — or the first damage.
+/// (For tools and tests that look at a segment's bytes; it reads the whole file.)
+pub fn frames_end(path: &Path) -> Result<u64> {
+    let bytes = fs::read(path).map_err(Error::io("read", path))?;
+    let header = SegmentHeader::decode(&bytes).map_err(|e| super::recovery::header_error(path, e, 0))?;
+    let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
+    let layout = header.layout();
+    Ok(match scan_segment_frames(&bytes, SEGMENT_HEADER_BYTES, 0, &mut c, u32::MAX, layout, |_, _| {}) {
+        ScanOutcome::Clean => bytes.len() as u64,
+        ScanOutcome::ZeroTail { offset } => offset,
+        ScanOutcome::Damaged(d) => d.offset,
+    })
+}
+
 /// Largest read the tailer makes at once (a frame is at most 64 MiB + 80 bytes, and
 /// the default record limit is 1 MiB, so a chunk holds many frames).
 const TAIL_READ_BYTES_MAX: u64 = 4 << 20;
+
+/// What a tailer reads past the end of the frames of a preallocated segment whose
+/// zeros it has already checked: enough to see a few appended records at once.
+const TAIL_WINDOW_BYTES: u64 = 16 * 1024;
 
 /// An incremental verifying reader: remembers where it stopped (segment, byte
 /// offset, sequence and chain link) and on each `poll` reads only what was appended
@@ -313,6 +350,11 @@ pub struct Tailer {
     /// The last poll stopped before a torn tail (an append in progress, or a torn
     /// write the next writer will cut).
     torn_tail: bool,
+    /// How the open segment's frames end.
+    layout: Layout,
+    /// The zeros after the frames of the open (preallocated) segment were read to
+    /// the file's end once.
+    zeros_checked: bool,
 }
 
 impl Tailer {
@@ -327,6 +369,8 @@ impl Tailer {
             cursor: Cursor { next_seq: 0, prev_link: GENESIS_LINK },
             visit_from: from_seq.max(1),
             torn_tail: false,
+            layout: Layout::Appended,
+            zeros_checked: false,
         }
     }
 
@@ -338,6 +382,16 @@ impl Tailer {
     /// Did the last poll stop before a torn tail?
     pub fn stopped_at_torn_tail(&self) -> bool {
         self.torn_tail
+    }
+
+    /// In a preallocated segment whose zeros were checked: is the end of the frames
+    /// still the end mark (or zeros)? Eight bytes tell: appends overwrite from there.
+    fn nothing_appended(&self, f: &fs::File, path: &Path, len: u64) -> Result<bool> {
+        let mut probe = [0u8; FRAMES_END_MARK.len()];
+        let n = (len - self.offset).min(probe.len() as u64) as usize;
+        std::os::unix::fs::FileExt::read_exact_at(f, &mut probe[..n], self.offset).map_err(Error::io("read", path))?;
+        let marked = probe[..n].iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
+        Ok(probe[marked..n].iter().all(|&b| b == 0))
     }
 
     fn later_segment_exists(&self, first_seq: u64) -> Result<bool> {
@@ -372,6 +426,8 @@ impl Tailer {
         self.cursor = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         self.file = Some((first_seq, path, f));
         self.offset = SEGMENT_HEADER_BYTES as u64;
+        self.layout = header.layout();
+        self.zeros_checked = false;
         Ok(true)
     }
 
@@ -397,29 +453,51 @@ impl Tailer {
             let (first_seq, path) = (*first_seq, path.clone());
             let len = f.metadata().map_err(Error::io("stat", &path))?.len();
             while len > self.offset {
+                if self.zeros_checked && self.nothing_appended(f, &path, len)? {
+                    break;
+                }
                 // Bounded reads. When a chunk that is not the file's end shows damage,
                 // the chunk may simply have cut a frame: read again from that frame.
                 // Damage at the very start of such a chunk is judged against the
-                // whole rest of the file, as an unchunked read would.
+                // whole rest of the file, as an unchunked read would. In a
+                // preallocated segment whose zeros were checked to the end once, a
+                // small window is enough to see whether anything was appended.
                 let at = self.offset;
                 let mut chunk = (len - at).min(TAIL_READ_BYTES_MAX);
+                if self.zeros_checked {
+                    chunk = chunk.min(TAIL_WINDOW_BYTES);
+                }
                 let (outcome, scanned) = loop {
                     let mut bytes = vec![0u8; chunk as usize];
                     std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at).map_err(Error::io("read", &path))?;
                     let visit_from = self.visit_from;
-                    let outcome = scan_frames_in(&bytes, 0, at, &mut self.cursor, self.body_max, |_, r| {
-                        if r.seq >= visit_from {
-                            visited += 1;
-                            visit(r);
-                        }
-                    });
+                    let outcome =
+                        scan_segment_frames(&bytes, 0, at, &mut self.cursor, self.body_max, self.layout, |_, r| {
+                            if r.seq >= visit_from {
+                                visited += 1;
+                                visit(r);
+                            }
+                        });
                     match outcome {
                         ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len => chunk = len - at,
+                        ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !self.zeros_checked => {
+                            chunk = len - at
+                        }
                         _ => break (outcome, chunk),
                     }
                 };
                 match outcome {
                     ScanOutcome::Clean => self.offset += scanned,
+                    // The end of the frames: zeros to the end of the file (checked
+                    // whole once; after that, appends only ever overwrite them from
+                    // the end of the frames on).
+                    ScanOutcome::ZeroTail { offset } if at + scanned == len || self.zeros_checked || offset == 0 => {
+                        self.offset += offset;
+                        self.zeros_checked = true;
+                        break;
+                    }
+                    // Zeros to the end of this chunk only: look on from there.
+                    ScanOutcome::ZeroTail { offset } => self.offset += offset,
                     ScanOutcome::Damaged(d) if at + scanned < len => self.offset += d.offset,
                     // An append in progress, or a torn write the next writer cuts — but
                     // only at the end of the last segment: a later segment means this

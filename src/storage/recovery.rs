@@ -12,8 +12,8 @@ use super::error::{Error, Result};
 use super::history::check_history;
 use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
-    Action, Cursor, Damage, Evidence, GENESIS_LINK, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, find_next_frame, hex, scan_frames,
+    Action, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames,
 };
 
 /// One repair made while opening, with the evidence file that keeps what was cut.
@@ -47,7 +47,12 @@ pub struct OpenReport {
 pub(crate) struct TailState {
     pub segment: PathBuf,
     pub segment_first_seq: u64,
+    /// Where the segment's frames end (the next append goes here).
     pub segment_len: u64,
+    /// How the segment's frames end (its header's version).
+    pub layout: Layout,
+    /// The file's length: past `segment_len` a preallocated segment holds zeros.
+    pub alloc_len: u64,
     pub cursor: Cursor,
 }
 
@@ -122,8 +127,22 @@ pub(crate) fn set_aside_torn_segment(dir: &Path, path: &Path, expected_seq: u64)
     })
 }
 
-/// Cut a torn tail at `offset`, after making its bytes durable as evidence.
-pub(crate) fn cut_torn_tail(path: &Path, bytes_from_offset: &[u8], offset: u64, damage: &Damage) -> Result<Repair> {
+/// Cut a torn tail at `offset`, after making its bytes durable as evidence (in a
+/// preallocated segment, up to the last non-zero byte: the zeros after it are space
+/// never written).
+pub(crate) fn cut_torn_tail(
+    path: &Path,
+    bytes_from_offset: &[u8],
+    offset: u64,
+    damage: &Damage,
+    layout: Layout,
+) -> Result<Repair> {
+    let bytes_from_offset = match layout {
+        Layout::Appended => bytes_from_offset,
+        Layout::Preallocated => {
+            &bytes_from_offset[..bytes_from_offset.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1)]
+        }
+    };
     let evidence = write_evidence(path, "torn-tail", offset, bytes_from_offset)?;
     fail::fail_point!("segment::truncate", |_| {
         Err(Error::io("truncate", path)(std::io::Error::other("injected truncate failure")))
@@ -179,15 +198,16 @@ pub(crate) fn damage_error(path: &Path, base: u64, d: &Damage, what: &str) -> Er
     }
 }
 
-/// Create a segment: file, header, fsync the file and then the directory.
-pub(crate) fn create_segment(dir: &Path, cursor: &Cursor) -> Result<PathBuf> {
+/// Create a segment of format `version`: file, header, fsync the file and then the
+/// directory. A preallocated (v2) segment is extended by the first append.
+pub(crate) fn create_segment(dir: &Path, cursor: &Cursor, version: u16) -> Result<PathBuf> {
     use std::os::unix::fs::FileExt;
     let path = segment_path(dir, cursor.next_seq);
     fail::fail_point!("segment::create", |_| {
         Err(Error::io("create segment", &path)(std::io::Error::other("injected create failure")))
     });
     let f = super::dir::open_private(&path, true)?;
-    let header = SegmentHeader { first_seq: cursor.next_seq, prev_link: cursor.prev_link }.encode();
+    let header = SegmentHeader { version, first_seq: cursor.next_seq, prev_link: cursor.prev_link }.encode();
     f.write_all_at(&header, 0).map_err(Error::io("write segment header", &path))?;
     f.sync_all().map_err(Error::io("fsync", &path))?;
     sync_dir(dir)?;
@@ -235,12 +255,20 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
             });
         }
         let cursor = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
-        let path = create_first_segment(dir, &SegmentHeader { first_seq: 1, prev_link: GENESIS_LINK }.encode())?;
+        let header = SegmentHeader { version: opts.format_version, first_seq: 1, prev_link: GENESIS_LINK };
+        let path = create_first_segment(dir, &header.encode())?;
         // After the first segment (so that either marks a log that existed): the
         // legacy lock file earlier builds lock, and the snapshot folder.
         super::dir::open_private(&dir.join(super::dir::LOCK_FILE), false)?;
         super::dir::create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))?;
-        let tail = TailState { segment: path, segment_first_seq: 1, segment_len: SEGMENT_HEADER_BYTES as u64, cursor };
+        let tail = TailState {
+            segment: path,
+            segment_first_seq: 1,
+            segment_len: SEGMENT_HEADER_BYTES as u64,
+            layout: header.layout(),
+            alloc_len: SEGMENT_HEADER_BYTES as u64,
+            cursor,
+        };
         let report =
             OpenReport { segments: 1, records_verified: 0, last_seq: 0, chain_head: hex(&GENESIS_LINK), repairs };
         return Ok((tail, report));
@@ -261,18 +289,28 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         let header = SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
         check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)?;
         let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
-        let mut len = bytes.len() as u64;
-        match scan_frames(bytes, SEGMENT_HEADER_BYTES, &mut c, body_max, |_, _| records += 1) {
+        let (mut len, mut alloc_len) = (bytes.len() as u64, bytes.len() as u64);
+        let layout = header.layout();
+        match scan_segment_frames(bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, layout, |_, _| records += 1) {
             ScanOutcome::Clean => {}
+            ScanOutcome::ZeroTail { offset } if is_last => len = offset,
+            ScanOutcome::ZeroTail { offset } => return Err(sealed_zero_tail(path, offset, c.next_seq)),
             ScanOutcome::Damaged(d) if classify(d.evidence(!is_last)) == Action::CutTornTail => {
-                repairs.push(cut_torn_tail(path, &bytes[d.offset as usize..], d.offset, &d)?);
-                len = d.offset;
+                repairs.push(cut_torn_tail(path, &bytes[d.offset as usize..], d.offset, &d, layout)?);
+                (len, alloc_len) = (d.offset, d.offset);
             }
             ScanOutcome::Damaged(d) => return Err(refusal(path, 0, &d, !is_last)),
         }
         cursor = Some(c);
         if is_last {
-            tail = Some(TailState { segment: path.clone(), segment_first_seq: *name_seq, segment_len: len, cursor: c });
+            tail = Some(TailState {
+                segment: path.clone(),
+                segment_first_seq: *name_seq,
+                segment_len: len,
+                layout,
+                alloc_len,
+                cursor: c,
+            });
         }
     }
     let tail = tail.expect("the last segment is always scanned");
@@ -284,6 +322,19 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         repairs,
     };
     Ok((tail, report))
+}
+
+/// A sealed segment is cut to its last record before the next one is created, so
+/// zeros after its frames mean it was extended or altered afterwards.
+pub(crate) fn sealed_zero_tail(path: &Path, offset: u64, seq: u64) -> Error {
+    Error::Corruption {
+        segment: path.to_path_buf(),
+        offset,
+        seq,
+        detail: "zeros after the last record of a sealed segment (a sealed segment ends exactly with its last \
+                 record)"
+            .into(),
+    }
 }
 
 /// The header must match the file name and continue the chain of the segment before.

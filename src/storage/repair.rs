@@ -131,7 +131,12 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         cuts.push(set_aside_whole(dir, &segment)?);
     } else {
         let bytes = std::fs::read(&segment).map_err(Error::io("read", &segment))?;
-        let tail = &bytes[(offset as usize).min(bytes.len())..];
+        let mut tail = &bytes[(offset as usize).min(bytes.len())..];
+        if crate::format::SegmentHeader::decode(&bytes).is_ok_and(|h| h.layout() == crate::format::Layout::Preallocated)
+        {
+            // The zeros of the preallocated space after the written bytes are not evidence.
+            tail = &tail[..tail.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1)];
+        }
         let evidence = write_evidence(&segment, "repair-cut", offset, tail)?;
         fail::fail_point!("segment::truncate", |_| {
             Err(Error::io("truncate", &segment)(std::io::Error::other("injected truncate failure")))

@@ -23,8 +23,8 @@ use super::recovery::{
     recover, refusal, set_aside_torn_segment,
 };
 use crate::format::{
-    Action, ChainLink, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, classify, encode_frame, frame_bytes,
-    scan_frames_in,
+    Action, ChainLink, FRAMES_END_MARK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, classify,
+    encode_frame, frame_bytes, scan_segment_frames,
 };
 
 /// An acknowledged (synced) append.
@@ -426,20 +426,9 @@ impl Writer {
                     detail: format!("segment shrank from {} to {len} bytes under the writer", self.tail.segment_len),
                 });
             }
+            self.tail.alloc_len = len;
             if len > self.tail.segment_len {
-                let base = self.tail.segment_len;
-                let mut bytes = vec![0u8; (len - base) as usize];
-                self.file.read_exact_at(&mut bytes, base).map_err(Error::io("read", &path))?;
-                let mut adopted = 0u64;
-                match scan_frames_in(&bytes, 0, base, &mut self.tail.cursor, body_max, |_, _| adopted += 1) {
-                    ScanOutcome::Clean => self.tail.segment_len = len,
-                    ScanOutcome::Damaged(d) if classify(d.evidence(false)) == Action::CutTornTail => {
-                        cut_torn_tail(&path, &bytes[d.offset as usize..], base + d.offset, &d)?;
-                        self.tail.segment_len = base + d.offset;
-                    }
-                    ScanOutcome::Damaged(d) => return Err(refusal(&path, base, &d, false)),
-                }
-                self.shared.adopted.fetch_add(adopted, Ordering::Relaxed);
+                self.adopt_from_tail(&path, len, body_max)?;
             }
             // Rotation only ever seals a segment holding records, so an empty
             // segment has no successor (and would share its successor's name).
@@ -462,15 +451,74 @@ impl Writer {
                 Err(e) => return Err(header_error(&next, e, self.tail.cursor.next_seq)),
             };
             check_header_continuity(&next, self.tail.cursor.next_seq, &header, Some(&self.tail.cursor), false)?;
-            self.switch_to(next, SEGMENT_HEADER_BYTES as u64)?;
+            self.switch_to(next, header.layout())?;
         }
     }
 
-    fn switch_to(&mut self, path: PathBuf, len: u64) -> Result<()> {
-        self.file = open_regular_rw(&path, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?.0;
+    /// Adopt the frames other processes appended after `segment_len` (the file is
+    /// now `len` bytes). In a preallocated segment most of that is zeros: only a
+    /// window is read first. Zeros at the end of the frames there are the end —
+    /// without reading the rest of the zeros to the file's end: a live writer only
+    /// follows other live writers, which write contiguously from the end of the
+    /// frames (a dead writer's write is a prefix of its bytes; sectors lost to a
+    /// power loss are found by recovery, which every writer runs when it starts
+    /// and which checks the zeros to the end).
+    fn adopt_from_tail(&mut self, path: &Path, len: u64, body_max: u32) -> Result<()> {
+        let base = self.tail.segment_len;
+        if self.tail.layout == Layout::Preallocated {
+            // Eight bytes tell whether anything was appended: the end mark (or
+            // zeros) is still where the frames end, or a frame overwrote it.
+            let mut probe = [0u8; FRAMES_END_MARK.len()];
+            let n = (len - base).min(probe.len() as u64) as usize;
+            self.file.read_exact_at(&mut probe[..n], base).map_err(Error::io("read", path))?;
+            let marked = probe[..n].iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
+            if probe[marked..n].iter().all(|&b| b == 0) {
+                return Ok(());
+            }
+        }
+        let mut window = match self.tail.layout {
+            Layout::Appended => len - base,
+            Layout::Preallocated => (len - base).min(CATCH_UP_WINDOW_BYTES),
+        };
+        loop {
+            let mut bytes = vec![0u8; window as usize];
+            self.file.read_exact_at(&mut bytes, base).map_err(Error::io("read", path))?;
+            let mut cursor = self.tail.cursor;
+            let mut adopted = 0u64;
+            let outcome =
+                scan_segment_frames(&bytes, 0, base, &mut cursor, body_max, self.tail.layout, |_, _| adopted += 1);
+            let whole = base + window == len;
+            let end = match outcome {
+                ScanOutcome::ZeroTail { offset } => base + offset,
+                ScanOutcome::Clean if whole => len,
+                // The window cut a frame (or ended on one): read the rest whole.
+                ScanOutcome::Clean | ScanOutcome::Damaged(_) if !whole => {
+                    window = len - base;
+                    continue;
+                }
+                ScanOutcome::Damaged(d) if classify(d.evidence(false)) == Action::CutTornTail => {
+                    cut_torn_tail(path, &bytes[d.offset as usize..], base + d.offset, &d, self.tail.layout)?;
+                    self.tail.alloc_len = base + d.offset;
+                    base + d.offset
+                }
+                ScanOutcome::Damaged(d) => return Err(refusal(path, base, &d, false)),
+                ScanOutcome::Clean => unreachable!("handled above"),
+            };
+            self.tail.cursor = cursor;
+            self.tail.segment_len = end;
+            self.shared.adopted.fetch_add(adopted, Ordering::Relaxed);
+            return Ok(());
+        }
+    }
+
+    fn switch_to(&mut self, path: PathBuf, layout: Layout) -> Result<()> {
+        let (file, len) = open_regular_rw(&path, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?;
+        self.file = file;
         self.tail.segment_first_seq = self.tail.cursor.next_seq;
         self.tail.segment = path;
-        self.tail.segment_len = len;
+        self.tail.segment_len = SEGMENT_HEADER_BYTES as u64;
+        self.tail.layout = layout;
+        self.tail.alloc_len = len;
         Ok(())
     }
 
@@ -491,8 +539,9 @@ impl Writer {
                     && used + frame_bytes(p.len()) as u64 > self.opts.segment_bytes_max
                 {
                     self.flush()?;
-                    let path = create_segment(&self.dir, &self.tail.cursor)?;
-                    self.switch_to(path, SEGMENT_HEADER_BYTES as u64)?;
+                    self.seal()?;
+                    let path = create_segment(&self.dir, &self.tail.cursor, self.opts.format_version)?;
+                    self.switch_to(path, Layout::of_version(self.opts.format_version))?;
                 }
                 let c = &mut self.tail.cursor;
                 c.prev_link = encode_frame(&mut self.buf, &c.prev_link, c.next_seq, &self.writer_id, now_ms, p);
@@ -512,14 +561,24 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let path = &self.tail.segment;
+        let path = &self.tail.segment.clone();
         fail::fail_point!("segment::write", |torn: Option<String>| {
             // A failing write may leave any prefix of its bytes (a torn write).
             let n = torn.and_then(|t| t.parse::<usize>().ok()).unwrap_or(0).min(self.buf.len());
             let _ = self.file.write_all_at(&self.buf[..n], self.tail.segment_len);
             Err(Error::io("write", path)(std::io::Error::other("injected write failure")))
         });
+        let frames = self.buf.len();
+        if self.tail.layout == Layout::Preallocated {
+            // The end mark goes with the group, in the same write and sync.
+            self.buf.extend_from_slice(&FRAMES_END_MARK);
+        }
         self.file.write_all_at(&self.buf, self.tail.segment_len).map_err(Error::io("write", path))?;
+        self.buf.truncate(frames);
+        let end = self.tail.segment_len + frames as u64 + FRAMES_END_MARK.len() as u64;
+        if self.tail.layout == Layout::Preallocated && end > self.tail.alloc_len {
+            self.extend(end)?;
+        }
         fail::fail_point!("segment::fdatasync", |_| {
             Err(Error::io("fdatasync", path)(std::io::Error::other("injected fdatasync failure")))
         });
@@ -529,4 +588,45 @@ impl Writer {
         self.buf.clear();
         Ok(())
     }
+
+    /// Extend a preallocated segment past `end` (the end of the frames and end mark
+    /// just written) by writing zeros, so that the next appends overwrite in place. The
+    /// caller's `fdatasync` makes the zeros and the new length durable together with
+    /// its frames: the length changes once per step, not once per append.
+    fn extend(&mut self, end: u64) -> Result<()> {
+        let step = self.opts.segment_prealloc_bytes;
+        let cap = self.opts.segment_bytes_max.max(end);
+        let new_len = (self.tail.alloc_len + step).max(end + step / 2).min(cap);
+        let path = &self.tail.segment;
+        let zeros = vec![0u8; ZERO_FILL_BYTES.min((new_len - end) as usize)];
+        let mut at = end;
+        while at < new_len {
+            let n = zeros.len().min((new_len - at) as usize);
+            self.file.write_all_at(&zeros[..n], at).map_err(Error::io("preallocate", path))?;
+            at += n as u64;
+        }
+        self.tail.alloc_len = new_len.max(end);
+        Ok(())
+    }
+
+    /// Before the next segment is created, cut a preallocated segment to its last
+    /// record and make that durable: a sealed segment ends exactly with its last
+    /// record (FORMAT.md §1), and once the next segment exists no reader looks for
+    /// the end of this one's frames.
+    fn seal(&mut self) -> Result<()> {
+        if self.tail.layout == Layout::Preallocated && self.tail.alloc_len != self.tail.segment_len {
+            let path = &self.tail.segment;
+            self.file.set_len(self.tail.segment_len).map_err(Error::io("truncate", path))?;
+            self.file.sync_all().map_err(Error::io("fsync", path))?;
+            self.tail.alloc_len = self.tail.segment_len;
+        }
+        Ok(())
+    }
 }
+
+/// In a preallocated segment, how much a catch-up reads first after the end of the
+/// frames it knows (more only if other processes appended more than this).
+const CATCH_UP_WINDOW_BYTES: u64 = 8 * 1024;
+
+/// Largest buffer of zeros written at once when extending a segment.
+const ZERO_FILL_BYTES: usize = 256 * 1024;

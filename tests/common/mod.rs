@@ -109,3 +109,32 @@ pub fn claim(
         Ok(fencelog::model::Txn::new(now_ms, writer, vec![event]))
     }
 }
+
+/// The format versions every crash, truncation and bit-flip test runs on.
+pub const VERSIONS: [u16; 2] = [1, 2];
+
+/// Default options writing segments of format `version`.
+pub fn opts_v(version: u16) -> LogOptions {
+    LogOptions { format_version: version, ..LogOptions::default() }
+}
+
+/// Leave segment `seg` as a write that stopped at byte `at` leaves it: in v1 the
+/// file ends there; in v2 (preallocated) everything from there on is zeros — the
+/// rest of the group and its end mark never reached the file.
+pub fn stop_write_at(seg: &Path, at: u64, version: u16) {
+    let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
+    if version == 1 {
+        f.set_len(at).unwrap();
+    } else {
+        let len = f.metadata().unwrap().len();
+        std::os::unix::fs::FileExt::write_all_at(&f, &vec![0u8; (len - at) as usize], at).unwrap();
+    }
+}
+
+/// The segment's bytes without the zeros of its preallocated space (the frames, and
+/// in v2 the end mark after them).
+pub fn written_bytes(seg: &Path) -> Vec<u8> {
+    let b = std::fs::read(seg).unwrap();
+    let end = b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1);
+    b[..end].to_vec()
+}

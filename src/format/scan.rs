@@ -151,7 +151,13 @@ pub fn scan_segment_frames(
         if layout == Layout::Preallocated {
             let rest = &buf[at..];
             let marked = rest.iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
-            if all_zero(&rest[marked..]) {
+            // Cheap first (a frame's length field is neither 0 nor the mark's).
+            let may_end = match marked {
+                0 => all_zero(&rest[..rest.len().min(4)]),
+                m if m == FRAMES_END_MARK.len() => true,
+                m => rest.get(m).is_none_or(|&b| b == 0),
+            };
+            if may_end && all_zero(&rest[marked..]) {
                 return ScanOutcome::ZeroTail { offset: at as u64 };
             }
             after_mark = marked == FRAMES_END_MARK.len();

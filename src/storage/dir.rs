@@ -188,11 +188,11 @@ fn open_checked(path: &Path, bytes_max: u64, seq: u64, write: bool) -> Result<(F
             Some(libc::ELOOP) => not_regular(path, seq, "a symbolic link"),
             _ => Error::io("open", path)(e),
         })?;
-    let meta = f.metadata().map_err(Error::io("stat", path))?;
-    if !meta.file_type().is_file() {
+    let meta = stat_file(&f).map_err(Error::io("stat", path))?;
+    if !meta.is_file {
         return Err(not_regular(path, seq, "not a regular file (a FIFO, device, socket or directory)"));
     }
-    if meta.len() > bytes_max {
+    if meta.len > bytes_max {
         return Err(Error::Corruption {
             segment: path.to_path_buf(),
             offset: 0,
@@ -200,11 +200,53 @@ fn open_checked(path: &Path, bytes_max: u64, seq: u64, write: bool) -> Result<(F
             detail: format!(
                 "the file is {} bytes, more than any segment may hold ({bytes_max} bytes: segment_bytes_max \
                  plus one largest record); refused unread",
-                meta.len()
+                meta.len
             ),
         });
     }
-    Ok((f, meta.len()))
+    Ok((f, meta.len))
+}
+
+/// What a segment's readers and writer need to know of a file: size, identity,
+/// whether it is a regular file — and nothing about its times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stat {
+    pub len: u64,
+    pub dev: (u32, u32),
+    pub ino: u64,
+    pub is_file: bool,
+}
+
+/// `statx` asking only for type, size and inode. Never for the times: since Linux
+/// 6.13, a query of a file's ctime makes its next write take a fine-grained
+/// timestamp, a journalled inode update — measured here as +30 µs on every append
+/// that follows a `stat` of its segment (`docs/BENCHMARKS.md`).
+fn statx_lite(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> std::io::Result<Stat> {
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_INO;
+    // SAFETY: `path` is NUL-terminated and `st` is a valid, writable statx buffer.
+    if unsafe { libc::statx(dirfd, path.as_ptr(), flags, mask, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Stat {
+        len: st.stx_size,
+        dev: (st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+        is_file: u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG,
+    })
+}
+
+/// [`Stat`] of an open file.
+pub(crate) fn stat_file(f: &File) -> std::io::Result<Stat> {
+    use std::os::fd::AsRawFd;
+    statx_lite(f.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// [`Stat`] of the entry at `path` itself (a symlink is not followed).
+pub(crate) fn stat_path(path: &Path) -> std::io::Result<Stat> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    statx_lite(libc::AT_FDCWD, &c, libc::AT_SYMLINK_NOFOLLOW)
 }
 
 fn not_regular(path: &Path, seq: u64, what: &str) -> Error {

@@ -443,7 +443,7 @@ impl Tailer {
             else {
                 return Ok(0);
             };
-            if fs::metadata(&path).map_err(Error::io("stat", &path))?.len() < SEGMENT_HEADER_BYTES as u64 {
+            if super::dir::stat_path(&path).map_err(Error::io("stat", &path))?.len < SEGMENT_HEADER_BYTES as u64 {
                 return Ok(0); // being created
             }
             self.open_segment(seq, path, false)?;
@@ -451,7 +451,7 @@ impl Tailer {
         loop {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
-            let len = f.metadata().map_err(Error::io("stat", &path))?.len();
+            let len = super::dir::stat_file(f).map_err(Error::io("stat", &path))?.len;
             while len > self.offset {
                 if self.zeros_checked && self.nothing_appended(f, &path, len)? {
                     break;
@@ -517,10 +517,10 @@ impl Tailer {
                 return Ok(visited);
             }
             let next = super::dir::segment_path(&self.dir, self.cursor.next_seq);
-            let opened = match fs::symlink_metadata(&next) {
+            let opened = match super::dir::stat_path(&next) {
                 Err(_) => return Ok(visited),
                 // Being created by a live writer, or torn while being created.
-                Ok(m) if m.len() < SEGMENT_HEADER_BYTES as u64 => false,
+                Ok(m) if m.len < SEGMENT_HEADER_BYTES as u64 => false,
                 Ok(_) => self.open_segment(self.cursor.next_seq, next, true)?,
             };
             if !opened {

@@ -14,7 +14,9 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::dir::{check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path};
+use super::dir::{
+    check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path, stat_file, stat_path,
+};
 use super::error::{Error, Result};
 use super::lock::AppendLock;
 use super::options::LogOptions;
@@ -395,10 +397,9 @@ impl Writer {
     fn catch_up(&mut self) -> Result<()> {
         let body_max = self.opts.body_max();
         loop {
-            use std::os::unix::fs::MetadataExt;
             let path = self.tail.segment.clone();
-            let meta = self.file.metadata().map_err(Error::io("stat", &path))?;
-            let len = meta.len();
+            let meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
+            let len = meta.len;
             let refuse = |detail: String| Error::Corruption {
                 segment: path.clone(),
                 offset: len,
@@ -408,8 +409,8 @@ impl Writer {
             // The file at the path must still be the one this writer appends to: a
             // segment replaced (or removed) under a live writer would take every
             // later append into a file nobody reads.
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.dev() == meta.dev() && m.ino() == meta.ino() => {}
+            match stat_path(&path) {
+                Ok(m) if m.dev == meta.dev && m.ino == meta.ino => {}
                 _ => return Err(refuse("the segment file was replaced or removed under the writer".into())),
             }
             if len > self.opts.segment_file_bytes_max() {
@@ -436,7 +437,7 @@ impl Writer {
                 return Ok(());
             }
             let next = segment_path(&self.dir, self.tail.cursor.next_seq);
-            if !next.exists() {
+            if stat_path(&next).is_err() {
                 return Ok(());
             }
             let (f, next_len) = open_regular(&next, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?;

@@ -20,7 +20,7 @@ use fencelog::storage::{Log, LogOptions, verify_dir};
 use serde_json::{Value, json};
 
 const RECORD_BYTES: usize = 200;
-const CONCURRENCY: [usize; 3] = [1, 8, 64];
+const CONCURRENCY: [usize; 5] = [1, 8, 64, 256, 1024];
 
 struct Cfg {
     quick: bool,

@@ -14,7 +14,7 @@ pub use frame::{
 };
 pub use scan::{
     Cursor, Damage, DamageKind, ScanOutcome, all_zero, find_next_frame, scan_frames, scan_frames_in,
-    scan_segment_frames,
+    scan_segment_frames, scan_segment_frames_from,
 };
 pub use segment::{
     FORMAT_VERSION, FRAMES_END_MARK, Layout, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader,

@@ -139,6 +139,25 @@ pub fn scan_segment_frames(
     cursor: &mut Cursor,
     body_max: u32,
     layout: Layout,
+    visit: impl FnMut(u64, &RecordRef<'_>),
+) -> ScanOutcome {
+    scan_segment_frames_from(buf, start, file_offset, cursor, body_max, layout, 0, visit)
+}
+
+/// [`scan_segment_frames`] that checks the hash chain only from sequence
+/// `chain_from` on. Before it, each frame is still checked whole (length, checksum,
+/// its place in the dense sequence), and the cursor takes each record's *stored*
+/// link: what a reader that does not answer from those records needs (their
+/// successors' links are then checked against it).
+#[allow(clippy::too_many_arguments)]
+pub fn scan_segment_frames_from(
+    buf: &[u8],
+    start: usize,
+    file_offset: u64,
+    cursor: &mut Cursor,
+    body_max: u32,
+    layout: Layout,
+    chain_from: u64,
     mut visit: impl FnMut(u64, &RecordRef<'_>),
 ) -> ScanOutcome {
     let mut at = start;
@@ -166,7 +185,7 @@ pub fn scan_segment_frames(
             Ok((rec, used)) => {
                 if rec.seq != cursor.next_seq {
                     DamageKind::SequenceMismatch { found: rec.seq }
-                } else if !rec.link_follows(&cursor.prev_link) {
+                } else if rec.seq >= chain_from && !rec.link_follows(&cursor.prev_link) {
                     DamageKind::ChainMismatch
                 } else {
                     visit(at as u64, &rec);

@@ -11,8 +11,11 @@ pub const SEGMENT_PREALLOC_BYTES_MIN: u64 = 4096;
 pub enum VerifyOnOpen {
     /// Every segment: checksums, sequence and chain from record 1 (the default).
     Full,
-    /// Only the last segment, trusting its header's sequence and chain link. For boot
-    /// from a snapshot, where cost must follow the tail, not the history.
+    /// Only the last segment's frames (lengths, checksums, the dense sequence, the
+    /// end of its frames), trusting its header's chain link and each record's stored
+    /// link: the chain is verified by the reader that applies the records (the
+    /// ledger's replay, from the snapshot it boots from on). For boot from a
+    /// snapshot, where cost must follow the tail, not the history.
     LastSegment,
 }
 

@@ -13,7 +13,8 @@ use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
     Action, Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, segment_file_bytes_max,
+    SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, scan_segment_frames_from,
+    segment_file_bytes_max,
 };
 
 /// One problem found by a reader.
@@ -471,13 +472,21 @@ impl Tailer {
                     let mut bytes = vec![0u8; chunk as usize];
                     std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at).map_err(Error::io("read", &path))?;
                     let visit_from = self.visit_from;
-                    let outcome =
-                        scan_segment_frames(&bytes, 0, at, &mut self.cursor, self.body_max, self.layout, |_, r| {
+                    let outcome = scan_segment_frames_from(
+                        &bytes,
+                        0,
+                        at,
+                        &mut self.cursor,
+                        self.body_max,
+                        self.layout,
+                        visit_from,
+                        |_, r| {
                             if r.seq >= visit_from {
                                 visited += 1;
                                 visit(r);
                             }
-                        });
+                        },
+                    );
                     match outcome {
                         ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len => chunk = len - at,
                         ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !self.zeros_checked => {

@@ -13,7 +13,7 @@ use super::history::check_history;
 use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
     Action, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames,
+    SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_from,
 };
 
 /// One repair made while opening, with the evidence file that keeps what was cut.
@@ -291,7 +291,15 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         let (mut len, mut alloc_len) = (bytes.len() as u64, bytes.len() as u64);
         let layout = header.layout();
-        match scan_segment_frames(bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, layout, |_, _| records += 1) {
+        // Verifying only the last segment (a ledger's open): its frames are checked
+        // whole, and the chain is left to the reader that applies the records (from
+        // the snapshot it boots from on), as for the sealed segments before it.
+        let chain_from = match opts.verify_on_open {
+            VerifyOnOpen::Full => 0,
+            VerifyOnOpen::LastSegment => u64::MAX,
+        };
+        let count = |_: u64, _: &crate::format::RecordRef<'_>| records += 1;
+        match scan_segment_frames_from(bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, layout, chain_from, count) {
             ScanOutcome::Clean => {}
             ScanOutcome::ZeroTail { offset } if is_last => len = offset,
             ScanOutcome::ZeroTail { offset } => return Err(sealed_zero_tail(path, offset, c.next_seq)),

@@ -372,10 +372,18 @@ fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
 }
 
 /// Poll the log until `done(process)` or `wait_ms` passed; the process as last seen.
+/// How long a command counts as quick, for the naps of a wait.
+const QUICK_COMMAND_MS: Duration = Duration::from_millis(100);
+/// Longest nap of a wait while the command may still be quick.
+const WAIT_NAP_QUICK: Duration = Duration::from_micros(750);
+/// Longest nap of a wait.
+const WAIT_NAP_MAX: Duration = Duration::from_millis(20);
+
 fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
-    // Short naps first (a quick command ends within a few ms), growing to 20 ms:
-    // catching up with the log is a read of its tail.
-    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    // Short naps while a quick command is likely to end (a look at the log costs
+    // an 8-byte read when nothing was appended), then longer ones, up to 20 ms.
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(wait_ms);
     let mut nap = Duration::from_micros(250);
     loop {
         let p = find(ledger, process)?;
@@ -384,7 +392,8 @@ fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process)
             return Ok(p);
         }
         std::thread::sleep(nap.min(deadline - now));
-        nap = (nap * 3 / 2).min(Duration::from_millis(20));
+        let cap = if started.elapsed() < QUICK_COMMAND_MS { WAIT_NAP_QUICK } else { WAIT_NAP_MAX };
+        nap = (nap * 3 / 2).min(cap);
     }
 }
 

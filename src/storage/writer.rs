@@ -47,6 +47,8 @@ struct Request {
 }
 
 struct Shared {
+    /// Set once with `poisoned` (read on every request without taking the mutex).
+    is_poisoned: AtomicBool,
     poisoned: Mutex<Option<String>>,
     /// Last sequence this writer knows to be durable (its own or caught up).
     head: AtomicU64,
@@ -61,6 +63,9 @@ struct Shared {
 
 impl Shared {
     fn poison_check(&self) -> Result<()> {
+        if !self.is_poisoned.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &*self.poisoned.lock().expect("poison mutex") {
             Some(cause) => Err(Error::Poisoned { cause: cause.clone() }),
             None => Ok(()),
@@ -96,6 +101,7 @@ impl Log {
         let (file, _) = open_regular_rw(&tail.segment, opts.segment_file_bytes_max(), tail.segment_first_seq)?;
         let writer_id = opts.writer_id.unwrap_or_else(uuid::Uuid::new_v4);
         let shared = Arc::new(Shared {
+            is_poisoned: AtomicBool::new(false),
             poisoned: Mutex::new(None),
             head: AtomicU64::new(tail.cursor.next_seq - 1),
             adopted: AtomicU64::new(0),
@@ -378,6 +384,7 @@ impl Writer {
                     // Bytes may be half on disk: nothing is acknowledged until reopen.
                     tracing::error!(error = %e, "writer poisoned");
                     *self.shared.poisoned.lock().expect("poison mutex") = Some(e.to_string());
+                    self.shared.is_poisoned.store(true, Ordering::Release);
                 }
                 group.into_iter().for_each(|r| drop(r.reply.send(Err(e.clone()))));
             }

@@ -335,9 +335,12 @@ impl Projection {
             self.check_condition(c)?;
         }
         // Events of one transaction are checked against the same state, so each must
-        // touch a different subject, lease or resource.
+        // touch a different subject, lease or resource. (One event other than a
+        // spawn, whose leases may name a resource twice, touches one target: most
+        // transactions, and most of a replay.)
+        let single = txn.events.len() == 1 && !matches!(txn.events[0], Event::SpawnRequested { .. });
         let mut targets = BTreeSet::new();
-        for e in &txn.events {
+        for e in txn.events.iter().filter(|_| !single) {
             let names: Vec<String> = match e {
                 Event::Cutover { .. } => vec!["cutover".to_owned()],
                 Event::LeaseAcquire { resource, .. } | Event::OwnerLeaseAcquire { resource, .. } => {

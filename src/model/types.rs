@@ -280,7 +280,9 @@ impl Txn {
 
 /// Validate a subject name: 1..=256 bytes, no control characters.
 pub fn validate_subject(name: &str) -> Result<(), super::Refusal> {
-    if name.is_empty() || name.len() > SUBJECT_BYTES_MAX || name.chars().any(char::is_control) {
+    // Printable ASCII (nearly every subject) needs no decoding of characters.
+    let printable_ascii = name.bytes().all(|b| (0x20..0x7f).contains(&b));
+    if name.is_empty() || name.len() > SUBJECT_BYTES_MAX || (!printable_ascii && name.chars().any(char::is_control)) {
         return Err(super::Refusal::InvalidSubject {
             subject: name.chars().take(64).collect(),
             detail: format!("a subject is 1 to {SUBJECT_BYTES_MAX} bytes with no control characters"),

@@ -203,10 +203,14 @@ fn a_killed_owner_is_claimed_without_waiting_and_a_live_one_is_refused() {
     assert_eq!(v["retired"]["pid"].as_u64(), Some(a.0.id() as u64));
 }
 
-/// Proves: records a retired owner appends after its cut-off stay in the log but
-/// are not authoritative in the projection.
+/// Proves (issue 9): a retired owner's late data write always hears "no" — `note`
+/// under a generation a dead-owner claim retired is refused, exit 3, `FENCED` with
+/// `retired: {cut_off_seq, how}` — and the attempt is still kept for forensics: a
+/// `refused_writes` record with the content's blake3, size and first 256 bytes (cut
+/// at a character boundary), never as a note; the inspector and the audit show it.
+/// A refused note on a subject that never existed creates no subject entry.
 #[test]
-fn a_retired_owners_late_records_stay_in_the_log_but_are_not_authoritative() {
+fn a_retired_owners_late_note_is_refused_and_kept_as_evidence_not_data() {
     let d = new_log();
     let (mut a, b) = (Sleeper::new(), Sleeper::new());
     fl(d.path(), &["claim", "--subject", "run/r", "--pid", &a.pid()]);
@@ -215,16 +219,85 @@ fn a_retired_owners_late_records_stay_in_the_log_but_are_not_authoritative() {
     a.kill9();
     let (_, v) = fl(d.path(), &["claim", "--subject", "run/r", "--pid", &b.pid()]);
     let cut_off = v["retired"]["cut_off_seq"].as_u64().unwrap();
-    let (code, v) = fl(d.path(), &["note", "--subject", "run/r", "--generation", "1", "--text", "zombie"]);
-    assert_eq!((code, v["authoritative"].as_bool()), (0, Some(false)));
-    let late_seq = v["seq"].as_u64().unwrap();
-    assert!(late_seq > cut_off);
+    let zombie_text = format!("zombie {}", "é".repeat(200)); // 407 bytes; byte 256 is inside an 'é'
+    let (code, v) = fl(d.path(), &["note", "--subject", "run/r", "--generation", "1", "--text", &zombie_text]);
+    assert_eq!(code, 3, "{v}");
+    let e = &v["error"];
+    assert_eq!(
+        (e["code"].as_str(), e["presented"].as_u64(), e["current"].as_u64()),
+        (Some("FENCED"), Some(1), Some(2))
+    );
+    assert_eq!(
+        (e["retired"]["cut_off_seq"].as_u64(), e["retired"]["how"].as_str()),
+        (Some(cut_off), Some("dead_owner"))
+    );
+
     let st = fl(d.path(), &["state", "--subject", "run/r"]).1;
-    assert_eq!(st["subjects"][0]["late_notes"], 1);
-    let notes: Vec<u64> =
-        txns(d.path()).into_iter().filter(|(_, t)| matches!(t.events[0], Event::Note { .. })).map(|(s, _)| s).collect();
-    assert_eq!(notes.len(), 2, "both notes are in the log");
-    assert_eq!(*notes.last().unwrap(), late_seq);
+    assert_eq!(
+        (st["subjects"][0]["late_notes"].as_u64(), st["subjects"][0]["fenced_attempts"].as_u64()),
+        (Some(0), Some(1))
+    );
+    let all = txns(d.path());
+    assert_eq!(
+        all.iter().filter(|(_, t)| matches!(t.events[0], Event::Note { .. })).count(),
+        1,
+        "only the note that was accepted"
+    );
+    let refused: Vec<_> = all
+        .iter()
+        .filter_map(|(s, t)| match &t.events[0] {
+            Event::RefusedWrites {
+                op,
+                presented,
+                current,
+                retired_cut_off_seq,
+                content_blake3,
+                content_bytes,
+                content_head,
+                ..
+            } => Some((
+                *s,
+                op.clone(),
+                *presented,
+                *current,
+                *retired_cut_off_seq,
+                *content_blake3,
+                *content_bytes,
+                content_head.clone(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "the refused attempt is kept: {refused:?}");
+    let (seq, op, presented, current, retired, digest, bytes, head) = refused[0].clone();
+    assert!(seq > cut_off);
+    assert_eq!((op.as_str(), presented, current, retired), ("note", 1, 2, Some(cut_off)));
+    assert_eq!((digest, bytes), (*blake3::hash(zombie_text.as_bytes()).as_bytes(), zombie_text.len() as u64));
+    assert!(head.len() <= 256 && head.len() >= 255 && zombie_text.starts_with(&head), "{} bytes", head.len());
+
+    let dir_s = d.path().to_str().unwrap();
+    let dump = String::from_utf8(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fencelog"))
+            .args(["inspect", "dump", dir_s])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(dump.contains("refused run/r: 1x note") && dump.contains(&fencelog::format::hex(&digest)), "{dump}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencelog"))
+        .args(["audit", dir_s, "--format", "json"])
+        .output()
+        .unwrap();
+    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let story = audit["subjects"].as_array().unwrap().iter().find(|s| s["subject"] == "run/r").unwrap().clone();
+    let c = &story["fenced_attempts"][0]["refused_content"];
+    assert_eq!((c["bytes"].as_u64(), c["retired_cut_off_seq"].as_u64()), (Some(bytes), Some(cut_off)), "{story}");
+
+    let (code, v) = fl(d.path(), &["note", "--subject", "never/was", "--generation", "1", "--text", "typo"]);
+    assert_eq!((code, v["error"]["code"].as_str()), (3, Some("FENCED")), "{v}");
+    let st = fl(d.path(), &["state"]).1;
+    assert!(!st["subjects"].as_array().unwrap().iter().any(|s| s["subject"] == "never/was"), "{st}");
 }
 
 /// Proves: request-id idempotency across process restarts, conflicting reuse

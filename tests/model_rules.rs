@@ -162,8 +162,10 @@ fn stale_generations_are_fenced_and_idle_subjects_not_active() {
     assert!(matches!(out[0], Outcome::Claimed { generation: 3, .. }));
 }
 
-/// Proves: a retired owner's late notes are kept (applied, counted) but are not
-/// authoritative; a note from a future generation is refused.
+/// Proves: replaying a log an earlier build wrote, a retired owner's late notes in
+/// it are applied (counted) but are not authoritative; a note from a future
+/// generation is refused. (A new late note never reaches the log: the ledger
+/// refuses it `FENCED` and keeps only evidence of it — `ledger_processes`.)
 #[test]
 fn retired_owner_notes_after_the_cut_off_are_kept_but_not_authoritative() {
     let mut m = M::new();

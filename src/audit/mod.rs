@@ -80,6 +80,21 @@ pub struct Fenced {
     pub count: u64,
     pub first_ms: u64,
     pub last_ms: u64,
+    /// For refused data writes: what the first of them tried to write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused_content: Option<RefusedContent>,
+}
+
+/// Evidence of a refused data write's content (never the data itself beyond its
+/// first bytes).
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedContent {
+    pub blake3: String,
+    pub bytes: u64,
+    pub head: String,
+    /// Where the presented generation's authoritative history stops, when a
+    /// takeover or a dead-owner claim retired it.
+    pub retired_cut_off_seq: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -478,6 +493,42 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                         count: *count,
                         first_ms: *first_ms,
                         last_ms: *last_ms,
+                        refused_content: None,
+                    };
+                    w.story(subject).fenced_attempts.push(f);
+                }
+                (
+                    Event::RefusedWrites {
+                        writer,
+                        op,
+                        presented,
+                        current,
+                        retired_cut_off_seq,
+                        count,
+                        first_ms,
+                        last_ms,
+                        content_blake3,
+                        content_bytes,
+                        content_head,
+                        ..
+                    },
+                    _,
+                ) => {
+                    let f = Fenced {
+                        seq,
+                        writer: writer.to_string(),
+                        op: op.clone(),
+                        presented: *presented,
+                        current: *current,
+                        count: *count,
+                        first_ms: *first_ms,
+                        last_ms: *last_ms,
+                        refused_content: Some(RefusedContent {
+                            blake3: crate::format::hex(content_blake3),
+                            bytes: *content_bytes,
+                            head: content_head.clone(),
+                            retired_cut_off_seq: *retired_cut_off_seq,
+                        }),
                     };
                     w.story(subject).fenced_attempts.push(f);
                 }

@@ -106,6 +106,10 @@ fn story_text(s: &SubjectStory, out: &mut String) {
             format_ms(f.first_ms),
             format_ms(f.last_ms)
         );
+        if let Some(c) = &f.refused_content {
+            let retired = c.retired_cut_off_seq.map_or(String::new(), |s| format!(", retired after seq {s}"));
+            let _ = writeln!(out, "    refused content: {} bytes blake3 {} {:?}{retired}", c.bytes, c.blake3, c.head);
+        }
     }
     for l in &s.late_records {
         let _ = writeln!(

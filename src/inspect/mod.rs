@@ -423,6 +423,21 @@ fn event_text(e: &Event) -> String {
         Event::FencedAttempts { subject, writer, op, presented, current, count, .. } => {
             format!("fenced {subject}: {count}x {op} by writer {} presented {presented} current {current}", writer)
         }
+        Event::RefusedWrites {
+            subject,
+            writer,
+            op,
+            presented,
+            current,
+            count,
+            content_blake3,
+            content_bytes,
+            content_head,
+            ..
+        } => format!(
+            "refused {subject}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
+            crate::format::hex(content_blake3)
+        ),
         Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
             format!("lease-acquire {resource} {mode:?} holder {holder:?} ttl {ttl_ms} ms")
         }

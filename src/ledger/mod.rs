@@ -202,6 +202,46 @@ struct FencedWindow {
     op: String,
     presented: u64,
     current: u64,
+    retired: Option<u64>,
+    /// The content of the first refused data write not yet written.
+    content: Option<RefusedContent>,
+}
+
+/// Evidence of what a refused data write tried to write.
+struct RefusedContent {
+    blake3: [u8; 32],
+    bytes: u64,
+    head: String,
+}
+
+impl RefusedContent {
+    fn of(text: &str) -> Self {
+        let mut end = text.len().min(crate::model::REFUSED_CONTENT_HEAD_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        RefusedContent {
+            blake3: *blake3::hash(text.as_bytes()).as_bytes(),
+            bytes: text.len() as u64,
+            head: text[..end].into(),
+        }
+    }
+}
+
+/// The refusal for a transaction whose data write (a note) comes under a
+/// generation that is not the subject's current one, or whose tenure ended.
+fn late_write(p: &Projection, txn: &Txn, outcomes: &[crate::model::Outcome]) -> Option<Refusal> {
+    txn.events.iter().zip(outcomes).find_map(|(e, o)| match (e, o) {
+        (Event::Note { subject, generation, .. }, crate::model::Outcome::Noted { authoritative: false, .. }) => {
+            let current = p.subject(subject).map_or(0, |s| s.generation);
+            Some(if *generation == current {
+                Refusal::NotActive { subject: subject.clone(), generation: current }
+            } else {
+                p.fenced(subject, *generation)
+            })
+        }
+        _ => None,
+    })
 }
 
 pub struct Ledger {
@@ -414,7 +454,17 @@ impl Ledger {
             Err(r) => return (Err(LedgerError::Refused(r)), seen),
         };
         txn.request = request.map(|(id, digest)| RequestTag { id, digest });
-        match inner.projection.check(seen + 1, &txn) {
+        let checked = match inner.projection.check(seen + 1, &txn) {
+            // A data write under a generation that is not the subject's current one,
+            // or whose tenure ended, is refused (a zombie that checks its exit code
+            // must hear "no"). The model still applies such records when it replays
+            // a log an earlier build wrote; a new one is never appended.
+            Ok(Checked::Valid { outcomes, .. }) if let Some(r) = late_write(&inner.projection, &txn, &outcomes) => {
+                Err(r)
+            }
+            other => other,
+        };
+        match checked {
             Ok(Checked::Deduplicated(e)) => {
                 (Ok(Committed { seq: Some(e.seq), outcomes: e.outcomes, deduplicated: true }), seen)
             }
@@ -426,11 +476,19 @@ impl Ledger {
                 Err(e) => (Err(e), seen),
             },
             Err(r) => {
-                if let Refusal::Fenced { subject, presented, current } = &r
-                    && let Some(op) = txn.events.iter().find(|e| e.subject() == Some(subject)).map(Event::kind)
-                    && let Err(e) = self.audit_fenced(inner, subject, op, *presented, *current, now_ms)
+                let attempt = match &r {
+                    Refusal::Fenced { subject, presented, current, retired } => {
+                        Some((subject, *presented, *current, retired.as_ref().map(|t| t.cut_off_seq)))
+                    }
+                    Refusal::NotActive { subject, generation } => Some((subject, *generation, *generation, None)),
+                    _ => None,
+                };
+                if let Some((subject, presented, current, retired)) = attempt
+                    && let Some(e) = txn.events.iter().find(|e| e.subject() == Some(subject))
+                    && (matches!(r, Refusal::Fenced { .. }) || matches!(e, Event::Note { .. }))
+                    && let Err(err) = self.audit_fenced(inner, subject, e, (presented, current, retired), now_ms)
                 {
-                    return (Err(e), seen);
+                    return (Err(err), seen);
                 }
                 let covers = inner.projection.last_seq;
                 (Err(LedgerError::Refused(r)), covers)
@@ -462,11 +520,11 @@ impl Ledger {
         &self,
         inner: &mut Inner,
         subject: &str,
-        op: &str,
-        presented: u64,
-        current: u64,
+        attempted: &Event,
+        (presented, current, retired): (u64, u64, Option<u64>),
         now_ms: u64,
     ) -> Result<(), LedgerError> {
+        let op = attempted.kind();
         const SUBJECTS_TRACKED_MAX: usize = 10_000;
         if inner.fenced.len() >= SUBJECTS_TRACKED_MAX && !inner.fenced.contains_key(subject) {
             inner.fenced.retain(|_, f| f.pending > 0);
@@ -478,12 +536,18 @@ impl Ledger {
             op: String::new(),
             presented,
             current,
+            retired: None,
+            content: None,
         });
         if w.pending == 0 {
             w.first_pending_ms = now_ms;
         }
         w.pending += 1;
-        (w.op, w.presented, w.current) = (op.to_owned(), presented, current);
+        (w.op, w.presented, w.current, w.retired) = (op.to_owned(), presented, current, retired);
+        // What the first refused data write of the window tried to write.
+        if let (Event::Note { text, .. }, None) = (attempted, &w.content) {
+            w.content = Some(RefusedContent::of(text));
+        }
         if w.last_written_ms != 0 && now_ms.saturating_sub(w.last_written_ms) < self.opts.fenced_audit_window_ms {
             return Ok(());
         }
@@ -493,15 +557,32 @@ impl Ledger {
     /// Queue the `FencedAttempts` record for the attempts pending on `subject`.
     fn write_fenced(&self, inner: &mut Inner, subject: &str, now_ms: u64) -> Result<(), LedgerError> {
         let w = inner.fenced.get_mut(subject).expect("a window exists for a pending subject");
-        let event = Event::FencedAttempts {
-            subject: subject.to_owned(),
-            writer: self.writer_id(),
-            op: w.op.clone(),
-            presented: w.presented,
-            current: w.current,
-            count: std::mem::take(&mut w.pending),
-            first_ms: w.first_pending_ms,
-            last_ms: now_ms,
+        let count = std::mem::take(&mut w.pending);
+        let event = match w.content.take() {
+            Some(c) => Event::RefusedWrites {
+                subject: subject.to_owned(),
+                writer: self.writer_id(),
+                op: w.op.clone(),
+                presented: w.presented,
+                current: w.current,
+                retired_cut_off_seq: w.retired,
+                count,
+                first_ms: w.first_pending_ms,
+                last_ms: now_ms,
+                content_blake3: c.blake3,
+                content_bytes: c.bytes,
+                content_head: c.head,
+            },
+            None => Event::FencedAttempts {
+                subject: subject.to_owned(),
+                writer: self.writer_id(),
+                op: w.op.clone(),
+                presented: w.presented,
+                current: w.current,
+                count,
+                first_ms: w.first_pending_ms,
+                last_ms: now_ms,
+            },
         };
         w.last_written_ms = now_ms;
         let txn = Txn::new(now_ms, self.writer_id(), vec![event]);

@@ -15,7 +15,7 @@ pub use projection::{
     Checked, Lease, LeaseState, Outcome, Owner, Projection, REQUESTS_RETAINED, RequestEntry, Resource, Subject,
     TERMINAL_LEASES_RETAINED, TenureEnd, TenureEndHow,
 };
-pub use refusal::{Blocker, Refusal};
+pub use refusal::{Blocker, Refusal, Retired};
 pub use types::*;
 
 /// Serialize an externally tagged enum value as `{"kind": "snake_case_variant",

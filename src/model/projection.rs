@@ -440,11 +440,26 @@ impl Projection {
         self.subjects.get(subject).map_or((0, None), |s| (s.generation, s.owner.as_ref()))
     }
 
+    /// `FENCED` for `presented` on `subject`, with how that generation was retired
+    /// when a takeover or a dead-owner claim ended its tenure.
+    pub fn fenced(&self, subject: &str, presented: u64) -> Refusal {
+        let s = self.subjects.get(subject);
+        let retired = s.and_then(|s| s.ended.iter().rev().find(|t| t.generation == presented)).and_then(|t| {
+            let how = match t.how {
+                TenureEndHow::TakenOver => "taken_over",
+                TenureEndHow::DeadOwner(_) => "dead_owner",
+                TenureEndHow::Released => return None,
+            };
+            Some(super::Retired { cut_off_seq: t.cut_off_seq, how })
+        });
+        Refusal::Fenced { subject: subject.into(), presented, current: s.map_or(0, |s| s.generation), retired }
+    }
+
     /// The owner at exactly `presented`, or the refusal for a stale or idle token.
     fn owner_at(&self, subject: &str, presented: u64) -> Result<&Owner, Refusal> {
         let (current, owner) = self.current(subject);
         if presented != current {
-            return refuse(Refusal::Fenced { subject: subject.into(), presented, current });
+            return refuse(self.fenced(subject, presented));
         }
         owner.ok_or_else(|| Refusal::NotActive { subject: subject.into(), generation: current })
     }
@@ -570,13 +585,22 @@ impl Projection {
                 validate_text("note", text)?;
                 let (current, owner) = self.current(subject);
                 if *generation > current || *generation == 0 {
-                    return refuse(Refusal::Fenced { subject: subject.clone(), presented: *generation, current });
+                    return refuse(self.fenced(subject, *generation));
                 }
                 let authoritative = *generation == current && owner.is_some();
                 Ok(Outcome::Noted { subject: subject.clone(), generation: *generation, authoritative })
             }
             Event::FencedAttempts { subject, op, count, .. } => {
                 validate_text("op", op)?;
+                Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
+            }
+            Event::RefusedWrites { subject, op, count, content_head, .. } => {
+                validate_text("op", op)?;
+                if content_head.len() > super::REFUSED_CONTENT_HEAD_BYTES {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("refused content is kept to {} bytes", super::REFUSED_CONTENT_HEAD_BYTES),
+                    });
+                }
                 Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
             }
             Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
@@ -760,11 +784,7 @@ impl Projection {
     /// presented generation must still be current).
     pub fn cancel_allowed(&self, p: &Process, by: Option<&OwnerRef>) -> Result<(), Refusal> {
         match (&p.owner, by) {
-            (Some(owner), None) => refuse(Refusal::Fenced {
-                subject: owner.subject.clone(),
-                presented: 0,
-                current: self.current(&owner.subject).0,
-            }),
+            (Some(owner), None) => refuse(self.fenced(&owner.subject, 0)),
             (Some(owner), Some(b)) if b.subject != owner.subject => refuse(Refusal::InvalidInput {
                 detail: format!("process {} runs for {}, not {}", p.id, owner.subject, b.subject),
             }),
@@ -835,7 +855,7 @@ impl Projection {
                 let s = self.subjects.get_mut(subject).expect("checked");
                 if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
             }
-            (Event::FencedAttempts { subject, count, .. }, _) => {
+            (Event::FencedAttempts { subject, count, .. } | Event::RefusedWrites { subject, count, .. }, _) => {
                 // The record is kept either way; a subject that never existed gets
                 // no entry from a refused attempt on it (a typo stays out of `state`).
                 if let Some(s) = self.subjects.get_mut(subject) {

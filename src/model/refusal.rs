@@ -11,6 +11,14 @@ pub struct Blocker {
     pub expires_ms: u64,
 }
 
+/// How a fenced writer's generation was retired (`FENCED` evidence).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Retired {
+    pub cut_off_seq: u64,
+    /// `taken_over` or `dead_owner`.
+    pub how: &'static str,
+}
+
 /// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`; the same code
 /// as a `&'static str` from [`Refusal::code`] (one spelling, two derives).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error, strum::IntoStaticStr)]
@@ -48,7 +56,15 @@ pub enum Refusal {
     #[error("{subject} still has a fresh heartbeat ({age_ms} ms old, stale after {stale_after_ms} ms)")]
     TakeoverActiveRefused { subject: String, generation: u64, heartbeat_ms: u64, age_ms: u64, stale_after_ms: u64 },
     #[error("{subject}: generation {presented} is fenced; the current generation is {current}")]
-    Fenced { subject: String, presented: u64, current: u64 },
+    Fenced {
+        subject: String,
+        presented: u64,
+        current: u64,
+        /// When the presented generation's tenure was ended by a takeover or a
+        /// dead-owner claim: where its authoritative history stops, and how.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        retired: Option<Retired>,
+    },
     #[error("{subject} has no active owner (generation {generation})")]
     NotActive { subject: String, generation: u64 },
     #[error("{subject}: live lock holder {instance} (pid {pid}) carries no action/request identity")]

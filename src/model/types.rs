@@ -191,7 +191,30 @@ pub enum Event {
         /// Requests beyond [`CUTOVER_SETTLED_MAX`] (counted, not listed).
         more: u64,
     },
+    /// Data writes refused because the writer's generation is not the subject's
+    /// current one (or its tenure ended), coalesced like [`Event::FencedAttempts`]:
+    /// what the first of them tried to write is kept as evidence — its blake3, size
+    /// and first [`REFUSED_CONTENT_HEAD_BYTES`] bytes — never as data.
+    RefusedWrites {
+        subject: String,
+        writer: uuid::Uuid,
+        op: String,
+        presented: u64,
+        current: u64,
+        /// The last sequence of the presented generation's authoritative history,
+        /// when a takeover or a dead-owner claim ended it.
+        retired_cut_off_seq: Option<u64>,
+        count: u64,
+        first_ms: u64,
+        last_ms: u64,
+        content_blake3: [u8; 32],
+        content_bytes: u64,
+        content_head: String,
+    },
 }
+
+/// How much of a refused data write's content its audit record keeps.
+pub const REFUSED_CONTENT_HEAD_BYTES: usize = 256;
 
 /// Most settled requests listed in one cutover record.
 pub const CUTOVER_SETTLED_MAX: usize = 1024;
@@ -226,6 +249,7 @@ impl Event {
             Event::ProcessEnded { .. } => "process_ended",
             Event::OwnerLeaseAcquire { .. } => "owner_lease_acquire",
             Event::Cutover { .. } => "cutover",
+            Event::RefusedWrites { .. } => "refused_writes",
         }
     }
 
@@ -238,7 +262,8 @@ impl Event {
             | Event::Takeover { subject, .. }
             | Event::RotateFence { subject, .. }
             | Event::Note { subject, .. }
-            | Event::FencedAttempts { subject, .. } => Some(subject),
+            | Event::FencedAttempts { subject, .. }
+            | Event::RefusedWrites { subject, .. } => Some(subject),
             Event::LeaseAcquire { .. }
             | Event::LeaseRelease { .. }
             | Event::Checkpoint { .. }

@@ -605,11 +605,7 @@ pub fn recover(
         crate::ops::valid(&o.subject)?;
         let (current, owned) = projection.subject(&o.subject).map_or((0, false), |s| (s.generation, s.owner.is_some()));
         if current != o.generation || !owned {
-            return Err(OpError::Refused(Refusal::Fenced {
-                subject: o.subject.clone(),
-                presented: o.generation,
-                current,
-            }));
+            return Err(OpError::Refused(projection.fenced(&o.subject, o.generation)));
         }
     }
     let mut report = RecoverReport { prespawn_grace_ms, ..Default::default() };

@@ -493,6 +493,30 @@ pub fn record_text(rec: &RecordRef<'_>) -> String {
     }
 }
 
+/// Apply the record at `seq` to `state`; why it is not authoritative, if it is not:
+/// a refused attempt kept as evidence, a late note under a retired generation (in a
+/// log an earlier build wrote), or a record that does not apply to the state it
+/// follows.
+fn not_authoritative(state: &mut crate::model::Projection, seq: u64, txn: Option<&Txn>) -> Option<String> {
+    let Some(txn) = txn else {
+        state.skip_undecodable(seq);
+        return Some("undecodable".into());
+    };
+    let outcomes = match state.apply(seq, txn) {
+        Ok(o) => o,
+        Err(r) => return Some(format!("does not apply to the state it follows ({})", r.code())),
+    };
+    txn.events.iter().zip(&outcomes).find_map(|(e, o)| match (e, o) {
+        (Event::FencedAttempts { .. } | Event::RefusedWrites { .. }, _) => {
+            Some("refused attempts, kept as evidence".to_string())
+        }
+        (_, crate::model::Outcome::Noted { authoritative: false, generation, .. }) => {
+            Some(format!("a late note under generation {generation}, after its tenure ended"))
+        }
+        _ => None,
+    })
+}
+
 /// `dump` filters; all optional.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
@@ -532,7 +556,11 @@ impl Filter {
 pub fn dump(dir: &Path, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Write) -> Result<ReadSummary, Error> {
     let mut progress = Progress::new(dir, "dump");
     let mut io_err = None;
-    let summary = scan_dir(dir, f.from.unwrap_or(1), body_max(), |item| {
+    // Replayed from record 1 (printed from `from`): whether a record is
+    // authoritative depends on the state it follows.
+    let mut state = crate::model::Projection::default();
+    let from = f.from.unwrap_or(1);
+    let summary = scan_dir(dir, 1, body_max(), |item| {
         let (line, damage) = match item {
             ScanItem::Record { rec, segment, offset } => {
                 progress.at(segment, offset);
@@ -540,10 +568,22 @@ pub fn dump(dir: &Path, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Writ
                     return false;
                 }
                 let txn = decode_txn(rec.payload).ok();
-                if !f.keeps(rec, txn.as_ref()) {
+                let not_authoritative = not_authoritative(&mut state, rec.seq, txn.as_ref());
+                if rec.seq < from || !f.keeps(rec, txn.as_ref()) {
                     return true;
                 }
-                let line = if as_json { record_json(rec, segment, offset).to_string() } else { record_text(rec) };
+                let line = match (as_json, not_authoritative) {
+                    (true, why) => {
+                        let mut v = record_json(rec, segment, offset);
+                        if let Some(why) = why {
+                            v["authoritative"] = json!(false);
+                            v["why"] = json!(why);
+                        }
+                        v.to_string()
+                    }
+                    (false, None) => record_text(rec),
+                    (false, Some(why)) => format!("{}  [not authoritative: {why}]", record_text(rec)),
+                };
                 (line, false)
             }
             ScanItem::Damage(p) => {

@@ -79,9 +79,10 @@ fn truncation_at_every_offset_of_the_last_record_recovers_the_previous_records()
 /// rot of a record that may have been acknowledged, never a torn write (no sector
 /// is zeroed; a length field that grew still leaves a body that checksums; in v2
 /// the end mark after the last record shows its write completed) — never accepted
-/// silently, never cut, never a panic. In v2, the end mark is flipped too (refused),
-/// and so are bytes of the zeros after it (space no record uses: cut as bytes after
-/// the end mark, every record kept).
+/// silently, never cut, never a panic. In v2, the end mark and bytes of the zeros
+/// after it are flipped too: they are no record, so the flip is cut as a torn tail
+/// (the mark: too few bytes for a frame; the zeros: bytes after the end mark) and
+/// every record is kept.
 #[test]
 fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
     for version in VERSIONS {
@@ -96,6 +97,8 @@ fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
         for (si, _) in segs.iter().enumerate() {
             let len = fs::metadata(&segs[si]).unwrap().len() as usize;
             let written = written_bytes(&segs[si]).len();
+            // The records' bytes (before the end mark of a v2 last segment).
+            let frames = fencelog::storage::frames_end(&segs[si]).unwrap() as usize;
             // Every written byte; of the zeros after them (v2's last segment), the
             // first 64 and then one in 97.
             let bytes_to_flip = (0..len).filter(|&b| b < written + 64 || b % 97 == 0);
@@ -110,16 +113,17 @@ fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
                 assert!(!summary.is_intact(), "{where_}: the reader must report the damage");
                 match Log::open(d.path(), small.clone()) {
                     Err(Error::Corruption { segment, offset, seq, .. }) => {
-                        assert!(byte < written, "{where_}: a flip in unused space is not corruption");
+                        assert!(byte < frames, "{where_}: a flip outside the records is not corruption");
                         refused += 1;
                         assert!(summary.has_corruption(), "{where_}: reader and writer must agree");
                         assert!(segment.starts_with(d.path()) && seq >= 1 && offset < len as u64, "{where_}");
                     }
                     Err(e) => panic!("{where_}: unexpected error {e}"),
-                    Ok(log) if byte >= written => {
+                    Ok(log) if byte >= frames => {
                         unused_space_cut += 1;
                         let r = log.open_report().repairs.clone();
-                        assert_eq!((r.len(), r[0].damage.as_str()), (1, "bytes_after_end_mark"), "{where_}");
+                        let want = if byte < written { "incomplete_frame" } else { "bytes_after_end_mark" };
+                        assert_eq!((r.len(), r[0].damage.as_str()), (1, want), "{where_}");
                         assert!(!summary.has_corruption(), "{where_}: reader must call it a torn tail");
                         drop(log);
                         assert_eq!(records(d.path()), original, "{where_}: every record kept");
@@ -146,9 +150,9 @@ fn bit_flip_at_every_byte_of_a_multi_segment_log_is_always_detected() {
                 flipped += 1;
             }
         }
-        let written: u64 = segs.iter().map(|s| written_bytes(s).len() as u64).sum();
-        assert_eq!((torn, refused), (0, written), "v{version}: every flip of a written byte refused, none cut");
-        assert_eq!(unused_space_cut, flipped - written, "v{version}");
+        let frames: u64 = segs.iter().map(|s| fencelog::storage::frames_end(s).unwrap()).sum();
+        assert_eq!((torn, refused), (0, frames), "v{version}: every flip of a record's byte refused, none cut");
+        assert_eq!(unused_space_cut, flipped - frames, "v{version}");
         if version == 2 {
             assert!(unused_space_cut > 0, "v2: the last segment has preallocated space after its end mark");
         }
@@ -435,4 +439,72 @@ fn a_tiny_request_queue_applies_back_pressure_without_loss() {
     });
     log.close().unwrap();
     assert_eq!(records(d.path()).len(), 16 * 20);
+}
+
+/// Proves (review of v2): a write stopped in the first bytes of the next group —
+/// 1 to 3 bytes over the old end mark (`B[..k] ‖ mark[k..]`, then zeros), or 1 to 3
+/// bytes into a frame after an intact one — is a torn tail that recovery cuts, not
+/// rot that refuses to open: a page boundary can fall anywhere in a frame.
+#[test]
+fn a_write_stopped_within_the_first_bytes_of_a_frame_is_torn_in_v2() {
+    for (k, after_intact_frame) in [(1, false), (2, false), (3, false), (1, true), (3, true)] {
+        let d = tempfile::tempdir().unwrap();
+        write_log(d.path(), 5, opts_v(2));
+        let seg = &segment_files(d.path())[0];
+        let end = fencelog::storage::frames_end(seg).unwrap();
+        // The frames the next group would have written.
+        let mut group = Vec::new();
+        let c = {
+            let mut last = [0u8; 32];
+            fencelog::storage::read_records(d.path(), 1, 1 << 20, |r| {
+                last = r.link;
+                true
+            })
+            .unwrap();
+            last
+        };
+        let link = fencelog::format::encode_frame(&mut group, &c, 6, &[9; 16], 1, b"sixth record");
+        let first_len = group.len();
+        fencelog::format::encode_frame(&mut group, &link, 7, &[9; 16], 2, b"seventh record");
+        let written = if after_intact_frame { first_len + k } else { k };
+        let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &group[..written], end).unwrap();
+        if after_intact_frame {
+            // The old end mark was overwritten whole by the first frame.
+            let zeros = vec![0u8; FRAMES_END_MARK.len()];
+            std::os::unix::fs::FileExt::write_all_at(&f, &zeros, end + written as u64).unwrap();
+        }
+        let log = Log::open(d.path(), opts_v(2)).unwrap_or_else(|e| panic!("k {k} after {after_intact_frame}: {e}"));
+        let r = log.open_report().clone();
+        let last = if after_intact_frame { 6 } else { 5 };
+        assert_eq!((r.last_seq, r.repairs.len()), (last, 1), "k {k} after {after_intact_frame}: {r:?}");
+        assert_eq!(r.repairs[0].kind, "torn_tail");
+        assert_eq!(log.append(b"next").unwrap().first_seq, last + 1);
+        drop(log);
+        assert!(verify_dir(d.path(), 1 << 20).unwrap().is_intact());
+    }
+}
+
+/// Proves (review of v2): rot in an acknowledged last record whose own payload
+/// holds a whole zero sector is refused, not taken for a torn write: the end mark
+/// after the record shows it was written whole.
+#[test]
+fn rot_in_a_last_record_with_a_zero_sector_of_its_own_is_refused_in_v2() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), opts_v(2)).unwrap();
+    log.append(b"first").unwrap();
+    let mut payload = b"HEADER-".to_vec();
+    payload.extend_from_slice(&[0u8; 1200]);
+    payload.extend_from_slice(b"-TRAILER");
+    assert_eq!(log.append(&payload).unwrap().first_seq, 2);
+    drop(log);
+    let seg = &segment_files(d.path())[0];
+    let end = fencelog::storage::frames_end(seg).unwrap() as usize;
+    let mut bytes = fs::read(seg).unwrap();
+    bytes[end - 3] ^= 0x08; // inside "-TRAILER"
+    fs::write(seg, &bytes).unwrap();
+    let err = Log::open(d.path(), opts_v(2)).err().expect("refused");
+    assert_eq!(err.code(), "CORRUPTION", "{err}");
+    assert!(err.to_string().contains("--cut-from 2"), "{err}");
+    assert_eq!(fs::read(seg).unwrap(), bytes, "nothing was cut");
 }

@@ -227,6 +227,21 @@ pub fn scan_segment_frames_from(
             }
             _ => kind,
         };
+        // Fewer written bytes than the smallest frame, with no possible length and
+        // only zeros after them: a write that stopped in the first bytes of a frame
+        // (a page boundary can fall anywhere), or in the old end mark it was
+        // overwriting — `B[..k] ‖ mark[k..]`. As the v1 rule above, on the bytes
+        // written rather than the file.
+        let kind = match layout {
+            Layout::Preallocated
+                if matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
+                    && claimed_end(buf, at, body_max).is_none()
+                    && written_end(buf, at) - at < FRAME_HEADER_BYTES + BODY_FIXED_BYTES =>
+            {
+                DamageKind::Incomplete
+            }
+            _ => kind,
+        };
         // A length field that grew past the end mark, with a whole body that checks
         // out before the mark: the length field rotted (as `LengthMismatch` in v1).
         let kind = match layout {
@@ -243,7 +258,12 @@ pub fn scan_segment_frames_from(
         let resync_at = (at + 1..region_end)
             .find(|&o| matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= cursor.next_seq))
             .map(|o| o as u64);
-        let zeroed_sector = resync_at.is_none() && has_zeroed_sector(&buf[at..region_end], file_offset + at as u64);
+        // A frame followed by its group's end mark was written whole: a zero run
+        // inside it is its own content, never a sector that did not persist (R4).
+        let mark_follows = layout == Layout::Preallocated
+            && claimed_end(buf, at, body_max).is_some_and(|end| buf[end..].starts_with(&FRAMES_END_MARK));
+        let zeroed_sector =
+            resync_at.is_none() && !mark_follows && has_zeroed_sector(&buf[at..region_end], file_offset + at as u64);
         return ScanOutcome::Damaged(Damage {
             kind,
             offset: at as u64,
@@ -264,8 +284,12 @@ pub fn all_zero(bytes: &[u8]) -> bool {
 /// non-zero byte, or after the end the frame's length field claims if that is later
 /// and within the buffer (a record may end with zero bytes of its own).
 fn damaged_region_end(buf: &[u8], at: usize, body_max: u32) -> usize {
-    let written_end = buf.iter().rposition(|&b| b != 0).map_or(at, |p| p + 1);
-    written_end.max(claimed_end(buf, at, body_max).unwrap_or(at)).max(at + 1).min(buf.len())
+    written_end(buf, at).max(claimed_end(buf, at, body_max).unwrap_or(at)).max(at + 1).min(buf.len())
+}
+
+/// After the last non-zero byte at or after `at` (`at` if there is none).
+fn written_end(buf: &[u8], at: usize) -> usize {
+    buf[at..].iter().rposition(|&b| b != 0).map_or(at, |p| at + p + 1)
 }
 
 /// Where the frame at `at` ends by its length field, if that length is possible
@@ -282,10 +306,11 @@ fn claimed_end(buf: &[u8], at: usize, body_max: u32) -> Option<usize> {
 /// start of `rest` such that the bytes before it are a whole frame?
 fn whole_body_before_end_mark(rest: &[u8]) -> bool {
     let min = FRAME_HEADER_BYTES + BODY_FIXED_BYTES;
+    // Every place the mark's bytes appear (a payload may hold them too).
     rest.get(min..).is_some_and(|tail| {
         tail.windows(FRAMES_END_MARK.len())
-            .position(|w| w == FRAMES_END_MARK)
-            .is_some_and(|p| whole_body_after_rotten_length(&rest[..min + p]))
+            .enumerate()
+            .any(|(p, w)| w == FRAMES_END_MARK && whole_body_after_rotten_length(&rest[..min + p]))
     })
 }
 

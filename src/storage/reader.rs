@@ -132,8 +132,19 @@ pub fn scan_dir(
         // memory; sealed ones are mapped.
         let held = if is_last {
             open_regular(path, bytes_max, *name_seq).and_then(|(f, len)| {
+                // What is there: a writer sealing it may have cut it to its last
+                // record since it was measured.
                 let mut b = vec![0u8; len as usize];
-                std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, 0).map_err(Error::io("read", path))?;
+                let mut got = 0;
+                while got < b.len() {
+                    match std::os::unix::fs::FileExt::read_at(&f, &mut b[got..], got as u64) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(Error::io("read", path)(e)),
+                    }
+                }
+                b.truncate(got);
                 Ok(Held::Owned(b))
             })
         } else {
@@ -332,6 +343,11 @@ pub fn frames_end(path: &Path) -> Result<u64> {
 /// the default record limit is 1 MiB, so a chunk holds many frames).
 const TAIL_READ_BYTES_MAX: u64 = 4 << 20;
 
+/// How many times a tailer reads damage (or a short read) again before it believes
+/// it, and the pause before each look.
+const LIVE_REREADS_MAX: u32 = 3;
+const LIVE_REREAD_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// What a tailer reads past the end of the frames of a preallocated segment whose
 /// zeros it has already checked: enough to see a few appended records at once.
 const TAIL_WINDOW_BYTES: u64 = 16 * 1024;
@@ -449,13 +465,27 @@ impl Tailer {
             }
             self.open_segment(seq, path, false)?;
         }
-        loop {
+        // A reader takes no lock: what it reads may be changing under it (a group
+        // being copied over the zeros and end mark of a preallocated segment, the
+        // segment cut to its last record when it is sealed). Damage or a short read
+        // is therefore looked at again, after a pause, before it is believed.
+        let mut rereads = 0u32;
+        'segments: loop {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
             let len = super::dir::stat_file(f).map_err(Error::io("stat", &path))?.len;
             while len > self.offset {
-                if self.zeros_checked && self.nothing_appended(f, &path, len)? {
-                    break;
+                if self.zeros_checked {
+                    match self.nothing_appended(f, &path, len) {
+                        Ok(true) => break,
+                        Ok(false) => {}
+                        Err(_) if rereads < LIVE_REREADS_MAX => {
+                            rereads += 1;
+                            std::thread::sleep(LIVE_REREAD_PAUSE);
+                            continue 'segments;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 // Bounded reads. When a chunk that is not the file's end shows damage,
                 // the chunk may simply have cut a frame: read again from that frame.
@@ -470,7 +500,17 @@ impl Tailer {
                 }
                 let (outcome, scanned) = loop {
                     let mut bytes = vec![0u8; chunk as usize];
-                    std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at).map_err(Error::io("read", &path))?;
+                    match std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at) {
+                        Ok(()) => {}
+                        // Shorter than it was a moment ago: cut to its last record
+                        // as it was sealed. Look again.
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && rereads < LIVE_REREADS_MAX => {
+                            rereads += 1;
+                            std::thread::sleep(LIVE_REREAD_PAUSE);
+                            continue 'segments;
+                        }
+                        Err(e) => return Err(Error::io("read", &path)(e)),
+                    }
                     let visit_from = self.visit_from;
                     let outcome = scan_segment_frames_from(
                         &bytes,
@@ -488,7 +528,11 @@ impl Tailer {
                         },
                     );
                     match outcome {
-                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len => chunk = len - at,
+                        // Twice the read, up to the rest of the file (a record larger
+                        // than the window needs no read of all the zeros after it).
+                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len => {
+                            chunk = (chunk * 2).min(len - at)
+                        }
                         ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !self.zeros_checked => {
                             chunk = len - at
                         }
@@ -515,6 +559,15 @@ impl Tailer {
                         self.offset += d.offset;
                         self.torn_tail = true;
                         return Ok(visited);
+                    }
+                    // Before it is believed, damage is read again: a group being
+                    // copied, or a segment sealed since this poll looked, reads whole
+                    // a moment later; corruption does not.
+                    ScanOutcome::Damaged(d) if rereads < LIVE_REREADS_MAX => {
+                        self.offset += d.offset;
+                        rereads += 1;
+                        std::thread::sleep(LIVE_REREAD_PAUSE);
+                        continue 'segments;
                     }
                     ScanOutcome::Damaged(d) => {
                         let sealed = self.later_segment_exists(first_seq)?;

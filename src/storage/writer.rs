@@ -499,9 +499,10 @@ impl Writer {
             let end = match outcome {
                 ScanOutcome::ZeroTail { offset } => base + offset,
                 ScanOutcome::Clean if whole => len,
-                // The window cut a frame (or ended on one): read the rest whole.
+                // The window cut a frame (or ended on one): read twice as much, up
+                // to the rest of the file (not all the zeros after a large record).
                 ScanOutcome::Clean | ScanOutcome::Damaged(_) if !whole => {
-                    window = len - base;
+                    window = (window * 2).min(len - base);
                     continue;
                 }
                 ScanOutcome::Damaged(d) if classify(d.evidence(false)) == Action::CutTornTail => {

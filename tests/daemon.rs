@@ -268,9 +268,14 @@ fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
     assert_eq!((s, st["subjects"][0]["subject"].as_str()), (200, Some("b")));
     let (s, h) = d.get("/v1/head");
     assert_eq!((s, h["seq"].as_u64().is_some()), (200, true));
+    // A problem the front door answers (a body that is not JSON) is counted too.
+    let (s, _, _) = d.call("POST", "/v1/claim", Some(Value::String("not an object".into())), &[]);
+    assert_eq!(s, 400);
     let (s, m, _) = d.call("GET", "/metrics", None, &[]);
     let m = m.as_str().unwrap_or_default().to_owned();
     assert_eq!(s, 200);
+    assert!(m.contains(r#"fencelog_refusals_total{code="INVALID_INPUT"}"#), "{m}");
+    assert!(m.contains(r#"fencelog_refusals_total{code="UNKNOWN_PROCESS"}"#), "{m}");
     for name in [
         "fencelog_http_requests_total",
         "fencelog_refusals_total",

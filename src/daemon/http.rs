@@ -90,7 +90,11 @@ impl Metrics {
             registry: Registry::default(),
         };
         registry.register("http_requests", "HTTP requests by route and status", m.requests.clone());
-        registry.register("refusals", "Refused operations by code", m.refusals.clone());
+        registry.register(
+            "refusals",
+            "Problems answered, by code (operations' refusals and the front door's)",
+            m.refusals.clone(),
+        );
         registry.register("commit_seconds", "Mutation latency, admission to answer", m.commit_seconds.clone());
         registry.register("appends", "Records appended through this daemon", m.appends.clone());
         registry.register("syncs", "Syncs made (records per sync = appends / syncs)", m.syncs.clone());
@@ -113,11 +117,17 @@ fn problem(status: StatusCode, code: &str, detail: &str, mut extra: serde_json::
     extra.insert("code".into(), json!(code));
     let mut r = (status, serde_json::to_string(&Value::Object(extra)).expect("problem")).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    // Counted by `count`, whichever layer answered (front door or operation).
+    r.extensions_mut().insert(ProblemCode(code.to_owned()));
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     r
 }
+
+/// The `code` of a problem response, for the refusals metric.
+#[derive(Clone)]
+struct ProblemCode(String);
 
 fn plain(status: StatusCode, code: &str, detail: &str) -> Response {
     problem(status, code, detail, serde_json::Map::new())
@@ -142,7 +152,6 @@ fn op_problem(app: &App, e: &OpError) -> Response {
         app.broken.store(true, Ordering::SeqCst);
     }
     let status = problem_status(e);
-    app.metrics.refusals.get_or_create(&vec![("code".into(), e.code().into())]).inc();
     let body = serde_json::to_value(e.body()).expect("error body");
     // The CLI's error members, `message` included, beside RFC 9457's.
     let mut inner = body.get("error").and_then(Value::as_object).cloned().unwrap_or_default();
@@ -252,6 +261,11 @@ async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         .requests
         .get_or_create(&vec![("route".into(), route), ("status".into(), r.status().as_u16().to_string())])
         .inc();
+    // Every problem answered, by code: refusals of operations and the front door's
+    // own (unauthorized, invalid body, too large, overloaded, not admitting).
+    if let Some(ProblemCode(code)) = r.extensions().get::<ProblemCode>() {
+        app.metrics.refusals.get_or_create(&vec![("code".into(), code.clone())]).inc();
+    }
     r
 }
 

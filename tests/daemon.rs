@@ -663,3 +663,29 @@ fn requests_and_watch_streams_past_their_caps_are_refused_not_queued() {
     }
     assert_eq!(d.term(), Some(0));
 }
+
+/// Proves: a body announced larger than the limit is refused from its
+/// `Content-Length` — 413 `BODY_TOO_LARGE` as the first answer to a client that
+/// sent `Expect: 100-continue`, which is never told to continue (and sends nothing).
+#[test]
+fn an_oversized_body_is_refused_before_the_client_is_told_to_continue() {
+    use std::io::{Read, Write};
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let mut c = std::net::TcpStream::connect(&d.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = format!(
+        "POST /v1/note HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        d.token,
+        10 * 1024 * 1024
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = c.read(&mut got).unwrap();
+    let head = String::from_utf8_lossy(&got[..n]).to_string();
+    assert!(head.starts_with("HTTP/1.1 413"), "the first answer is 413, not 100 Continue: {head}");
+    assert!(head.contains("BODY_TOO_LARGE") && !head.contains("100 Continue"), "{head}");
+    drop(c);
+    assert_eq!(d.term(), Some(0));
+}

@@ -197,6 +197,21 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
 /// Every request but a watch stream is bounded in time (reading its body
 /// included): past the bound, 503 `REQUEST_TIMEOUT`. A mutation may still land
 /// after that answer; its request id says (`GET /v1/requests/{id}`).
+/// A body announced larger than the limit is refused from its `Content-Length`,
+/// before any of it is read — so a client that sent `Expect: 100-continue` hears
+/// 413 instead of "continue" and never sends it.
+async fn length_gate(req: Request, next: Next) -> Response {
+    let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > BODY_BYTES_MAX as u64) {
+        return plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BODY_TOO_LARGE",
+            &format!("a request body is at most {BODY_BYTES_MAX} bytes"),
+        );
+    }
+    next.run(req).await
+}
+
 async fn time_limit(req: Request, next: Next) -> Response {
     if req.uri().path() == "/v1/watch" {
         return next.run(req).await;
@@ -298,6 +313,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
         .layer(middleware::from_fn(problems_only))
         .layer(middleware::from_fn(time_limit))
+        .layer(middleware::from_fn(length_gate))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), count))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app)

@@ -508,3 +508,106 @@ fn rot_in_a_last_record_with_a_zero_sector_of_its_own_is_refused_in_v2() {
     assert!(err.to_string().contains("--cut-from 2"), "{err}");
     assert_eq!(fs::read(seg).unwrap(), bytes, "nothing was cut");
 }
+
+/// Where record `seq` starts in segment `seg`.
+fn offset_of(dir: &Path, seq: u64) -> usize {
+    let mut at = None;
+    fencelog::storage::scan_dir(dir, 1, 1 << 20, |item| {
+        if let fencelog::storage::ScanItem::Record { rec, offset, .. } = item
+            && rec.seq == seq
+        {
+            at = Some(offset as usize);
+        }
+        true
+    })
+    .unwrap();
+    at.expect("record present")
+}
+
+/// Proves (second review of v2): a complete, acknowledged last record is never
+/// taken for a write stopped in a length field — an empty payload and no end mark
+/// after it (the state right after a torn tail was cut) with a rotted length is
+/// refused — and a rotted length before a whole body and a real end mark is refused
+/// even when the body holds a zero sector of its own.
+#[test]
+fn a_rotted_length_of_a_complete_last_record_is_refused_in_v2() {
+    for (payload, cut_mark) in [(Vec::new(), true), (vec![0u8; 100], true), (sector_payload(), false)] {
+        let d = tempfile::tempdir().unwrap();
+        let log = Log::open(d.path(), opts_v(2)).unwrap();
+        log.append(b"first").unwrap();
+        assert_eq!(log.append(&payload).unwrap().first_seq, 2);
+        drop(log);
+        let seg = &segment_files(d.path())[0];
+        let end = fencelog::storage::frames_end(seg).unwrap();
+        if cut_mark {
+            // As recovery leaves a segment after cutting a torn tail: no end mark.
+            fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(end).unwrap();
+        }
+        let at = offset_of(d.path(), 2);
+        let mut bytes = fs::read(seg).unwrap();
+        bytes[at + 3] ^= 0x80; // an impossible length
+        fs::write(seg, &bytes).unwrap();
+        let what = format!("payload of {} bytes, end mark cut {cut_mark}", payload.len());
+        let err = Log::open(d.path(), opts_v(2)).err().unwrap_or_else(|| panic!("{what}: opened"));
+        assert_eq!(err.code(), "CORRUPTION", "{what}: {err}");
+        assert_eq!(fs::read(seg).unwrap(), bytes, "{what}: nothing was cut");
+    }
+}
+
+fn sector_payload() -> Vec<u8> {
+    let mut p = b"HEADER-".to_vec();
+    p.extend_from_slice(&[0u8; 1200]);
+    p.extend_from_slice(b"-TRAILER");
+    p
+}
+
+/// Proves (second review of v2): a long-lived tailer that meets real damage in
+/// records appended after it last looked reports it — it never takes zeros over a
+/// record's first bytes for the end of the frames and stops there silently.
+#[test]
+fn a_long_lived_tailer_reports_damage_in_records_appended_after_it_looked() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), opts_v(2)).unwrap();
+    log.append(b"first").unwrap();
+    let mut follower = fencelog::storage::Tailer::new(d.path(), 1 << 20, 1);
+    assert_eq!(follower.poll(|_| {}).unwrap(), 1);
+    assert_eq!(follower.poll(|_| {}).unwrap(), 0, "nothing new: the zeros were checked");
+    log.append_batch(vec![b"second".to_vec(), b"third".to_vec(), b"fourth".to_vec()]).unwrap();
+    drop(log);
+    let seg = &segment_files(d.path())[0];
+    let at = offset_of(d.path(), 3);
+    let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 8], at as u64).unwrap();
+    let mut seen = vec![];
+    for round in 0..3 {
+        match follower.poll(|r| seen.push(r.seq)) {
+            Err(e) => {
+                assert_eq!(e.code(), "CORRUPTION", "{e}");
+                assert_eq!(seen, vec![2], "records before the damage are delivered once");
+                return;
+            }
+            Ok(n) => assert!(round == 0 && n == 1, "round {round}: the damage must be reported, got {n} records"),
+        }
+    }
+    panic!("the follower never reported the damage (saw {seen:?})");
+}
+
+/// Proves (second review of v2): a writer never takes records another writer
+/// appended for free space — not even when their first bytes were zeroed since: it
+/// refuses (CORRUPTION) instead of writing over them.
+#[test]
+fn a_writer_never_overwrites_records_another_writer_appended_whose_first_bytes_were_zeroed() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Log::open(d.path(), opts_v(2)).unwrap();
+    let b = Log::open(d.path(), opts_v(2)).unwrap();
+    a.append(b"one").unwrap();
+    b.append_batch(vec![b"two".to_vec(), b"three".to_vec(), b"four".to_vec()]).unwrap();
+    let seg = &segment_files(d.path())[0];
+    let at = offset_of(d.path(), 2);
+    let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 8], at as u64).unwrap();
+    let before = fs::read(seg).unwrap();
+    let err = a.append(b"five").unwrap_err();
+    assert_eq!(err.code(), "CORRUPTION", "{err}");
+    assert_eq!(fs::read(seg).unwrap(), before, "nothing was written over the records");
+}

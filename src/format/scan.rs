@@ -227,18 +227,26 @@ pub fn scan_segment_frames_from(
             }
             _ => kind,
         };
-        // Fewer written bytes than the smallest frame, with no possible length and
-        // only zeros after them: a write that stopped in the first bytes of a frame
-        // (a page boundary can fall anywhere), or in the old end mark it was
-        // overwriting — `B[..k] ‖ mark[k..]`. As the v1 rule above, on the bytes
-        // written rather than the file.
+        // At most 8 written bytes, with no possible length and only zeros after
+        // them: a write that stopped in the first bytes of a frame (a page boundary
+        // can fall anywhere), or in the old end mark it was overwriting —
+        // `B[..k] ‖ mark[k..]` — never a complete record (its sequence, bytes
+        // 8..16, is not zero).
         let kind = match layout {
             Layout::Preallocated
                 if matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
                     && claimed_end(buf, at, body_max).is_none()
-                    && written_end(buf, at) - at < FRAME_HEADER_BYTES + BODY_FIXED_BYTES =>
+                    && stopped_in_length_field(&buf[at..written_end(buf, at)]) =>
             {
                 DamageKind::Incomplete
+            }
+            _ => kind,
+        };
+        // An impossible length before a whole body that checks out, followed by a
+        // real end mark: the length field rotted (R4), whatever zeros the body holds.
+        let kind = match layout {
+            Layout::Preallocated if kind == DamageKind::LengthOutOfRange && whole_body_before_end_mark(&buf[at..]) => {
+                DamageKind::LengthMismatch
             }
             _ => kind,
         };
@@ -285,6 +293,14 @@ pub fn all_zero(bytes: &[u8]) -> bool {
 /// and within the buffer (a record may end with zero bytes of its own).
 fn damaged_region_end(buf: &[u8], at: usize, body_max: u32) -> usize {
     written_end(buf, at).max(claimed_end(buf, at, body_max).unwrap_or(at)).max(at + 1).min(buf.len())
+}
+
+/// Are these written bytes (up to the zeros) too few to be any complete frame? A
+/// complete frame has a non-zero sequence in bytes 8..16, so it always has more than
+/// 8; at most 8 are what a write that stopped in a frame's first bytes leaves
+/// (`B[..k]`, or `B[..k] ‖ mark[k..]` over the old end mark), or a damaged end mark.
+fn stopped_in_length_field(written: &[u8]) -> bool {
+    written.len() <= FRAMES_END_MARK.len()
 }
 
 /// After the last non-zero byte at or after `at` (`at` if there is none).

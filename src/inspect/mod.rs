@@ -291,7 +291,8 @@ fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary,
 
 /// What changes when anything is appended: the segments and their lengths, and
 /// the content of the last one (a preallocated segment keeps its length while
-/// appends overwrite its zeros). Read only when a torn tail was found.
+/// appends overwrite its zeros). Read before each pass, and after one that found
+/// damage.
 fn log_fingerprint(dir: &Path) -> Result<(Vec<(u64, u64)>, u32), Error> {
     // A directory the scan reports problems with (odd names, say) has no fingerprint.
     let segments = list_segments(dir).unwrap_or_default();

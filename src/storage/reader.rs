@@ -343,10 +343,25 @@ pub fn frames_end(path: &Path) -> Result<u64> {
 /// the default record limit is 1 MiB, so a chunk holds many frames).
 const TAIL_READ_BYTES_MAX: u64 = 4 << 20;
 
+/// What a tailer or a writer reads at the end of the frames it knows to see
+/// whether anything was appended since.
+pub(crate) const PROBE_BYTES: usize = 4096;
+
 /// How many times a tailer reads damage (or a short read) again before it believes
 /// it, and the pause before each look.
 const LIVE_REREADS_MAX: u32 = 3;
 const LIVE_REREAD_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// May the tailer look again at `here` (segment, offset)? The budget of
+/// [`LIVE_REREADS_MAX`] looks is per place: it starts again at a new place.
+fn retry(rereads: &mut u32, retrying_at: &mut Option<(u64, u64)>, here: (u64, u64)) -> bool {
+    if *retrying_at != Some(here) {
+        *retrying_at = Some(here);
+        *rereads = 0;
+    }
+    *rereads += 1;
+    *rereads <= LIVE_REREADS_MAX
+}
 
 /// What a tailer reads past the end of the frames of a preallocated segment whose
 /// zeros it has already checked: enough to see a few appended records at once.
@@ -372,6 +387,8 @@ pub struct Tailer {
     /// The zeros after the frames of the open (preallocated) segment were read to
     /// the file's end once.
     zeros_checked: bool,
+    /// `offset` is where the frames were last seen to end (not a place of damage).
+    at_frames_end: bool,
 }
 
 impl Tailer {
@@ -388,6 +405,7 @@ impl Tailer {
             torn_tail: false,
             layout: Layout::Appended,
             zeros_checked: false,
+            at_frames_end: false,
         }
     }
 
@@ -402,9 +420,11 @@ impl Tailer {
     }
 
     /// In a preallocated segment whose zeros were checked: is the end of the frames
-    /// still the end mark (or zeros)? Eight bytes tell: appends overwrite from there.
+    /// still the end mark (or zeros), and only zeros after it? A page of bytes
+    /// tells: appends overwrite from there (and records appended whose first bytes
+    /// were zeroed since are seen as damage, not as the end).
     fn nothing_appended(&self, f: &fs::File, path: &Path, len: u64) -> Result<bool> {
-        let mut probe = [0u8; FRAMES_END_MARK.len()];
+        let mut probe = [0u8; PROBE_BYTES];
         let n = (len - self.offset).min(probe.len() as u64) as usize;
         std::os::unix::fs::FileExt::read_exact_at(f, &mut probe[..n], self.offset).map_err(Error::io("read", path))?;
         let marked = probe[..n].iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
@@ -445,6 +465,7 @@ impl Tailer {
         self.offset = SEGMENT_HEADER_BYTES as u64;
         self.layout = header.layout();
         self.zeros_checked = false;
+        self.at_frames_end = false;
         Ok(true)
     }
 
@@ -469,18 +490,19 @@ impl Tailer {
         // being copied over the zeros and end mark of a preallocated segment, the
         // segment cut to its last record when it is sealed). Damage or a short read
         // is therefore looked at again, after a pause, before it is believed.
-        let mut rereads = 0u32;
+        // The budget is per place: it starts again wherever the reader got further.
+        let (mut rereads, mut retrying_at) = (0u32, None::<(u64, u64)>);
         'segments: loop {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
             let len = super::dir::stat_file(f).map_err(Error::io("stat", &path))?.len;
             while len > self.offset {
-                if self.zeros_checked {
+                if self.zeros_checked && self.at_frames_end {
                     match self.nothing_appended(f, &path, len) {
                         Ok(true) => break,
                         Ok(false) => {}
-                        Err(_) if rereads < LIVE_REREADS_MAX => {
-                            rereads += 1;
+                        Err(_) if retry(&mut rereads, &mut retrying_at, (first_seq, self.offset)) => {
+                            self.zeros_checked = false;
                             std::thread::sleep(LIVE_REREAD_PAUSE);
                             continue 'segments;
                         }
@@ -504,8 +526,12 @@ impl Tailer {
                         Ok(()) => {}
                         // Shorter than it was a moment ago: cut to its last record
                         // as it was sealed. Look again.
-                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && rereads < LIVE_REREADS_MAX => {
-                            rereads += 1;
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::UnexpectedEof
+                                && retry(&mut rereads, &mut retrying_at, (first_seq, at)) =>
+                        {
+                            // Not yet known to be the end of the frames: no probe there.
+                            self.zeros_checked = false;
                             std::thread::sleep(LIVE_REREAD_PAUSE);
                             continue 'segments;
                         }
@@ -539,6 +565,10 @@ impl Tailer {
                         _ => break (outcome, chunk),
                     }
                 };
+                // Only where the frames are known to end may a probe say that nothing
+                // was appended: never at damage, where zeros over a record's first
+                // bytes would pass for the end.
+                self.at_frames_end = matches!(outcome, ScanOutcome::Clean | ScanOutcome::ZeroTail { .. });
                 match outcome {
                     ScanOutcome::Clean => self.offset += scanned,
                     // The end of the frames: zeros to the end of the file (checked
@@ -563,9 +593,12 @@ impl Tailer {
                     // Before it is believed, damage is read again: a group being
                     // copied, or a segment sealed since this poll looked, reads whole
                     // a moment later; corruption does not.
-                    ScanOutcome::Damaged(d) if rereads < LIVE_REREADS_MAX => {
+                    ScanOutcome::Damaged(d) if retry(&mut rereads, &mut retrying_at, (first_seq, at + d.offset)) => {
                         self.offset += d.offset;
-                        rereads += 1;
+                        // The damage is not the end of the frames: the next look
+                        // reads it, never a probe that could take zeros
+                        // there for the end.
+                        self.zeros_checked = false;
                         std::thread::sleep(LIVE_REREAD_PAUSE);
                         continue 'segments;
                     }

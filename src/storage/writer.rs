@@ -474,9 +474,10 @@ impl Writer {
     fn adopt_from_tail(&mut self, path: &Path, len: u64, body_max: u32) -> Result<()> {
         let base = self.tail.segment_len;
         if self.tail.layout == Layout::Preallocated {
-            // Eight bytes tell whether anything was appended: the end mark (or
-            // zeros) is still where the frames end, or a frame overwrote it.
-            let mut probe = [0u8; FRAMES_END_MARK.len()];
+            // A page tells whether anything was appended: the end mark (or zeros)
+            // and only zeros after it still where the frames end, or frames over
+            // it (records whose first bytes were zeroed since are seen as damage).
+            let mut probe = [0u8; super::reader::PROBE_BYTES];
             let n = (len - base).min(probe.len() as u64) as usize;
             self.file.read_exact_at(&mut probe[..n], base).map_err(Error::io("read", path))?;
             let marked = probe[..n].iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();

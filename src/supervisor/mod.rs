@@ -381,7 +381,7 @@ const WAIT_NAP_MAX: Duration = Duration::from_millis(20);
 
 fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
     // Short naps while a quick command is likely to end (a look at the log costs
-    // an 8-byte read when nothing was appended), then longer ones, up to 20 ms.
+    // a one-page read when nothing was appended), then longer ones, up to 20 ms.
     let started = Instant::now();
     let deadline = started + Duration::from_millis(wait_ms);
     let mut nap = Duration::from_micros(250);

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use common::offset_of;
 use fencelog::ledger::{Ledger, LedgerOptions};
 use fencelog::model::{DeathReason, Event, Identity, LeaseMode, Projection, Refusal, Txn};
 use fencelog::storage::LogOptions;
@@ -141,21 +142,6 @@ fn gen_clean(dir: &Path) {
 
 fn segment(dir: &Path) -> PathBuf {
     fencelog::storage::list_segments(dir).unwrap().pop().unwrap().1
-}
-
-/// Offset of record `seq` in a single-segment log.
-fn offset_of(dir: &Path, seq: u64) -> usize {
-    let mut at = None;
-    fencelog::storage::scan_dir(dir, 1, 1 << 20, |item| {
-        if let fencelog::storage::ScanItem::Record { rec, offset, .. } = item
-            && rec.seq == seq
-        {
-            at = Some(offset as usize);
-        }
-        true
-    })
-    .unwrap();
-    at.unwrap()
 }
 
 fn gen_damaged(dir: &Path, kind: &str) {

@@ -845,17 +845,7 @@ fn a_payload_imitating_frames_at_the_end_of_a_sealed_segment_is_read_correctly()
 /// Recompute the checksum of record `seq` after editing the last byte of its
 /// payload (a forger's edit: the frame checks out, the chain does not).
 fn forge_record(dir: &Path, seq: u64) {
-    let mut at = None;
-    fencelog::storage::scan_dir(dir, 1, LogOptions::default().body_max(), |item| {
-        if let fencelog::storage::ScanItem::Record { rec, segment, offset } = item
-            && rec.seq == seq
-        {
-            at = Some((segment.to_path_buf(), offset as usize));
-        }
-        true
-    })
-    .unwrap();
-    let (seg, r) = at.expect("record present");
+    let (seg, r) = common::record_at(dir, seq);
     let mut bytes = fs::read(&seg).unwrap();
     let body_len = u32::from_le_bytes(bytes[r..r + 4].try_into().unwrap()) as usize;
     let body = r + fencelog::format::FRAME_HEADER_BYTES;

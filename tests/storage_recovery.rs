@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{VERSIONS, copy_dir, hash_tree, opts_v, records, segment_files, stop_write_at, written_bytes};
+use common::{VERSIONS, copy_dir, hash_tree, offset_of, opts_v, records, segment_files, stop_write_at, written_bytes};
 use fencelog::format::{FRAME_HEADER_BYTES, FRAMES_END_MARK, SEGMENT_HEADER_BYTES};
 use fencelog::storage::{Error, Log, LogOptions, verify_dir};
 
@@ -507,21 +507,6 @@ fn rot_in_a_last_record_with_a_zero_sector_of_its_own_is_refused_in_v2() {
     assert_eq!(err.code(), "CORRUPTION", "{err}");
     assert!(err.to_string().contains("--cut-from 2"), "{err}");
     assert_eq!(fs::read(seg).unwrap(), bytes, "nothing was cut");
-}
-
-/// Where record `seq` starts in segment `seg`.
-fn offset_of(dir: &Path, seq: u64) -> usize {
-    let mut at = None;
-    fencelog::storage::scan_dir(dir, 1, 1 << 20, |item| {
-        if let fencelog::storage::ScanItem::Record { rec, offset, .. } = item
-            && rec.seq == seq
-        {
-            at = Some(offset as usize);
-        }
-        true
-    })
-    .unwrap();
-    at.expect("record present")
 }
 
 /// Proves (second review of v2): a complete, acknowledged last record is never

@@ -85,6 +85,29 @@ pub struct Fenced {
     pub refused_content: Option<RefusedContent>,
 }
 
+impl Fenced {
+    /// `attempts`: (presented, current, count, first_ms, last_ms).
+    fn of(
+        seq: u64,
+        writer: &uuid::Uuid,
+        op: &str,
+        (presented, current, count, first_ms, last_ms): (u64, u64, u64, u64, u64),
+        refused_content: Option<RefusedContent>,
+    ) -> Fenced {
+        Fenced {
+            seq,
+            writer: writer.to_string(),
+            op: op.into(),
+            presented,
+            current,
+            count,
+            first_ms,
+            last_ms,
+            refused_content,
+        }
+    }
+}
+
 /// Evidence of a refused data write's content (never the data itself beyond its
 /// first bytes).
 #[derive(Debug, Clone, Serialize)]
@@ -484,18 +507,8 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                     w.story(subject).late_records.push(late);
                 }
                 (Event::FencedAttempts { writer, op, presented, current, count, first_ms, last_ms, .. }, _) => {
-                    let f = Fenced {
-                        seq,
-                        writer: writer.to_string(),
-                        op: op.clone(),
-                        presented: *presented,
-                        current: *current,
-                        count: *count,
-                        first_ms: *first_ms,
-                        last_ms: *last_ms,
-                        refused_content: None,
-                    };
-                    w.story(subject).fenced_attempts.push(f);
+                    let attempts = (*presented, *current, *count, *first_ms, *last_ms);
+                    w.story(subject).fenced_attempts.push(Fenced::of(seq, writer, op, attempts, None));
                 }
                 (
                     Event::RefusedWrites {
@@ -514,23 +527,14 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                     },
                     _,
                 ) => {
-                    let f = Fenced {
-                        seq,
-                        writer: writer.to_string(),
-                        op: op.clone(),
-                        presented: *presented,
-                        current: *current,
-                        count: *count,
-                        first_ms: *first_ms,
-                        last_ms: *last_ms,
-                        refused_content: Some(RefusedContent {
-                            blake3: crate::format::hex(content_blake3),
-                            bytes: *content_bytes,
-                            head: content_head.clone(),
-                            retired_cut_off_seq: *retired_cut_off_seq,
-                        }),
+                    let content = RefusedContent {
+                        blake3: crate::format::hex(content_blake3),
+                        bytes: *content_bytes,
+                        head: content_head.clone(),
+                        retired_cut_off_seq: *retired_cut_off_seq,
                     };
-                    w.story(subject).fenced_attempts.push(f);
+                    let attempts = (*presented, *current, *count, *first_ms, *last_ms);
+                    w.story(subject).fenced_attempts.push(Fenced::of(seq, writer, op, attempts, Some(content)));
                 }
                 _ => {}
             }

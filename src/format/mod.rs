@@ -13,7 +13,7 @@ pub use frame::{
     decode_frame, encode_frame, frame_bytes, hex,
 };
 pub use scan::{
-    Cursor, Damage, DamageKind, ScanOutcome, all_zero, find_next_frame, scan_frames, scan_frames_in,
+    Cursor, Damage, DamageKind, ScanOutcome, all_zero, ends_frames, find_next_frame, scan_frames, scan_frames_in,
     scan_segment_frames, scan_segment_frames_from,
 };
 pub use segment::{

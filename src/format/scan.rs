@@ -168,18 +168,10 @@ pub fn scan_segment_frames_from(
         // never zero, so a prefix of it followed by zeros is nothing else.)
         let mut after_mark = false;
         if layout == Layout::Preallocated {
-            let rest = &buf[at..];
-            let marked = rest.iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
-            // Cheap first (a frame's length field is neither 0 nor the mark's).
-            let may_end = match marked {
-                0 => all_zero(&rest[..rest.len().min(4)]),
-                m if m == FRAMES_END_MARK.len() => true,
-                m => rest.get(m).is_none_or(|&b| b == 0),
-            };
-            if may_end && all_zero(&rest[marked..]) {
+            if ends_frames(&buf[at..]) {
                 return ScanOutcome::ZeroTail { offset: at as u64 };
             }
-            after_mark = marked == FRAMES_END_MARK.len();
+            after_mark = buf[at..].starts_with(&FRAMES_END_MARK);
         }
         let kind = match decode_frame(&buf[at..], body_max) {
             Ok((rec, used)) => {
@@ -281,6 +273,20 @@ pub fn scan_segment_frames_from(
         });
     }
     ScanOutcome::Clean
+}
+
+/// In a preallocated segment, do these bytes — from a frame boundary on — end the
+/// frames: the end mark (or a prefix of it: a write stopped in it) or a zero length
+/// field, and only zeros after?
+pub fn ends_frames(rest: &[u8]) -> bool {
+    let marked = rest.iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
+    // Cheap first (a frame's length field is neither 0 nor the mark's).
+    let may_end = match marked {
+        0 => all_zero(&rest[..rest.len().min(4)]),
+        m if m == FRAMES_END_MARK.len() => true,
+        m => rest.get(m).is_none_or(|&b| b == 0),
+    };
+    may_end && all_zero(&rest[marked..])
 }
 
 /// Are all these bytes zero? (OR-folded in blocks, which compiles to wide loads.)

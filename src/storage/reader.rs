@@ -12,7 +12,7 @@ use super::dir::{list_segments, listing, open_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Action, Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    Action, Cursor, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
     SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, scan_segment_frames_from,
     segment_file_bytes_max,
 };
@@ -427,8 +427,7 @@ impl Tailer {
         let mut probe = [0u8; PROBE_BYTES];
         let n = (len - self.offset).min(probe.len() as u64) as usize;
         std::os::unix::fs::FileExt::read_exact_at(f, &mut probe[..n], self.offset).map_err(Error::io("read", path))?;
-        let marked = probe[..n].iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
-        Ok(probe[marked..n].iter().all(|&b| b == 0))
+        Ok(crate::format::ends_frames(&probe[..n]))
     }
 
     fn later_segment_exists(&self, first_seq: u64) -> Result<bool> {

@@ -480,8 +480,7 @@ impl Writer {
             let mut probe = [0u8; super::reader::PROBE_BYTES];
             let n = (len - base).min(probe.len() as u64) as usize;
             self.file.read_exact_at(&mut probe[..n], base).map_err(Error::io("read", path))?;
-            let marked = probe[..n].iter().zip(&FRAMES_END_MARK).take_while(|(a, b)| a == b).count();
-            if probe[marked..n].iter().all(|&b| b == 0) {
+            if crate::format::ends_frames(&probe[..n]) {
                 return Ok(());
             }
         }

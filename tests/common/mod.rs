@@ -138,3 +138,23 @@ pub fn written_bytes(seg: &Path) -> Vec<u8> {
     let end = b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1);
     b[..end].to_vec()
 }
+
+/// Where record `seq` is: its segment and the byte offset of its frame.
+pub fn record_at(dir: &Path, seq: u64) -> (PathBuf, usize) {
+    let mut at = None;
+    fencelog::storage::scan_dir(dir, 1, 1 << 20, |item| {
+        if let fencelog::storage::ScanItem::Record { rec, segment, offset } = item
+            && rec.seq == seq
+        {
+            at = Some((segment.to_path_buf(), offset as usize));
+        }
+        true
+    })
+    .unwrap();
+    at.expect("record present")
+}
+
+/// Offset of record `seq` in its segment.
+pub fn offset_of(dir: &Path, seq: u64) -> usize {
+    record_at(dir, seq).1
+}

@@ -551,30 +551,37 @@ fn sector_payload() -> Vec<u8> {
 /// record's first bytes for the end of the frames and stops there silently.
 #[test]
 fn a_long_lived_tailer_reports_damage_in_records_appended_after_it_looked() {
-    let d = tempfile::tempdir().unwrap();
-    let log = Log::open(d.path(), opts_v(2)).unwrap();
-    log.append(b"first").unwrap();
-    let mut follower = fencelog::storage::Tailer::new(d.path(), 1 << 20, 1);
-    assert_eq!(follower.poll(|_| {}).unwrap(), 1);
-    assert_eq!(follower.poll(|_| {}).unwrap(), 0, "nothing new: the zeros were checked");
-    log.append_batch(vec![b"second".to_vec(), b"third".to_vec(), b"fourth".to_vec()]).unwrap();
-    drop(log);
-    let seg = &segment_files(d.path())[0];
-    let at = offset_of(d.path(), 3);
-    let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 8], at as u64).unwrap();
-    let mut seen = vec![];
-    for round in 0..3 {
-        match follower.poll(|r| seen.push(r.seq)) {
-            Err(e) => {
-                assert_eq!(e.code(), "CORRUPTION", "{e}");
-                assert_eq!(seen, vec![2], "records before the damage are delivered once");
-                return;
+    // The first 8 bytes of the second new record; and (third review) the first 5000
+    // bytes of the first new record, more than the page a tailer probes.
+    'case: for (damaged_seq, zeroed, delivered_before) in [(3u64, 8usize, vec![2u64]), (2, 5000, vec![])] {
+        let d = tempfile::tempdir().unwrap();
+        let log = Log::open(d.path(), opts_v(2)).unwrap();
+        log.append(b"first").unwrap();
+        let mut follower = fencelog::storage::Tailer::new(d.path(), 1 << 20, 1);
+        assert_eq!(follower.poll(|_| {}).unwrap(), 1);
+        assert_eq!(follower.poll(|_| {}).unwrap(), 0, "nothing new: the zeros were checked");
+        log.append_batch(vec![vec![b'2'; 20_000], b"third".to_vec(), b"fourth".to_vec()]).unwrap();
+        drop(log);
+        let seg = &segment_files(d.path())[0];
+        let at = offset_of(d.path(), damaged_seq);
+        let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &vec![0u8; zeroed], at as u64).unwrap();
+        let mut seen = vec![];
+        for round in 0..3 {
+            match follower.poll(|r| seen.push(r.seq)) {
+                Err(e) => {
+                    assert_eq!(e.code(), "CORRUPTION", "{e}");
+                    assert_eq!(seen, delivered_before, "records before the damage are delivered once");
+                    continue 'case;
+                }
+                Ok(n) => assert!(
+                    round == 0 && n as usize == delivered_before.len(),
+                    "{zeroed} bytes of record {damaged_seq}, round {round}: the damage must be reported, got {n} records"
+                ),
             }
-            Ok(n) => assert!(round == 0 && n == 1, "round {round}: the damage must be reported, got {n} records"),
         }
+        panic!("{zeroed} bytes of record {damaged_seq}: the follower never reported the damage (saw {seen:?})");
     }
-    panic!("the follower never reported the damage (saw {seen:?})");
 }
 
 /// Proves (second review of v2): a writer never takes records another writer
@@ -582,17 +589,20 @@ fn a_long_lived_tailer_reports_damage_in_records_appended_after_it_looked() {
 /// refuses (CORRUPTION) instead of writing over them.
 #[test]
 fn a_writer_never_overwrites_records_another_writer_appended_whose_first_bytes_were_zeroed() {
-    let d = tempfile::tempdir().unwrap();
-    let a = Log::open(d.path(), opts_v(2)).unwrap();
-    let b = Log::open(d.path(), opts_v(2)).unwrap();
-    a.append(b"one").unwrap();
-    b.append_batch(vec![b"two".to_vec(), b"three".to_vec(), b"four".to_vec()]).unwrap();
-    let seg = &segment_files(d.path())[0];
-    let at = offset_of(d.path(), 2);
-    let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
-    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 8], at as u64).unwrap();
-    let before = fs::read(seg).unwrap();
-    let err = a.append(b"five").unwrap_err();
-    assert_eq!(err.code(), "CORRUPTION", "{err}");
-    assert_eq!(fs::read(seg).unwrap(), before, "nothing was written over the records");
+    // 8 bytes, and more than the page a writer probes (third review).
+    for zeroed in [8usize, 5000] {
+        let d = tempfile::tempdir().unwrap();
+        let a = Log::open(d.path(), opts_v(2)).unwrap();
+        let b = Log::open(d.path(), opts_v(2)).unwrap();
+        a.append(b"one").unwrap();
+        b.append_batch(vec![vec![b'2'; 20_000], b"three".to_vec(), b"four".to_vec()]).unwrap();
+        let seg = &segment_files(d.path())[0];
+        let at = offset_of(d.path(), 2);
+        let f = fs::OpenOptions::new().write(true).open(seg).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &vec![0u8; zeroed], at as u64).unwrap();
+        let before = fs::read(seg).unwrap();
+        let err = a.append(b"five").unwrap_err();
+        assert_eq!(err.code(), "CORRUPTION", "{zeroed} bytes zeroed: {err}");
+        assert_eq!(fs::read(seg).unwrap(), before, "{zeroed} bytes zeroed: nothing was written over the records");
+    }
 }

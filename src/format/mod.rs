@@ -13,8 +13,8 @@ pub use frame::{
     decode_frame, encode_frame, frame_bytes, hex,
 };
 pub use scan::{
-    Cursor, Damage, DamageKind, ScanOutcome, all_zero, ends_frames, find_next_frame, scan_frames, scan_frames_in,
-    scan_segment_frames, scan_segment_frames_from,
+    Cursor, Damage, DamageKind, ScanOutcome, all_zero, ends_at_mark, ends_frames, find_next_frame, scan_frames,
+    scan_frames_in, scan_segment_frames, scan_segment_frames_from,
 };
 pub use segment::{
     FORMAT_VERSION, FRAMES_END_MARK, Layout, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader,

@@ -289,6 +289,13 @@ pub fn ends_frames(rest: &[u8]) -> bool {
     may_end && all_zero(&rest[marked..])
 }
 
+/// Do these bytes hold the whole end mark and then only zeros — the frames end
+/// exactly where a writer left them? (The probe of a reader or writer that knows
+/// where the frames ended: zeros there without the mark could lie over records.)
+pub fn ends_at_mark(rest: &[u8]) -> bool {
+    rest.starts_with(&FRAMES_END_MARK) && all_zero(&rest[FRAMES_END_MARK.len()..])
+}
+
 /// Are all these bytes zero? (OR-folded in blocks, which compiles to wide loads.)
 pub fn all_zero(bytes: &[u8]) -> bool {
     bytes.chunks(4096).all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)

@@ -12,7 +12,7 @@ use super::dir::{list_segments, listing, open_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Action, Cursor, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
+    Action, Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
     SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, scan_segment_frames_from,
     segment_file_bytes_max,
 };
@@ -427,7 +427,7 @@ impl Tailer {
         let mut probe = [0u8; PROBE_BYTES];
         let n = (len - self.offset).min(probe.len() as u64) as usize;
         std::os::unix::fs::FileExt::read_exact_at(f, &mut probe[..n], self.offset).map_err(Error::io("read", path))?;
-        Ok(crate::format::ends_frames(&probe[..n]))
+        Ok(crate::format::ends_at_mark(&probe[..n]))
     }
 
     fn later_segment_exists(&self, first_seq: u64) -> Result<bool> {
@@ -519,7 +519,7 @@ impl Tailer {
                 if self.zeros_checked {
                     chunk = chunk.min(TAIL_WINDOW_BYTES);
                 }
-                let (outcome, scanned) = loop {
+                let (outcome, scanned, marked) = loop {
                     let mut bytes = vec![0u8; chunk as usize];
                     match std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at) {
                         Ok(()) => {}
@@ -552,35 +552,48 @@ impl Tailer {
                             }
                         },
                     );
+                    // The frames end at a whole end mark: where a writer left them.
+                    let marked = matches!(outcome, ScanOutcome::ZeroTail { offset }
+                        if bytes[offset as usize..].starts_with(&FRAMES_END_MARK));
+                    // Past a page of zeros the damage is judged as it stands (a torn
+                    // tail is looked at again next poll; anything else is read again
+                    // whole before it is believed): no poll at a torn tail reads all
+                    // the zeros after it.
+                    let settled = self.zeros_checked
+                        && bytes.len() >= 2 * PROBE_BYTES
+                        && crate::format::all_zero(&bytes[bytes.len() - PROBE_BYTES..]);
                     match outcome {
                         // Twice the read, up to the rest of the file (a record larger
                         // than the window needs no read of all the zeros after it).
-                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len => {
+                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len && !settled => {
                             chunk = (chunk * 2).min(len - at)
                         }
-                        ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !self.zeros_checked => {
+                        // Zeros where no end mark is: checked to the end of the file
+                        // (they could lie over a record's first bytes).
+                        ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !(self.zeros_checked && marked) => {
                             chunk = len - at
                         }
-                        _ => break (outcome, chunk),
+                        _ => break (outcome, chunk, marked),
                     }
                 };
                 // Only where the frames are known to end may a probe say that nothing
-                // was appended: never at damage, where zeros over a record's first
-                // bytes would pass for the end.
-                self.at_frames_end = matches!(outcome, ScanOutcome::Clean | ScanOutcome::ZeroTail { .. });
+                // was appended: never at damage or at a mere window's end, where zeros
+                // over a record's first bytes would pass for the end.
+                self.at_frames_end = false;
                 match outcome {
                     ScanOutcome::Clean => self.offset += scanned,
-                    // The end of the frames: zeros to the end of the file (checked
-                    // whole once; after that, appends only ever overwrite them from
-                    // the end of the frames on).
-                    ScanOutcome::ZeroTail { offset } if at + scanned == len || self.zeros_checked || offset == 0 => {
+                    // The end of the frames: zeros to the end of the file, or (checked
+                    // whole once) the end mark a writer left — appends only ever
+                    // overwrite the zeros from there on.
+                    ScanOutcome::ZeroTail { offset } if at + scanned == len || (self.zeros_checked && marked) => {
                         self.offset += offset;
                         self.zeros_checked = true;
+                        self.at_frames_end = true;
                         break;
                     }
                     // Zeros to the end of this chunk only: look on from there.
                     ScanOutcome::ZeroTail { offset } => self.offset += offset,
-                    ScanOutcome::Damaged(d) if at + scanned < len => self.offset += d.offset,
+                    ScanOutcome::Damaged(d) if at + scanned < len && d.offset > 0 => self.offset += d.offset,
                     // An append in progress, or a torn write the next writer cuts — but
                     // only at the end of the last segment: a later segment means this
                     // one is sealed, and damage in it is corruption.

@@ -474,13 +474,14 @@ impl Writer {
     fn adopt_from_tail(&mut self, path: &Path, len: u64, body_max: u32) -> Result<()> {
         let base = self.tail.segment_len;
         if self.tail.layout == Layout::Preallocated {
-            // A page tells whether anything was appended: the end mark (or zeros)
-            // and only zeros after it still where the frames end, or frames over
-            // it (records whose first bytes were zeroed since are seen as damage).
+            // A page tells whether anything was appended: the end mark this or
+            // another writer left, and only zeros after it, still where the frames
+            // end. Anything else — frames, or zeros where the mark was (which
+            // could lie over records) — is read.
             let mut probe = [0u8; super::reader::PROBE_BYTES];
             let n = (len - base).min(probe.len() as u64) as usize;
             self.file.read_exact_at(&mut probe[..n], base).map_err(Error::io("read", path))?;
-            if crate::format::ends_frames(&probe[..n]) {
+            if crate::format::ends_at_mark(&probe[..n]) {
                 return Ok(());
             }
         }
@@ -497,6 +498,15 @@ impl Writer {
                 scan_segment_frames(&bytes, 0, base, &mut cursor, body_max, self.tail.layout, |_, _| adopted += 1);
             let whole = base + window == len;
             let end = match outcome {
+                // Zeros without the end mark before them, in a window: they could lie
+                // over records another writer appended; only zeros to the end of the
+                // file end the frames there.
+                ScanOutcome::ZeroTail { offset }
+                    if !whole && !bytes[offset as usize..].starts_with(&FRAMES_END_MARK) =>
+                {
+                    window = len - base;
+                    continue;
+                }
                 ScanOutcome::ZeroTail { offset } => base + offset,
                 ScanOutcome::Clean if whole => len,
                 // The window cut a frame (or ended on one): read twice as much, up

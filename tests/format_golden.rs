@@ -91,19 +91,8 @@ fn segment_vectors_decode_and_reencode_byte_for_byte() {
     let (hbin, hjs) = (dir.join("segment-header.bin"), dir.join("segment-header.json"));
     let (sbin, sjs) = (dir.join("segment-three-records.seg"), dir.join("segment-three-records.json"));
     if regen() {
-        let h = SegmentHeader { version: 1, first_seq: 1_000_001, prev_link: [0x5a; 32] };
-        fs::write(&hbin, h.encode()).unwrap();
-        let v =
-            json!({"magic": "FENCELOG", "format_version": 1, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
-        fs::write(&hjs, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
-        let mut seg = SegmentHeader { version: 1, first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
-        let mut link = GENESIS_LINK;
-        let mut listed = vec![];
-        for (seq, p) in [(1u64, &b"alpha"[..]), (2, b"beta"), (3, b"gamma")] {
-            let prev = link;
-            link = encode_frame(&mut seg, &prev, seq, &WRITER, 1_767_225_600_000 + seq, p);
-            listed.push(expected_frame_json(&prev, seq, 1_767_225_600_000 + seq, p, &link));
-        }
+        write_header_vector(&hbin, &hjs, 1);
+        let (seg, listed) = three_record_segment(1, b"gamma");
         fs::write(&sbin, &seg).unwrap();
         fs::write(&sjs, serde_json::to_string_pretty(&Value::Array(listed)).unwrap() + "\n").unwrap();
     }
@@ -130,6 +119,47 @@ fn segment_vectors_decode_and_reencode_byte_for_byte() {
     });
     assert_eq!(out, ScanOutcome::Clean);
     assert_eq!(Value::Array(got), want);
+}
+
+/// Write the header vector of `version` (first_seq 1 000 001) and its description.
+fn write_header_vector(bin: &Path, js: &Path, version: u16) {
+    let h = SegmentHeader { version, first_seq: 1_000_001, prev_link: [0x5a; 32] };
+    fs::write(bin, h.encode()).unwrap();
+    let v =
+        json!({"magic": "FENCELOG", "format_version": version, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
+    fs::write(js, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
+}
+
+/// A first segment of `version` holding records alpha, beta and `third`, and the
+/// description of each record.
+fn three_record_segment(version: u16, third: &[u8]) -> (Vec<u8>, Vec<Value>) {
+    let mut seg = SegmentHeader { version, first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
+    let mut link = GENESIS_LINK;
+    let mut listed = vec![];
+    for (seq, p) in [(1u64, &b"alpha"[..]), (2, b"beta"), (3, third)] {
+        let prev = link;
+        link = encode_frame(&mut seg, &prev, seq, &WRITER, 1_767_225_600_000 + seq, p);
+        listed.push(expected_frame_json(&prev, seq, 1_767_225_600_000 + seq, p, &link));
+    }
+    (seg, listed)
+}
+
+/// Every record of a fixture log, one line each (for its insta snapshot).
+fn records_listing(dir: &Path, body_max: u32) -> String {
+    let mut listing = String::new();
+    read_records(dir, 1, body_max, |r| {
+        let w = uuid::Uuid::from_bytes(r.writer);
+        listing += &format!(
+            "{} {} {w} {} {}\n",
+            r.seq,
+            r.time_ms,
+            hex(&r.link)[..16].to_owned(),
+            String::from_utf8_lossy(r.payload)
+        );
+        true
+    })
+    .unwrap();
+    listing
 }
 
 fn fixture_options(format_version: u16) -> LogOptions {
@@ -168,18 +198,7 @@ fn v1_fixture_log_reads_verifies_and_accepts_appends() {
         "segments {} bytes {} records {} seq {:?}..{:?} time {:?}..{:?}\nchain head {}\n",
         s.segments, s.bytes, s.records, s.first_seq, s.last_seq, s.first_time_ms, s.last_time_ms, s.chain_head
     );
-    read_records(&dir, 1, body_max, |r| {
-        let w = uuid::Uuid::from_bytes(r.writer);
-        listing += &format!(
-            "{} {} {w} {} {}\n",
-            r.seq,
-            r.time_ms,
-            hex(&r.link)[..16].to_owned(),
-            String::from_utf8_lossy(r.payload)
-        );
-        true
-    })
-    .unwrap();
+    listing += &records_listing(&dir, body_max);
     insta::assert_snapshot!("v1_multi_segment_listing", listing);
 
     let copy = common::copy_dir(&dir);
@@ -200,21 +219,10 @@ fn v2_vectors_decode_and_reencode_byte_for_byte() {
     let (hbin, hjs) = (dir.join("segment-header-v2.bin"), dir.join("segment-header-v2.json"));
     let (sbin, sjs) = (dir.join("segment-v2-preallocated.seg"), dir.join("segment-v2-preallocated.json"));
     if regen_version(2) {
-        let h = SegmentHeader { version: 2, first_seq: 1_000_001, prev_link: [0x5a; 32] };
-        fs::write(&hbin, h.encode()).unwrap();
-        let v =
-            json!({"magic": "FENCELOG", "format_version": 2, "first_seq": 1_000_001, "prev_link": hex(&[0x5a; 32])});
-        fs::write(&hjs, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
-        let mut seg = SegmentHeader { version: 2, first_seq: 1, prev_link: GENESIS_LINK }.encode().to_vec();
-        let mut link = GENESIS_LINK;
-        let mut listed = vec![];
+        write_header_vector(&hbin, &hjs, 2);
         // The last payload ends in zero bytes of its own: the end of the frames is
         // found by frames, not by the last non-zero byte.
-        for (seq, p) in [(1u64, &b"alpha"[..]), (2, b"beta"), (3, b"gamma\0\0\0\0")] {
-            let prev = link;
-            link = encode_frame(&mut seg, &prev, seq, &WRITER, 1_767_225_600_000 + seq, p);
-            listed.push(expected_frame_json(&prev, seq, 1_767_225_600_000 + seq, p, &link));
-        }
+        let (mut seg, listed) = three_record_segment(2, b"gamma\0\0\0\0");
         let frames_end = seg.len();
         seg.extend_from_slice(&FRAMES_END_MARK);
         seg.resize(1024, 0);
@@ -281,18 +289,7 @@ fn v2_fixture_log_reads_verifies_and_accepts_appends() {
         "segments {} records {} seq {:?}..{:?} time {:?}..{:?}\nchain head {}\n",
         s.segments, s.records, s.first_seq, s.last_seq, s.first_time_ms, s.last_time_ms, s.chain_head
     );
-    read_records(&dir, 1, body_max, |r| {
-        let w = uuid::Uuid::from_bytes(r.writer);
-        listing += &format!(
-            "{} {} {w} {} {}\n",
-            r.seq,
-            r.time_ms,
-            hex(&r.link)[..16].to_owned(),
-            String::from_utf8_lossy(r.payload)
-        );
-        true
-    })
-    .unwrap();
+    listing += &records_listing(&dir, body_max);
     insta::assert_snapshot!("v2_preallocated_listing", listing);
 
     let h = SegmentHeader::decode(&last_bytes).unwrap();

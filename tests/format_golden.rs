@@ -162,6 +162,20 @@ fn records_listing(dir: &Path, body_max: u32) -> String {
     listing
 }
 
+/// Write the fixture log of `version` anew: 12 records in segments of 512 bytes.
+fn write_fixture(dir: &Path, version: u16) {
+    let _ = fs::remove_dir_all(dir);
+    let log = Log::open(dir, fixture_options(version)).unwrap();
+    for i in 1..=12u32 {
+        let note = format!("v{version}").repeat(i as usize * 3);
+        let p = format!("{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{note}\"}}");
+        log.append(p.as_bytes()).unwrap();
+    }
+    log.close().unwrap();
+    let _ = fs::remove_file(dir.join("LOCK"));
+    let _ = fs::remove_dir(dir.join("snapshots"));
+}
+
 fn fixture_options(format_version: u16) -> LogOptions {
     let t = Arc::new(AtomicU64::new(1_767_225_600_000));
     LogOptions {
@@ -181,15 +195,7 @@ fn fixture_options(format_version: u16) -> LogOptions {
 fn v1_fixture_log_reads_verifies_and_accepts_appends() {
     let dir = root("fixtures/v1-multi-segment");
     if regen() {
-        let _ = fs::remove_dir_all(&dir);
-        let log = Log::open(&dir, fixture_options(1)).unwrap();
-        for i in 1..=12u32 {
-            let p = format!("{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{}\"}}", "v1".repeat(i as usize * 3));
-            log.append(p.as_bytes()).unwrap();
-        }
-        log.close().unwrap();
-        let _ = fs::remove_file(dir.join("LOCK"));
-        let _ = fs::remove_dir(dir.join("snapshots"));
+        write_fixture(&dir, 1);
     }
     let body_max = LogOptions::default().body_max();
     let s = verify_dir(&dir, body_max).unwrap();
@@ -267,15 +273,7 @@ fn v2_vectors_decode_and_reencode_byte_for_byte() {
 fn v2_fixture_log_reads_verifies_and_accepts_appends() {
     let dir = root("fixtures/v2-preallocated");
     if regen_version(2) {
-        let _ = fs::remove_dir_all(&dir);
-        let log = Log::open(&dir, fixture_options(2)).unwrap();
-        for i in 1..=12u32 {
-            let p = format!("{{\"event\":\"fixture\",\"n\":{i},\"note\":\"{}\"}}", "v2".repeat(i as usize * 3));
-            log.append(p.as_bytes()).unwrap();
-        }
-        log.close().unwrap();
-        let _ = fs::remove_file(dir.join("LOCK"));
-        let _ = fs::remove_dir(dir.join("snapshots"));
+        write_fixture(&dir, 2);
     }
     let segments = fencelog::storage::list_segments(&dir).unwrap();
     let last = &segments.last().unwrap().1;

@@ -606,3 +606,20 @@ fn a_writer_never_overwrites_records_another_writer_appended_whose_first_bytes_w
         assert_eq!(fs::read(seg).unwrap(), before, "{zeroed} bytes zeroed: nothing was written over the records");
     }
 }
+
+/// Proves: the options of format v2 have their limits — a format version this build
+/// does not write, or a preallocation step under one page, is refused as an invalid
+/// option and creates no log.
+#[test]
+fn format_version_and_preallocation_step_are_bounded() {
+    for opts in [
+        LogOptions { format_version: 3, ..LogOptions::default() },
+        LogOptions { format_version: 0, ..LogOptions::default() },
+        LogOptions { segment_prealloc_bytes: 4095, ..LogOptions::default() },
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let err = Log::open(d.path(), opts.clone()).err().unwrap_or_else(|| panic!("{opts:?} accepted"));
+        assert_eq!(err.code(), "INVALID_OPTION", "{opts:?}: {err}");
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 0, "{opts:?}: nothing created");
+    }
+}

@@ -219,7 +219,7 @@ pub(crate) struct Stat {
 
 /// `statx` asking only for type, size and inode. Never for the times: since Linux
 /// 6.13, a query of a file's ctime makes its next write take a fine-grained
-/// timestamp, a journalled inode update — measured here as +30 µs on every append
+/// timestamp, a journalled inode update — measured here as +25–30 µs on every append
 /// that follows a `stat` of its segment (`docs/BENCHMARKS.md`).
 fn statx_lite(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> std::io::Result<Stat> {
     let mut st: libc::statx = unsafe { std::mem::zeroed() };

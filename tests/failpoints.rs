@@ -68,6 +68,43 @@ fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
     assert!(!recs.iter().any(|r| r.1 == b"refused"), "nothing after the poisoning is written");
 }
 
+/// Proves: raw appenders waiting on a group whose sync fails all hear it — the
+/// leader IO_ERROR, everyone else WRITER_POISONED — none is acknowledged, and
+/// nothing acknowledged before is lost. Eight threads append at once; each write
+/// pauses 50 ms (so that followers queue behind the leader's group) and every sync
+/// fails.
+#[test]
+fn a_failed_sync_fails_every_raw_appender_waiting_on_it() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"acknowledged").unwrap();
+    fail::cfg("segment::write", "sleep(50)").unwrap();
+    fail::cfg("segment::fdatasync", "return").unwrap();
+    let start = Barrier::new(8);
+    let codes: Vec<&'static str> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|t| {
+                let (log, start) = (&log, &start);
+                s.spawn(move || {
+                    start.wait();
+                    log.append(format!("thread {t}").as_bytes()).map(|a| a.first_seq).unwrap_err().code()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(codes.iter().filter(|c| **c == "IO_ERROR").count(), 1, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == "WRITER_POISONED").count(), 7, "{codes:?}");
+    assert_eq!(log.append(b"later").unwrap_err().code(), "WRITER_POISONED");
+    drop(log);
+    fail::remove("segment::write");
+    fail::remove("segment::fdatasync");
+    let recs = records(d.path());
+    assert_eq!(recs[0], (1, b"acknowledged".to_vec()));
+    assert!(!recs.iter().any(|r| r.1 == b"later"), "nothing after the poisoning is written");
+}
+
 /// Proves: when the sync of a group fails, no transaction of it is acknowledged —
 /// neither the claim nor the refusals judged against it — every later call fails
 /// with WRITER_POISONED until reopen, and the reopened ledger works and holds every

@@ -23,16 +23,16 @@
 //! assert_eq!(ledger.projection().subject("home/a").unwrap().generation, 1);
 //! ```
 
-mod group;
 pub mod identity;
 pub mod snapshot;
 
-pub use group::GROUPS_PER_LOCK_MAX;
-use group::Phase;
+use crate::storage::Exclusive;
+use crate::storage::commit::{Admission, CommitError, Core, GroupCommit, GroupLimits, Hooks};
+pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Condvar, Mutex};
+use std::sync::MutexGuard;
 
 use serde::Serialize;
 
@@ -43,10 +43,6 @@ use crate::model::{
 use std::sync::Arc;
 
 use crate::storage::{self, FileBackend, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen};
-
-/// Times a transaction is judged again because another writer appended first,
-/// before the ledger gives up with `HEAD_MOVED`.
-pub const HEAD_MOVED_RETRIES_MAX: u32 = 64;
 
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
@@ -152,7 +148,8 @@ pub struct LedgerOpenReport {
     pub replayed_records: u64,
 }
 
-struct Inner {
+/// The ledger's state, kept under the commit engine's mutex (`Core` derefs to it).
+struct LedgerState {
     tailer: Box<dyn RecordReader>,
     projection: Projection,
     head: ChainLink,
@@ -163,35 +160,17 @@ struct Inner {
     /// The snapshot being written off the append path; once it is written, its
     /// checkpoint record goes into the next commit group.
     snapshot_thread: Option<std::thread::JoinHandle<Option<snapshot::SnapshotMeta>>>,
-    /// Bumped when queued transactions were judged on state another writer
-    /// overtook (`HeadMoved`): every waiter of an older epoch judges again.
-    epoch: u64,
-    /// How often another writer appended first (for tests and metrics).
-    head_moved: u64,
-    /// New transactions are refused (`DRAINING`); those already judged complete.
-    draining: bool,
-    /// The group commit (see `Ledger::submit`).
-    phase: Phase,
-    /// Records of transactions checked and applied to `projection`, not yet handed
-    /// to storage, in sequence order.
-    queued: Vec<Vec<u8>>,
-    /// Everything up to this sequence is synced. `projection` runs ahead of it only
-    /// while a group is being committed.
-    durable_seq: u64,
-    /// Threads waiting for a view with nothing in flight; while any wait, arrivals do
-    /// not join the open group, so the flusher drains and the wait is bounded.
-    readers_waiting: usize,
-    /// A group failed to become durable: the projection may hold transactions the
-    /// log lacks. Every call fails with this cause until the ledger is reopened.
-    poisoned: Option<String>,
-    /// Threads waiting for their records to become durable, each on its own slot.
-    waiters: group::Waiters,
     /// Sequence of the last checkpoint record this ledger appended: a snapshot
     /// asked for right after it would differ only by that record, so it is skipped.
     own_checkpoint_seq: u64,
     /// Where this ledger's last snapshot went (for `snapshot_now`'s answer).
     last_snapshot: Option<String>,
 }
+
+/// The engine's state with the ledger's: the projection runs ahead of the
+/// engine's durable sequence only while a group is being committed (its last
+/// sequence is always the engine's `last_seq`).
+type Inner = Core<LedgerState>;
 
 /// Refused stale writes on one subject, since the last audit record written.
 struct FencedWindow {
@@ -247,11 +226,8 @@ fn late_write(p: &Projection, txn: &Txn, outcomes: &[crate::model::Outcome]) -> 
 pub struct Ledger {
     opts: LedgerOptions,
     backend: Arc<dyn LogBackend>,
-    inner: Mutex<Inner>,
-    /// Signalled when the phase changes, on poisoning, and after a group while
-    /// readers wait for a settled view (waiters for durability have their own
-    /// slots: see `group.rs`).
-    changed: Condvar,
+    /// The one commit engine (`storage::commit`), over the ledger's state.
+    group: GroupCommit<LedgerState>,
     report: LedgerOpenReport,
 }
 
@@ -278,22 +254,14 @@ impl Ledger {
     /// replicated one): replay from the newest snapshot the chain vouches for.
     pub fn with_backend(backend: Arc<dyn LogBackend>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         let r = replay(&*backend)?;
-        let inner = Inner {
+        let last_seq = r.projection.last_seq;
+        let state = LedgerState {
             tailer: r.tailer,
-            durable_seq: r.projection.last_seq,
             projection: r.projection,
             head: r.head,
             since_snapshot: r.applied,
             fenced: HashMap::new(),
             snapshot_thread: None,
-            epoch: 0,
-            head_moved: 0,
-            draining: false,
-            phase: Phase::Idle,
-            queued: Vec::new(),
-            readers_waiting: 0,
-            poisoned: None,
-            waiters: Default::default(),
             own_checkpoint_seq: 0,
             last_snapshot: None,
         };
@@ -301,7 +269,7 @@ impl Ledger {
             storage: backend.open_report(),
             snapshot_seq: r.snapshot_seq,
             snapshot_warnings: r.warnings,
-            replayed_records: inner.projection.last_seq - r.snapshot_seq.unwrap_or(0),
+            replayed_records: last_seq - r.snapshot_seq.unwrap_or(0),
         };
         tracing::info!(
             segments = report.storage.segments,
@@ -311,7 +279,8 @@ impl Ledger {
             replayed = report.replayed_records,
             "ledger opened"
         );
-        Ok(Ledger { opts, backend, inner: Mutex::new(inner), changed: Condvar::new(), report })
+        let group = GroupCommit::new(state, last_seq, GroupLimits::of(&opts.log));
+        Ok(Ledger { opts, backend, group, report })
     }
 
     /// A read-only view of the log in `dir`: never writes, never takes the append
@@ -333,9 +302,10 @@ impl Ledger {
 
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
-        let Inner { tailer, projection, head, since_snapshot, durable_seq, .. } = inner;
+        let LedgerState { tailer, projection, head, since_snapshot, .. } = &mut **inner;
         apply_tail(tailer.as_mut(), projection, head, since_snapshot)?;
-        *durable_seq = projection.last_seq;
+        let last = projection.last_seq;
+        inner.caught_up_to(last);
         Ok(())
     }
 
@@ -356,7 +326,7 @@ impl Ledger {
     /// How often another writer appended first and this ledger judged its queued
     /// transactions again.
     pub fn head_moved_count(&self) -> u64 {
-        self.inner.lock().expect("ledger").head_moved
+        self.group.lock().head_moved()
     }
 
     /// A copy of the projection as of the last catch-up (see `refresh`), without
@@ -366,7 +336,7 @@ impl Ledger {
             Ok(inner) => inner.projection.clone(),
             // Poisoned: the projection may hold transactions the log lacks; it is
             // returned as it is, for diagnosis (every mutation now fails).
-            Err(_) => self.inner.lock().expect("ledger").projection.clone(),
+            Err(_) => self.group.lock().projection.clone(),
         }
     }
 
@@ -422,9 +392,7 @@ impl Ledger {
     ) -> Result<Committed, LedgerError> {
         // `build` may run more than once: again whenever another writer appended
         // first (each run sees the state its transaction would follow).
-        self.commit_with(group::Admission::Callers, |ledger, inner| {
-            ledger.check_and_queue(inner, request.clone(), &mut build)
-        })
+        self.commit_with(Admission::Callers, |inner| self.check_and_queue(inner, request.clone(), &mut build))
     }
 
     /// [`submit`](Self::submit) for the ledger's owner's own last words: admitted
@@ -434,9 +402,7 @@ impl Ledger {
         request: Option<(String, [u8; 32])>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
-        self.commit_with(group::Admission::Internal, |ledger, inner| {
-            ledger.check_and_queue(inner, request.clone(), &mut build)
-        })
+        self.commit_with(Admission::Internal, |inner| self.check_and_queue(inner, request.clone(), &mut build))
     }
 
     /// Build, check and (if it writes) apply and queue one transaction. Returns the
@@ -509,7 +475,8 @@ impl Ledger {
         let outcomes = inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?;
         inner.since_snapshot.0 += 1;
         inner.since_snapshot.1 += record.len() as u64;
-        inner.queued.push(record);
+        let queued_at = inner.queue(record);
+        debug_assert_eq!(queued_at, seq, "the projection and the commit engine agree on the next sequence");
         Ok((seq, outcomes))
     }
 
@@ -603,7 +570,7 @@ impl Ledger {
         // Only durable state: another leader may already be writing a group (the
         // projection runs ahead of the log while it does); the next leader to end
         // with nothing in flight takes the snapshot.
-        if inner.phase != Phase::Idle || inner.durable_seq != inner.projection.last_seq || inner.poisoned.is_some() {
+        if !inner.is_settled() || inner.poisoned().is_some() {
             return;
         }
         // One snapshot in flight at a time, written off the append path.
@@ -655,13 +622,13 @@ impl Ledger {
         };
         // Encoded and written without holding the ledger: submitters go on.
         let written = self.backend.put_snapshot(last, &head, &snapshot::body_of(&projection))?;
-        self.inner.lock().expect("ledger").last_snapshot = Some(written.source.clone());
+        self.group.lock().last_snapshot = Some(written.source.clone());
         let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
-        let c = self.commit_with(group::Admission::Internal, |ledger, inner| {
-            let txn = Txn::new(ledger.opts.log.now_ms(), ledger.writer_id(), vec![event.clone()]);
-            ledger.check_and_queue(inner, None, &mut |_, _, _| Ok(txn.clone()))
+        let c = self.commit_with(Admission::Internal, |inner| {
+            let txn = Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event.clone()]);
+            self.check_and_queue(inner, None, &mut |_, _, _| Ok(txn.clone()))
         })?;
-        self.inner.lock().expect("ledger").own_checkpoint_seq = c.seq.unwrap_or(0);
+        self.group.lock().own_checkpoint_seq = c.seq.unwrap_or(0);
         Ok(written.source)
     }
 
@@ -677,16 +644,48 @@ impl Ledger {
     }
 
     fn flush_fenced(&self) -> Result<(), LedgerError> {
-        if self.inner.lock().expect("ledger").fenced.values().all(|f| f.pending == 0) {
+        if self.group.lock().fenced.values().all(|f| f.pending == 0) {
             return Ok(());
         }
-        self.commit_with(group::Admission::Internal, |ledger, inner| {
-            let now_ms = ledger.opts.log.now_ms();
+        self.commit_with(Admission::Internal, |inner| {
+            let now_ms = self.opts.log.now_ms();
             let pending: Vec<String> =
                 inner.fenced.iter().filter(|(_, f)| f.pending > 0).map(|(s, _)| s.clone()).collect();
-            let written = pending.iter().try_for_each(|subject| ledger.write_fenced(inner, subject, now_ms));
+            let written = pending.iter().try_for_each(|subject| self.write_fenced(inner, subject, now_ms));
             (written, inner.projection.last_seq)
         })
+    }
+
+    /// Run `act` on a caught-up projection within a commit group (the engine
+    /// decides who leads and who waits: `storage::commit`); `act` returns its
+    /// answer and the last sequence that answer depends on. It may run more than
+    /// once: again whenever another writer appended first.
+    fn commit_with<T>(
+        &self,
+        admission: Admission,
+        act: impl FnMut(&mut Inner) -> (Result<T, LedgerError>, u64),
+    ) -> Result<T, LedgerError> {
+        match self.group.commit(self, admission, act) {
+            Ok(settled) => settled.answer,
+            Err(CommitError::Storage(e)) => Err(LedgerError::Storage(e)),
+            Err(CommitError::Hook(e)) => Err(e),
+            Err(CommitError::Draining) => Err(LedgerError::Draining),
+            Err(CommitError::HeadMovedTooOften { retries }) => Err(LedgerError::HeadMovedTooOften { retries }),
+        }
+    }
+
+    /// The ledger with no transaction between check and sync.
+    fn settled(&self) -> Result<MutexGuard<'_, Inner>, LedgerError> {
+        Ok(self.group.settled()?)
+    }
+
+    /// Stop taking transactions (they are refused with `DRAINING`, never judged,
+    /// never appended) and wait, at most `wait_ms_max`, until every transaction
+    /// already judged is durable or failed: afterwards the answer to each is known.
+    /// Returns whether the ledger settled in time, and the last durable sequence.
+    pub fn drain(&self, wait_ms_max: u64) -> Result<Drained, LedgerError> {
+        let d = self.group.drain(wait_ms_max)?;
+        Ok(Drained { settled: d.settled, last_seq: d.last_seq })
     }
 
     /// The chain head (hex) at the projection's last sequence.
@@ -957,10 +956,54 @@ impl Drop for Ledger {
     /// A snapshot in flight is finished, never abandoned half-written (it is written
     /// to a temp file and renamed, so even a crash leaves no damaged `.snap`).
     fn drop(&mut self) {
-        if let Ok(mut inner) = self.inner.lock()
-            && let Some(t) = inner.snapshot_thread.take()
-        {
+        let taken = self.group.lock().snapshot_thread.take();
+        if let Some(t) = taken {
             let _ = t.join();
         }
+    }
+}
+
+/// What the ledger does at the commit engine's turns.
+impl Hooks<LedgerState> for Ledger {
+    type Error = LedgerError;
+
+    fn exclusive(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), storage::Error>,
+    ) -> Result<(), storage::Error> {
+        self.backend.exclusive(f)
+    }
+
+    fn catch_up(&self, core: &mut Inner, _x: &mut dyn Exclusive) -> Result<(), LedgerError> {
+        Self::catch_up(core)
+    }
+
+    fn before_idle(&self, core: &mut Inner) -> bool {
+        self.queue_checkpoint(core).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "checkpoint not queued");
+            false
+        })
+    }
+
+    fn on_durable(&self, core: &mut Inner, group: &storage::Appended) {
+        core.head = group.chain_head;
+    }
+
+    /// Replay from the newest vouched snapshot, with the other writer's records.
+    /// Audit windows counted attempts judged on the discarded state: the retries
+    /// count them again, and the first is written again.
+    fn rebuild(&self, core: &mut Inner) -> Result<(), String> {
+        core.fenced.clear();
+        let r = replay(&*self.backend).map_err(|e| e.to_string())?;
+        let last = r.projection.last_seq;
+        (core.tailer, core.projection, core.head) = (r.tailer, r.projection, r.head);
+        core.caught_up_to(last);
+        Ok(())
+    }
+
+    /// Off the append lock: a snapshot (the projection cloned) if one is due and
+    /// nothing is in flight.
+    fn after_lead(&self, core: &mut Inner) {
+        self.maybe_snapshot(core);
     }
 }

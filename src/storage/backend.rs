@@ -53,6 +53,11 @@ pub trait RecordReader: Send {
 /// What the holder of [`LogBackend::exclusive`] may do.
 pub trait Exclusive {
     fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome>;
+    /// The chain link of each record the last successful `append_if_head`
+    /// appended, in order — or nothing, if the backend does not tell.
+    fn links(&self) -> &[ChainLink] {
+        &[]
+    }
 }
 
 /// Where a ledger's log lives.
@@ -161,13 +166,7 @@ impl LogBackend for FileBackend {
     }
 
     fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
-        struct Locked<'a, 'b>(&'a mut super::writer::Locked<'b>);
-        impl Exclusive for Locked<'_, '_> {
-            fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {
-                outcome(self.0.append_if_head(expect_seq, payloads))
-            }
-        }
-        self.log()?.with_lock(|l| f(&mut Locked(l)))?
+        self.log()?.with_lock(|l| f(l))?
     }
 
     fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {

@@ -3,6 +3,7 @@
 //! not know what records mean.
 
 mod backend;
+pub mod commit;
 mod dir;
 mod error;
 mod history;

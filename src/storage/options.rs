@@ -45,7 +45,8 @@ pub struct LogOptions {
     /// `segment_bytes_max`). Readers check the zeros after the frames once per
     /// open, so this bounds that work too.
     pub segment_prealloc_bytes: u64,
-    /// Most append requests waiting for the writer thread; callers block beyond it.
+    /// Most records queued for the next commit group; callers wait for room beyond
+    /// it (back-pressure, not failure).
     pub queue_depth_max: usize,
     /// Longest wait for the cross-process append lock before `LOCK_TIMEOUT`.
     pub lock_wait_ms_max: u64,

@@ -1,19 +1,18 @@
-//! The writer: one thread per open log owns the tail segment. Appenders hand it
-//! requests through a bounded queue and wait on a per-request completion; the thread
-//! drains everything queued (up to the batch limits), takes the cross-process lock,
-//! catches up with other processes' records, writes the group with one `pwrite`,
-//! syncs once, releases the lock and completes every request. No sleep on the path:
-//! the group is whatever arrived while the previous sync ran.
+//! The writer: the tail segment of an open log. Appends commit through the one
+//! commit engine (`commit.rs`): the first caller to arrive leads — it takes the
+//! cross-process lock, catches up with other processes' records, writes the group
+//! with one `pwrite` and syncs once — while callers arriving meanwhile queue their
+//! records for its next sync. No thread of its own and no sleep on the path: the
+//! group is whatever arrived while the previous sync ran.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
-use tokio::sync::{mpsc, oneshot};
-
+use super::backend::{AppendOutcome, Exclusive};
+use super::commit::{Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, Settled};
 use super::dir::{
     check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path, stat_file, stat_path,
 };
@@ -38,14 +37,6 @@ pub struct Appended {
     pub chain_head: ChainLink,
 }
 
-struct Request {
-    payloads: Vec<Vec<u8>>,
-    bytes: usize,
-    /// Append only if the log's last sequence is exactly this.
-    expect_last_seq: Option<u64>,
-    reply: oneshot::Sender<Result<Appended>>,
-}
-
 struct Shared {
     /// Set once with `poisoned` (read on every request without taking the mutex).
     is_poisoned: AtomicBool,
@@ -54,8 +45,6 @@ struct Shared {
     head: AtomicU64,
     /// Records other processes appended and found while catching up.
     adopted: AtomicU64,
-    /// The writer thread holds requests it is about to commit.
-    thread_busy: AtomicBool,
     /// Records this writer appended, and the data syncs it took to do so.
     appended: AtomicU64,
     syncs: AtomicU64,
@@ -75,15 +64,20 @@ impl Shared {
 
 /// An open log, for appending. Cheap to share between threads (`&Log` is enough).
 pub struct Log {
+    inner: Arc<LogInner>,
+}
+
+struct LogInner {
     dir: PathBuf,
     opts: LogOptions,
     writer_id: uuid::Uuid,
     report: OpenReport,
     shared: Arc<Shared>,
-    /// The tail state, shared by the writer thread and the inline fast path.
-    state: Arc<Mutex<Writer>>,
-    tx: Option<mpsc::Sender<Request>>,
-    thread: Option<JoinHandle<()>>,
+    /// The tail: held by a commit group's leader (and by `with_lock`).
+    writer: Mutex<Writer>,
+    /// Raw appends' group commit (the ledger's transactions have their own engine
+    /// of the same kind, over its projection, and reach the tail through `with_lock`).
+    engine: GroupCommit<()>,
 }
 
 impl Log {
@@ -100,17 +94,16 @@ impl Log {
         };
         let (file, _) = open_regular_rw(&tail.segment, opts.segment_file_bytes_max(), tail.segment_first_seq)?;
         let writer_id = opts.writer_id.unwrap_or_else(uuid::Uuid::new_v4);
+        let head = tail.cursor.next_seq - 1;
         let shared = Arc::new(Shared {
             is_poisoned: AtomicBool::new(false),
             poisoned: Mutex::new(None),
-            head: AtomicU64::new(tail.cursor.next_seq - 1),
+            head: AtomicU64::new(head),
             adopted: AtomicU64::new(0),
-            thread_busy: AtomicBool::new(false),
             appended: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
         });
-        let (tx, rx) = mpsc::channel(opts.queue_depth_max);
-        let state = Arc::new(Mutex::new(Writer {
+        let writer = Mutex::new(Writer {
             dir: dir.clone(),
             opts: opts.clone(),
             writer_id: *writer_id.as_bytes(),
@@ -119,47 +112,45 @@ impl Log {
             tail,
             shared: shared.clone(),
             buf: Vec::new(),
-        }));
-        let (thread_state, thread_shared) = (state.clone(), shared.clone());
-        let thread = std::thread::Builder::new()
-            .name("fencelog-writer".into())
-            .spawn(move || run(thread_state, thread_shared, rx))
-            .map_err(Error::io("spawn writer thread", &dir))?;
-        Ok(Log { dir, opts, writer_id, report, shared, state, tx: Some(tx), thread: Some(thread) })
+            links: Vec::new(),
+        });
+        let engine = GroupCommit::new((), head, GroupLimits::of(&opts));
+        Ok(Log { inner: Arc::new(LogInner { dir, opts, writer_id, report, shared, writer, engine }) })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.inner.dir
     }
 
     pub fn options(&self) -> &LogOptions {
-        &self.opts
+        &self.inner.opts
     }
 
     /// The identity this writer stamps on every record.
     pub fn writer_id(&self) -> uuid::Uuid {
-        self.writer_id
+        self.inner.writer_id
     }
 
     /// What recovery found and did when this log was opened.
     pub fn open_report(&self) -> &OpenReport {
-        &self.report
+        &self.inner.report
     }
 
     /// Last sequence this writer knows to be durable.
     pub fn head(&self) -> u64 {
-        self.shared.head.load(Ordering::Acquire)
+        self.inner.shared.head.load(Ordering::Acquire)
     }
 
     /// Records other processes appended that this writer has caught up with.
     pub fn adopted_records(&self) -> u64 {
-        self.shared.adopted.load(Ordering::Relaxed)
+        self.inner.shared.adopted.load(Ordering::Relaxed)
     }
 
     /// `(records appended, data syncs taken)` by this writer: their ratio is the
     /// mean group-commit size.
     pub fn commit_stats(&self) -> (u64, u64) {
-        (self.shared.appended.load(Ordering::Relaxed), self.shared.syncs.load(Ordering::Relaxed))
+        let s = &self.inner.shared;
+        (s.appended.load(Ordering::Relaxed), s.syncs.load(Ordering::Relaxed))
     }
 
     /// Append one record; returns once it is synced.
@@ -171,39 +162,35 @@ impl Log {
     /// prefix of an unacknowledged batch may survive: atomicity across crashes is
     /// per record (the ledger puts one transaction in one record).
     pub fn append_batch(&self, payloads: Vec<Vec<u8>>) -> Result<Appended> {
-        let (req, rx) = self.request(payloads, None)?;
-        self.submit_blocking(req, rx)
+        self.inner.check(&payloads)?;
+        self.inner.commit(None, payloads)
     }
 
     /// Compare-and-append: append only if the last sequence is `expect_last_seq`
     /// (checked after catching up with every other process), else `HEAD_MOVED`.
     pub fn append_if_head(&self, expect_last_seq: u64, payloads: Vec<Vec<u8>>) -> Result<Appended> {
-        let (req, rx) = self.request(payloads, Some(expect_last_seq))?;
-        self.submit_blocking(req, rx)
+        self.inner.check(&payloads)?;
+        self.inner.commit(Some(expect_last_seq), payloads)
     }
 
-    /// Fast path: when nothing is queued and the writer thread is idle, commit in
-    /// the caller's thread. A lone appender then pays no hand-off between threads
-    /// (two wake-ups of idle CPUs per append, which cost more than the syscalls);
-    /// under concurrency requests queue up and share the writer thread's syncs.
-    fn submit_blocking(&self, req: Request, mut rx: oneshot::Receiver<Result<Appended>>) -> Result<Appended> {
-        let tx = self.sender()?;
-        if !self.shared.thread_busy.load(Ordering::Acquire)
-            && tx.capacity() == tx.max_capacity()
-            && let Ok(mut w) = self.state.try_lock()
-        {
-            w.commit(vec![req]);
-            return rx.try_recv().map_err(|_| Error::Closed)?;
-        }
-        tx.blocking_send(req).map_err(|_| Error::Closed)?;
-        rx.blocking_recv().map_err(|_| Error::Closed)?
-    }
-
-    /// `append` for async callers: waits on its completion without blocking a thread.
+    /// `append` for async callers: joins an open commit group and waits for its
+    /// sync without blocking a thread; when no group is open it leads one on a
+    /// blocking thread (`spawn_blocking`: a tokio runtime must be running). If the
+    /// future is dropped after its record was queued, the record is still appended
+    /// (only the answer is lost, as for any caller that stops listening).
     pub async fn append_async(&self, payload: Vec<u8>) -> Result<Appended> {
-        let (req, rx) = self.request(vec![payload], None)?;
-        self.sender()?.send(req).await.map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        let payloads = vec![payload];
+        self.inner.check(&payloads)?;
+        match self.inner.engine.queue_async(Admission::Callers, payloads).await {
+            AsyncTurn::Done(settled) => {
+                let s = settled?;
+                appended(Settled { answer: Ok(s.answer), link: s.link })
+            }
+            AsyncTurn::Lead(payloads) => {
+                let inner = Arc::clone(&self.inner);
+                tokio::task::spawn_blocking(move || inner.lead(payloads)).await.map_err(|_| Error::Closed)?
+            }
+        }
     }
 
     /// Run `f` holding the cross-process append lock, after catching up with every
@@ -211,71 +198,143 @@ impl Log {
     /// log, validates and then appends through [`Locked::append_if_head`] is never
     /// overtaken. The ledger's transactions run this way.
     pub fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
-        self.shared.poison_check()?;
-        let mut w = self.state.lock().expect("writer state");
-        let lock = Arc::clone(&w.lock);
-        let _held = lock.acquire(w.opts.lock_wait_ms_max)?;
-        if let Err(e) = w.catch_up() {
-            w.settle(vec![], Err(e.clone()));
-            return Err(e);
-        }
-        w.shared.head.store(w.tail.cursor.next_seq - 1, Ordering::Release);
-        Ok(f(&mut Locked { log: self, w: &mut w }))
+        self.inner.with_lock(f)
     }
 
-    /// Stop the writer thread after it finishes what is queued.
-    pub fn close(mut self) -> Result<()> {
-        self.shutdown();
+    /// Close the log: every append has returned by now (they hold `&self`); says
+    /// whether the writer was poisoned.
+    pub fn close(self) -> Result<()> {
+        self.inner.shared.poison_check()?;
+        self.inner.engine.lock().poison_check()
+    }
+}
+
+/// A settled raw append: its sequences and the chain link of its last record.
+fn appended(s: Settled<Result<(u64, u64)>>) -> Result<Appended> {
+    let (first_seq, last_seq) = s.answer?;
+    let chain_head = s.link.ok_or_else(|| Error::Poisoned {
+        cause: format!("records {first_seq}..={last_seq} became durable without their chain link"),
+    })?;
+    Ok(Appended { first_seq, last_seq, chain_head })
+}
+
+impl LogInner {
+    /// Limits of one call, and the poison, checked before anything is queued.
+    fn check(&self, payloads: &[Vec<u8>]) -> Result<()> {
+        check_payloads(&self.opts, payloads)?;
         self.shared.poison_check()
     }
 
-    fn sender(&self) -> Result<&mpsc::Sender<Request>> {
-        self.tx.as_ref().ok_or(Error::Closed)
-    }
-
-    fn request(
-        &self,
-        payloads: Vec<Vec<u8>>,
-        expect_last_seq: Option<u64>,
-    ) -> Result<(Request, oneshot::Receiver<Result<Appended>>)> {
-        if payloads.is_empty() {
-            return Err(Error::EmptyBatch);
-        }
-        let max = self.opts.payload_bytes_max as usize;
-        if let Some(p) = payloads.iter().find(|p| p.len() > max) {
-            return Err(Error::RecordTooLarge { bytes: p.len() as u64, max: max as u64 });
-        }
-        let bytes = payloads.iter().map(Vec::len).sum();
-        if payloads.len() > self.opts.batch_records_max || bytes > self.opts.batch_bytes_max {
-            return Err(Error::BatchTooLarge {
-                records: payloads.len(),
-                bytes,
-                records_max: self.opts.batch_records_max,
-                bytes_max: self.opts.batch_bytes_max,
-            });
-        }
+    fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
         self.shared.poison_check()?;
-        let (reply, rx) = oneshot::channel();
-        Ok((Request { payloads, bytes, expect_last_seq, reply }, rx))
+        let mut w = self.writer.lock().expect("writer state");
+        let lock = Arc::clone(&w.lock);
+        let _held = lock.acquire(w.opts.lock_wait_ms_max)?;
+        if let Err(e) = w.catch_up() {
+            w.poison(&e);
+            return Err(e);
+        }
+        w.shared.head.store(w.tail.cursor.next_seq - 1, Ordering::Release);
+        Ok(f(&mut Locked { opts: &self.opts, w: &mut w }))
     }
 
-    fn shutdown(&mut self) {
-        self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+    /// Queue `payloads` in a commit group (after `expect_last_seq`, if given) and
+    /// wait for their sync.
+    fn commit(&self, expect_last_seq: Option<u64>, payloads: Vec<Vec<u8>>) -> Result<Appended> {
+        let mut payloads = Some(payloads);
+        let settled =
+            self.engine.commit(self, Admission::Callers, |core| queue_raw(core, expect_last_seq, &mut payloads));
+        appended(settled.map_err(raw_error)?)
+    }
+
+    /// Lead a group for an async caller (the engine set the phase for it).
+    fn lead(&self, payloads: Vec<Vec<u8>>) -> Result<Appended> {
+        let mut payloads = Some(payloads);
+        let mut act = |core: &mut Core<()>| queue_raw(core, None, &mut payloads);
+        match self.engine.lead_started(self, &mut act) {
+            Some(settled) => appended(settled.map_err(raw_error)?),
+            None => Err(Error::Poisoned { cause: "another writer appended inside the exclusive section".into() }),
         }
     }
 }
 
-impl Drop for Log {
-    fn drop(&mut self) {
-        self.shutdown();
+/// Queue a raw append's payloads: the answer is their sequences (or `HEAD_MOVED`
+/// for a compare-and-append whose expected head is gone). Raw records are never
+/// judged again: were the engine to ask (another writer appended inside the
+/// exclusive section), the payloads are gone and the answer says so.
+fn queue_raw(
+    core: &mut Core<()>,
+    expect: Option<u64>,
+    payloads: &mut Option<Vec<Vec<u8>>>,
+) -> (Result<(u64, u64)>, u64) {
+    let last = core.last_seq();
+    if let Some(expected) = expect.filter(|&e| e != last) {
+        return (Err(Error::HeadMoved { expected, actual: last }), core.durable_seq());
     }
+    let Some(payloads) = payloads.take() else {
+        let cause = "another writer appended inside the exclusive section".to_string();
+        return (Err(Error::Poisoned { cause }), core.durable_seq());
+    };
+    let first = last + 1;
+    for p in payloads {
+        core.queue(p);
+    }
+    (Ok((first, core.last_seq())), core.last_seq())
+}
+
+fn raw_error(e: CommitError<Error>) -> Error {
+    match e {
+        CommitError::Storage(e) | CommitError::Hook(e) => e,
+        CommitError::Draining => Error::Closed,
+        CommitError::HeadMovedTooOften { .. } => {
+            Error::Poisoned { cause: "another writer appended inside the exclusive section".into() }
+        }
+    }
+}
+
+impl Hooks<()> for LogInner {
+    type Error = Error;
+
+    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
+        self.with_lock(|l| f(l))?
+    }
+
+    /// `with_lock` has caught the tail up and noted its head.
+    fn catch_up(&self, core: &mut Core<()>, _x: &mut dyn Exclusive) -> Result<()> {
+        core.caught_up_to(self.shared.head.load(Ordering::Acquire));
+        Ok(())
+    }
+
+    fn rebuild(&self, _core: &mut Core<()>) -> std::result::Result<(), String> {
+        // Under the append lock nobody else appends: the lock was broken.
+        Err("another writer appended while this one held the append lock".into())
+    }
+}
+
+/// Refuse an empty call, a record over the limit, a batch over the batch limits.
+fn check_payloads(opts: &LogOptions, payloads: &[Vec<u8>]) -> Result<()> {
+    if payloads.is_empty() {
+        return Err(Error::EmptyBatch);
+    }
+    let max = opts.payload_bytes_max as usize;
+    if let Some(p) = payloads.iter().find(|p| p.len() > max) {
+        return Err(Error::RecordTooLarge { bytes: p.len() as u64, max: max as u64 });
+    }
+    let bytes = payloads.iter().map(Vec::len).sum();
+    if payloads.len() > opts.batch_records_max || bytes > opts.batch_bytes_max {
+        return Err(Error::BatchTooLarge {
+            records: payloads.len(),
+            bytes,
+            records_max: opts.batch_records_max,
+            bytes_max: opts.batch_bytes_max,
+        });
+    }
+    Ok(())
 }
 
 /// The log while [`Log::with_lock`] holds the append lock.
 pub struct Locked<'a> {
-    log: &'a Log,
+    opts: &'a LogOptions,
     w: &'a mut Writer,
 }
 
@@ -288,11 +347,36 @@ impl Locked<'_> {
     /// Append and sync, if the head is still `expect_last_seq` (it is, unless this
     /// process appended through another path meanwhile).
     pub fn append_if_head(&mut self, expect_last_seq: u64, payloads: Vec<Vec<u8>>) -> Result<Appended> {
-        let (req, mut rx) = self.log.request(payloads, Some(expect_last_seq))?;
-        let group = vec![req];
-        let outcome = self.w.write_group(&group);
-        self.w.settle(group, outcome);
-        rx.try_recv().map_err(|_| Error::Closed)?
+        match Exclusive::append_if_head(self, expect_last_seq, payloads)? {
+            AppendOutcome::Appended(a) => Ok(a),
+            AppendOutcome::HeadMoved { actual } => Err(Error::HeadMoved { expected: expect_last_seq, actual }),
+        }
+    }
+}
+
+impl Exclusive for Locked<'_> {
+    fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {
+        check_payloads(self.opts, &payloads)?;
+        self.w.shared.poison_check()?;
+        let last = self.head();
+        if last != expect_seq {
+            return Ok(AppendOutcome::HeadMoved { actual: last });
+        }
+        match self.w.write_group(&payloads) {
+            Ok(a) => {
+                self.w.shared.head.store(a.last_seq, Ordering::Release);
+                Ok(AppendOutcome::Appended(a))
+            }
+            Err(e) => {
+                // Bytes may be half on disk: nothing is acknowledged until reopen.
+                self.w.poison(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn links(&self) -> &[ChainLink] {
+        &self.w.links
     }
 }
 
@@ -331,71 +415,20 @@ struct Writer {
     shared: Arc<Shared>,
     /// Frames of the group being written (reused; bounded by `batch_bytes_max`).
     buf: Vec<u8>,
-}
-
-/// The writer thread: take what is queued (up to the batch limits), commit it as one
-/// group, repeat until every sender is gone.
-fn run(state: Arc<Mutex<Writer>>, shared: Arc<Shared>, mut rx: mpsc::Receiver<Request>) {
-    let (records_max, bytes_max) = {
-        let w = state.lock().expect("writer state");
-        (w.opts.batch_records_max, w.opts.batch_bytes_max)
-    };
-    let mut carried: Option<Request> = None;
-    loop {
-        let Some(first) = carried.take().or_else(|| rx.blocking_recv()) else { return };
-        shared.thread_busy.store(true, Ordering::Release);
-        let (mut records, mut bytes) = (first.payloads.len(), first.bytes);
-        let mut group = vec![first];
-        while let Ok(r) = rx.try_recv() {
-            if records + r.payloads.len() > records_max || bytes + r.bytes > bytes_max {
-                carried = Some(r);
-                break;
-            }
-            records += r.payloads.len();
-            bytes += r.bytes;
-            group.push(r);
-        }
-        state.lock().expect("writer state").commit(group);
-        shared.thread_busy.store(false, Ordering::Release);
-    }
+    /// Chain link of each record of the last group written.
+    links: Vec<ChainLink>,
 }
 
 impl Writer {
-    fn commit(&mut self, group: Vec<Request>) {
-        if let Err(e) = self.shared.poison_check() {
-            return group.into_iter().for_each(|r| drop(r.reply.send(Err(e.clone()))));
+    /// A failure (other than a lock timeout, which wrote nothing) poisons the
+    /// writer: bytes may be half on disk, so nothing is acknowledged until reopen.
+    fn poison(&self, e: &Error) {
+        if matches!(e, Error::LockTimeout { .. }) {
+            return;
         }
-        let outcome = self.lock_and_write(&group);
-        self.settle(group, outcome);
-    }
-
-    /// Reply to every request of a group; a failure (other than a lock timeout,
-    /// which wrote nothing) poisons the writer.
-    fn settle(&mut self, group: Vec<Request>, outcome: Result<Vec<Result<Appended>>>) {
-        match outcome {
-            Ok(results) => {
-                self.shared.head.store(self.tail.cursor.next_seq - 1, Ordering::Release);
-                for (r, res) in group.into_iter().zip(results) {
-                    let _ = r.reply.send(res);
-                }
-            }
-            Err(e) => {
-                if !matches!(e, Error::LockTimeout { .. }) {
-                    // Bytes may be half on disk: nothing is acknowledged until reopen.
-                    tracing::error!(error = %e, "writer poisoned");
-                    *self.shared.poisoned.lock().expect("poison mutex") = Some(e.to_string());
-                    self.shared.is_poisoned.store(true, Ordering::Release);
-                }
-                group.into_iter().for_each(|r| drop(r.reply.send(Err(e.clone()))));
-            }
-        }
-    }
-
-    fn lock_and_write(&mut self, group: &[Request]) -> Result<Vec<Result<Appended>>> {
-        let lock = Arc::clone(&self.lock);
-        let _held = lock.acquire(self.opts.lock_wait_ms_max)?;
-        self.catch_up()?;
-        self.write_group(group)
+        tracing::error!(error = %e, "writer poisoned");
+        self.shared.poisoned.lock().expect("poison mutex").get_or_insert_with(|| e.to_string());
+        self.shared.is_poisoned.store(true, Ordering::Release);
     }
 
     /// Adopt what other processes appended since our last look: the rest of our
@@ -541,37 +574,30 @@ impl Writer {
         Ok(())
     }
 
-    fn write_group(&mut self, group: &[Request]) -> Result<Vec<Result<Appended>>> {
+    /// Encode `payloads` as the next records, write them (rotating segments as
+    /// needed) and sync; `links` gets the chain link of each record.
+    fn write_group(&mut self, payloads: &[Vec<u8>]) -> Result<Appended> {
         let now_ms = self.opts.now_ms();
         self.buf.clear();
-        let mut results = Vec::with_capacity(group.len());
-        for req in group {
-            let last = self.tail.cursor.next_seq - 1;
-            if let Some(expected) = req.expect_last_seq.filter(|&e| e != last) {
-                results.push(Err(Error::HeadMoved { expected, actual: last }));
-                continue;
+        self.links.clear();
+        let first_seq = self.tail.cursor.next_seq;
+        for p in payloads {
+            let used = self.tail.segment_len + self.buf.len() as u64;
+            if used > SEGMENT_HEADER_BYTES as u64 && used + frame_bytes(p.len()) as u64 > self.opts.segment_bytes_max {
+                self.flush()?;
+                self.seal()?;
+                let path = create_segment(&self.dir, &self.tail.cursor, self.opts.format_version)?;
+                self.switch_to(path, Layout::of_version(self.opts.format_version))?;
             }
-            let first_seq = self.tail.cursor.next_seq;
-            for p in &req.payloads {
-                let used = self.tail.segment_len + self.buf.len() as u64;
-                if used > SEGMENT_HEADER_BYTES as u64
-                    && used + frame_bytes(p.len()) as u64 > self.opts.segment_bytes_max
-                {
-                    self.flush()?;
-                    self.seal()?;
-                    let path = create_segment(&self.dir, &self.tail.cursor, self.opts.format_version)?;
-                    self.switch_to(path, Layout::of_version(self.opts.format_version))?;
-                }
-                let c = &mut self.tail.cursor;
-                c.prev_link = encode_frame(&mut self.buf, &c.prev_link, c.next_seq, &self.writer_id, now_ms, p);
-                c.next_seq += 1;
-                self.shared.appended.fetch_add(1, Ordering::Relaxed);
-            }
-            let c = &self.tail.cursor;
-            results.push(Ok(Appended { first_seq, last_seq: c.next_seq - 1, chain_head: c.prev_link }));
+            let c = &mut self.tail.cursor;
+            c.prev_link = encode_frame(&mut self.buf, &c.prev_link, c.next_seq, &self.writer_id, now_ms, p);
+            c.next_seq += 1;
+            self.links.push(c.prev_link);
         }
         self.flush()?;
-        Ok(results)
+        self.shared.appended.fetch_add(payloads.len() as u64, Ordering::Relaxed);
+        let c = &self.tail.cursor;
+        Ok(Appended { first_seq, last_seq: c.next_seq - 1, chain_head: c.prev_link })
     }
 
     /// Write the buffered frames at the tail and sync them (data, not metadata that

@@ -1,0 +1,842 @@
+//! The group commit: the one commit engine of fencelog (as raft-engine's
+//! `write_barrier.rs`). Threads (and async tasks) of one process that append at
+//! once share syncs; this file says who leads, who queues, who waits for what, and
+//! who is woken when. Raw appends ([`super::Log::append`]) and the ledger's
+//! compare-and-append transactions both commit through it: the ledger judges each
+//! transaction against its projection (its state `S`, kept under the same mutex)
+//! before it queues the record; a raw append queues its payloads as they are.
+//!
+//! **Leader and followers.** The first caller to arrive while no group is open
+//! leads: it enters the backend's exclusive section (the file backend's
+//! cross-process append lock), lets the state catch up with what other processes
+//! appended (`Hooks::catch_up`), opens the group, queues its own records and
+//! flushes: one append and one sync per group, until nothing is queued. Callers
+//! arriving while a group is open queue their records behind the ones being
+//! synced (they follow them in the log) and wait.
+//!
+//! **Lock order.** (1) the backend's exclusive section → (2) the engine's `core`
+//! mutex → (3) a waiter's own slot. A thread holding (2) never waits for (1) (the
+//! leader takes (1) before (2)). (2) is never held across a write or sync of the
+//! log: the leader lets go of it for each group, so other callers can queue the
+//! next one. It is held across *reads* of the log — catching up, and the rebuild
+//! after another writer appended first (rare with the file backend) — which is
+//! what keeps every judgement on exactly the state it follows.
+//!
+//! **Wake-ups.** A caller whose answer rests on records not yet durable waits on
+//! its own slot (a condition variable for a thread, a channel for an async task);
+//! after each sync the leader wakes exactly the waiters whose records that sync
+//! made durable (not every thread on every change: a design note measured a third
+//! of the throughput for that). The shared condition variable (and, for async
+//! tasks, a `Notify`) is only for phase changes, for readers waiting for a view
+//! with nothing in flight, and for callers waiting for room in a full queue.
+//!
+//! **Turns between processes.** A leader lets go of the exclusive section after
+//! `GROUPS_PER_LOCK_MAX` groups, so that other processes get their turn.
+//!
+//! **Failure.** A group that does not become durable poisons the engine: every
+//! waiter hears the cause, every later call too, until the log is reopened.
+
+use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::backend::{AppendOutcome, Exclusive};
+use super::error::Error;
+use super::options::LogOptions;
+use super::writer::Appended;
+use crate::format::ChainLink;
+
+/// Commit groups one leader writes before it lets go of the exclusive section.
+pub const GROUPS_PER_LOCK_MAX: u32 = 8;
+
+/// Turns (of up to `GROUPS_PER_LOCK_MAX` groups each) one leader takes in a row
+/// while callers wait: bounds how long the leader's own caller waits for its answer.
+pub const LEADER_TURNS_MAX: u32 = 4;
+
+/// Times a caller's records are judged again because another writer appended
+/// first, before it hears `HEAD_MOVED`.
+pub const HEAD_MOVED_RETRIES_MAX: u32 = 64;
+
+/// Where the group commit stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// No caller holds the exclusive section.
+    Idle,
+    /// A caller is entering the exclusive section and catching up; arrivals wait.
+    Starting,
+    /// The leader holds the exclusive section and the state is caught up: arrivals
+    /// queue their records for its next sync.
+    Open,
+    /// The leader has written `GROUPS_PER_LOCK_MAX` groups: it syncs what is queued
+    /// and lets go, so other processes get their turn; arrivals wait.
+    Closing,
+}
+
+/// Who may commit while the engine drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Callers' records: refused once draining began.
+    Callers,
+    /// The owner's own records (a ledger's checkpoints and audit counts on close):
+    /// admitted while draining, so a drained log can still close cleanly.
+    Internal,
+}
+
+/// Why a commit did not give its answer.
+#[derive(Debug)]
+pub enum CommitError<E> {
+    /// Storage failed, or the engine is poisoned.
+    Storage(Error),
+    /// The owner's catch-up failed (e.g. a record that does not decode).
+    Hook(E),
+    /// The engine is draining: the records were not queued and never will be.
+    Draining,
+    /// Another writer appended first this many times in a row.
+    HeadMovedTooOften { retries: u32 },
+}
+
+/// An answer whose records are durable, with the chain link of the last record it
+/// rests on when the backend gave it (`None` when the answer rested only on records
+/// already durable).
+#[derive(Debug)]
+pub struct Settled<T> {
+    pub answer: T,
+    pub link: Option<ChainLink>,
+}
+
+/// What the owner of the engine (the ledger, a raw log) does at its turns.
+pub trait Hooks<S> {
+    type Error;
+    /// Run `f` in the backend's exclusive section (the file backend: holding the
+    /// cross-process append lock, after catching up with the files).
+    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>) -> Result<(), Error>;
+    /// In the exclusive section, before a group opens: bring the state up to the
+    /// log's head (what other processes appended) and say where it is
+    /// ([`Core::caught_up_to`]).
+    fn catch_up(&self, core: &mut Core<S>, x: &mut dyn Exclusive) -> Result<(), Self::Error>;
+    /// Nothing is queued and the leader is about to end the group: queue the
+    /// owner's own records if it has any (a checkpoint). Returns whether it did.
+    fn before_idle(&self, _core: &mut Core<S>) -> bool {
+        false
+    }
+    /// A group became durable (its first and last sequence, the chain link of its
+    /// last record).
+    fn on_durable(&self, _core: &mut Core<S>, _group: &Appended) {}
+    /// Another writer appended first: rebuild the state from the log's durable
+    /// records and say where it is ([`Core::caught_up_to`]), or say why not.
+    fn rebuild(&self, core: &mut Core<S>) -> Result<(), String>;
+    /// The leader has left the exclusive section (work that must not hold it, such
+    /// as starting a snapshot).
+    fn after_lead(&self, _core: &mut Core<S>) {}
+}
+
+/// How large a group and the queue may grow.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupLimits {
+    /// Most records and payload bytes in one append and sync.
+    pub records_max: usize,
+    pub bytes_max: usize,
+    /// Most records queued for the next group; arrivals wait for room beyond it.
+    pub queued_records_max: usize,
+}
+
+impl GroupLimits {
+    pub fn of(opts: &LogOptions) -> GroupLimits {
+        GroupLimits {
+            records_max: opts.batch_records_max,
+            bytes_max: opts.batch_bytes_max,
+            queued_records_max: opts.queue_depth_max,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Signal {
+    /// Everything the answer rests on is durable (with the chain link of the
+    /// record the waiter waited for, when the backend gave it).
+    Durable(Option<ChainLink>),
+    /// Another writer appended first: judge again.
+    Retry,
+    /// The group failed; the engine is poisoned.
+    Failed(String),
+}
+
+/// A waiting thread's own condition variable: the leader puts one signal in it and
+/// wakes that thread alone.
+#[derive(Default)]
+struct ThreadSlot {
+    signal: Mutex<Option<Signal>>,
+    cv: Condvar,
+}
+
+impl ThreadSlot {
+    /// The signal if one was given (the leader's own slot, after its flush).
+    fn try_take(&self) -> Option<Signal> {
+        self.signal.lock().expect("slot").take()
+    }
+
+    fn take(&self) -> Signal {
+        let mut g = self.signal.lock().expect("slot");
+        loop {
+            if let Some(s) = g.take() {
+                return s;
+            }
+            g = self.cv.wait(g).expect("slot");
+        }
+    }
+}
+
+/// Where one waiter is woken.
+enum Slot {
+    Thread(Arc<ThreadSlot>),
+    Task(tokio::sync::oneshot::Sender<Signal>),
+}
+
+impl Slot {
+    fn give(self, s: Signal) {
+        match self {
+            Slot::Thread(t) => {
+                *t.signal.lock().expect("slot") = Some(s);
+                t.cv.notify_one();
+            }
+            Slot::Task(tx) => {
+                let _ = tx.send(s);
+            }
+        }
+    }
+}
+
+/// The engine's state and its owner's (`S`, reached through `Deref`), under one
+/// mutex.
+pub struct Core<S> {
+    state: S,
+    phase: Phase,
+    /// Records queued for the next group, in sequence order.
+    queued: Vec<Vec<u8>>,
+    /// The sequence the last queued record will have (the durable one when
+    /// nothing is in flight).
+    last_seq: u64,
+    /// Everything up to this sequence is synced.
+    durable_seq: u64,
+    /// Bumped when queued records were judged on state another writer overtook:
+    /// every waiter of an older epoch judges again.
+    epoch: u64,
+    head_moved: u64,
+    draining: bool,
+    /// Readers waiting for a view with nothing in flight; while any wait, arrivals
+    /// do not join the open group, so the leader drains and the wait is bounded.
+    readers_waiting: usize,
+    /// Callers waiting for room in a full queue.
+    room_waiting: usize,
+    /// Callers waiting for a group to open (threads and async tasks).
+    arrivals_waiting: usize,
+    poisoned: Option<String>,
+    /// Waiters by the last sequence their answer rests on.
+    waiters: BTreeMap<u64, Vec<Slot>>,
+}
+
+impl<S> Deref for Core<S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.state
+    }
+}
+
+impl<S> DerefMut for Core<S> {
+    fn deref_mut(&mut self) -> &mut S {
+        &mut self.state
+    }
+}
+
+impl<S> Core<S> {
+    /// Everything up to this sequence is durable.
+    pub fn durable_seq(&self) -> u64 {
+        self.durable_seq
+    }
+
+    /// The sequence the last queued record will have.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Queue a record for the next group; returns the sequence it will have.
+    pub fn queue(&mut self, record: Vec<u8>) -> u64 {
+        self.queued.push(record);
+        self.last_seq += 1;
+        self.last_seq
+    }
+
+    /// After catching up or rebuilding: the log is durable up to `seq` and nothing
+    /// of this engine is in flight.
+    pub fn caught_up_to(&mut self, seq: u64) {
+        debug_assert!(self.queued.is_empty() && self.last_seq == self.durable_seq, "caught up with records in flight");
+        (self.durable_seq, self.last_seq) = (seq, seq);
+    }
+
+    /// No group is being committed and nothing is in flight.
+    pub fn is_settled(&self) -> bool {
+        self.phase == Phase::Idle && self.durable_seq == self.last_seq
+    }
+
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// How often another writer appended first.
+    pub fn head_moved(&self) -> u64 {
+        self.head_moved
+    }
+
+    pub fn poison_check(&self) -> Result<(), Error> {
+        match &self.poisoned {
+            Some(cause) => Err(Error::Poisoned { cause: cause.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// The waiters whose records are now durable (and only them), with their
+    /// signal: woken by the caller once it has let go of the core mutex, so that
+    /// arrivals queue meanwhile. `links` are the chain links of the records the
+    /// last group appended from `first_seq` on.
+    fn durable_waiters(&mut self, first_seq: u64, links: &[ChainLink]) -> Vec<(Slot, Signal)> {
+        let later = self.waiters.split_off(&(self.durable_seq + 1));
+        let mut woken = Vec::new();
+        for (seq, slots) in std::mem::replace(&mut self.waiters, later) {
+            let link = seq.checked_sub(first_seq).and_then(|i| links.get(i as usize)).copied();
+            woken.extend(slots.into_iter().map(|slot| (slot, Signal::Durable(link))));
+        }
+        woken
+    }
+
+    /// Give every waiter the same signal.
+    fn wake_all(&mut self, signal: Signal) {
+        for slot in std::mem::take(&mut self.waiters).into_values().flatten() {
+            slot.give(signal.clone());
+        }
+    }
+
+    /// Poison: the state may hold records the log lacks; every waiter hears it now,
+    /// every later call until reopen.
+    fn poison(&mut self, cause: String) {
+        self.poisoned.get_or_insert(cause);
+        self.queued.clear();
+        self.last_seq = self.durable_seq;
+        let cause = self.poisoned.clone().expect("just set");
+        self.wake_all(Signal::Failed(cause));
+    }
+}
+
+/// What [`GroupCommit::drain`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainOutcome {
+    pub settled: bool,
+    pub last_seq: u64,
+}
+
+/// What an async caller found ([`GroupCommit::queue_async`]).
+pub enum AsyncTurn {
+    /// Its records were queued into an open group and are settled.
+    Done(Result<Settled<(u64, u64)>, Error>),
+    /// No group was open: the caller was made leader (the phase is `Starting`)
+    /// and must lead on a thread that may block ([`GroupCommit::lead_started`]).
+    Lead(Vec<Vec<u8>>),
+}
+
+/// An async caller counted among those waiting (for room in the queue, or for a
+/// group to open) until it stops waiting — also if its future is dropped.
+struct Waiting<'a, S>(&'a GroupCommit<S>, bool);
+
+impl<S> Drop for Waiting<'_, S> {
+    fn drop(&mut self) {
+        let mut core = self.0.lock();
+        match self.1 {
+            true => core.room_waiting -= 1,
+            false => core.arrivals_waiting -= 1,
+        }
+    }
+}
+
+/// The engine. `S` is its owner's state, judged and updated under the same mutex.
+pub struct GroupCommit<S> {
+    core: Mutex<Core<S>>,
+    /// Arrivals waiting for a group to open (or to lead one), or for room in the
+    /// queue. When a leader ends its phase it wakes *one* of them (to lead), not
+    /// every thread: the one that leads wakes them all once the group is open.
+    arrivals: Condvar,
+    /// Readers waiting for a settled view, a drain: phase ends and poisoning.
+    changed: Condvar,
+    /// The same, for async tasks.
+    changed_async: tokio::sync::Notify,
+    limits: GroupLimits,
+}
+
+type Act<'a, S, T> = dyn FnMut(&mut Core<S>) -> (T, u64) + 'a;
+
+impl<S> GroupCommit<S> {
+    /// An engine whose log is durable up to `durable_seq`.
+    pub fn new(state: S, durable_seq: u64, limits: GroupLimits) -> GroupCommit<S> {
+        GroupCommit {
+            core: Mutex::new(Core {
+                state,
+                phase: Phase::Idle,
+                queued: Vec::new(),
+                last_seq: durable_seq,
+                durable_seq,
+                epoch: 0,
+                head_moved: 0,
+                draining: false,
+                readers_waiting: 0,
+                room_waiting: 0,
+                arrivals_waiting: 0,
+                poisoned: None,
+                waiters: BTreeMap::new(),
+            }),
+            arrivals: Condvar::new(),
+            changed: Condvar::new(),
+            changed_async: tokio::sync::Notify::new(),
+            limits,
+        }
+    }
+
+    /// The state as it is (records may be in flight).
+    pub fn lock(&self) -> MutexGuard<'_, Core<S>> {
+        self.core.lock().expect("commit engine")
+    }
+
+    /// Everyone who waits for a change: a group opened, room, poisoning.
+    fn wake_phase(&self) {
+        self.arrivals.notify_all();
+        self.changed.notify_all();
+        self.changed_async.notify_waiters();
+    }
+
+    /// The phase is idle again: one arrival to lead, and the readers.
+    fn wake_idle(&self) {
+        self.arrivals.notify_one();
+        self.changed.notify_all();
+        self.changed_async.notify_waiters();
+    }
+
+    /// The state with nothing in flight: waits while records are (meanwhile new
+    /// arrivals do not join the open group, so this is bounded by the groups
+    /// already formed).
+    pub fn settled(&self) -> Result<MutexGuard<'_, Core<S>>, Error> {
+        let mut core = self.lock();
+        core.readers_waiting += 1;
+        while core.durable_seq < core.last_seq && core.poisoned.is_none() {
+            core = self.changed.wait(core).expect("commit engine");
+        }
+        core.readers_waiting -= 1;
+        self.wake_phase();
+        core.poison_check()?;
+        Ok(core)
+    }
+
+    /// Stop admitting callers' records (they are refused: `Draining`) and wait, at
+    /// most `wait_ms_max`, until every record already queued is durable or failed.
+    pub fn drain(&self, wait_ms_max: u64) -> Result<DrainOutcome, Error> {
+        let deadline = Instant::now() + Duration::from_millis(wait_ms_max);
+        let mut core = self.lock();
+        core.draining = true;
+        self.wake_phase();
+        loop {
+            if core.is_settled() || core.poisoned.is_some() {
+                core.poison_check()?;
+                return Ok(DrainOutcome { settled: true, last_seq: core.durable_seq });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(DrainOutcome { settled: false, last_seq: core.durable_seq });
+            }
+            core = self.changed.wait_timeout(core, deadline - now).expect("commit engine").0;
+        }
+    }
+
+    /// Run `act` on the caught-up state within a commit group: `act` queues its
+    /// records (if any) and returns its answer and the last sequence that answer
+    /// rests on; the answer is given once that sequence is durable. If another
+    /// writer appended first, the state `act` ran on is gone: it runs again on the
+    /// new state.
+    pub fn commit<H: Hooks<S>, T>(
+        &self,
+        hooks: &H,
+        admission: Admission,
+        mut act: impl FnMut(&mut Core<S>) -> (T, u64),
+    ) -> Result<Settled<T>, CommitError<H::Error>> {
+        for _ in 0..HEAD_MOVED_RETRIES_MAX {
+            if let Some(answer) = self.attempt(hooks, admission, &mut act) {
+                return answer;
+            }
+            tracing::debug!("judging again: another writer appended first");
+        }
+        Err(CommitError::HeadMovedTooOften { retries: HEAD_MOVED_RETRIES_MAX })
+    }
+
+    /// One try of `commit`: `None` when it must be judged again.
+    fn attempt<H: Hooks<S>, T>(
+        &self,
+        hooks: &H,
+        admission: Admission,
+        act: &mut Act<'_, S, T>,
+    ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
+        let mut core = self.lock();
+        loop {
+            if let Err(e) = core.poison_check() {
+                return Some(Err(CommitError::Storage(e)));
+            }
+            if core.draining && admission == Admission::Callers {
+                return Some(Err(CommitError::Draining));
+            }
+            let blocked = core.readers_waiting > 0;
+            match core.phase {
+                Phase::Open if !blocked && core.queued.len() < self.limits.queued_records_max => {
+                    let epoch = core.epoch;
+                    let (answer, covers) = match self.guarded(&mut core, act) {
+                        Ok(done) => done,
+                        Err(panic) => {
+                            drop(core);
+                            std::panic::resume_unwind(panic);
+                        }
+                    };
+                    return self.await_durable(core, covers, epoch, answer);
+                }
+                Phase::Open if !blocked => {
+                    core.room_waiting += 1;
+                    core = self.arrivals.wait(core).expect("commit engine");
+                    core.room_waiting -= 1;
+                }
+                Phase::Idle if !blocked => {
+                    core.phase = Phase::Starting;
+                    drop(core);
+                    return self.lead_started(hooks, act);
+                }
+                _ => {
+                    core.arrivals_waiting += 1;
+                    core = self.arrivals.wait(core).expect("commit engine");
+                    core.arrivals_waiting -= 1;
+                }
+            }
+        }
+    }
+
+    /// Lead, the phase having been set to `Starting` by this caller: enter the
+    /// exclusive section, catch up, open the group, run this caller's own `act`,
+    /// and flush the groups. `None` when `act` must be judged again.
+    pub fn lead_started<H: Hooks<S>, T>(
+        &self,
+        hooks: &H,
+        act: &mut Act<'_, S, T>,
+    ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
+        let (mut own, mut panicked) = (None, None);
+        let mut failed: Option<CommitError<H::Error>> = None;
+        let mut error = None;
+        for turn in 0..LEADER_TURNS_MAX {
+            // This leader owns the `Starting` phase until a group opens and
+            // `flush_groups` ends it (Idle, or Starting again for another turn).
+            let (mut opened, mut again) = (false, false);
+            let entered = hooks.exclusive(&mut |x| {
+                let mut core = self.lock();
+                if let Err(e) = hooks.catch_up(&mut core, x) {
+                    failed = Some(CommitError::Hook(e));
+                    return Ok(());
+                }
+                core.phase = Phase::Open;
+                opened = true;
+                self.wake_phase();
+                if turn == 0 {
+                    match self.guarded(&mut core, act) {
+                        Err(panic) => panicked = Some(panic),
+                        Ok((answer, covers)) => {
+                            // Like every other caller's, the leader's answer waits on its
+                            // own slot: the group that makes it durable settles it — not
+                            // a later group that fails, or that another writer overtakes.
+                            let slot = (covers > core.durable_seq).then(|| {
+                                let slot = Arc::new(ThreadSlot::default());
+                                core.waiters.entry(covers).or_default().push(Slot::Thread(slot.clone()));
+                                slot
+                            });
+                            own = Some((answer, slot));
+                        }
+                    }
+                }
+                let last_turn = turn + 1 == LEADER_TURNS_MAX || panicked.is_some();
+                match self.flush_groups(hooks, x, core, !last_turn) {
+                    Ok(more) => again = more,
+                    Err(e) => failed = Some(CommitError::Storage(e)),
+                }
+                Ok(())
+            });
+            error = match (entered, failed.take()) {
+                (Err(e), _) => Some(CommitError::Storage(e)),
+                (Ok(()), e) => e,
+            };
+            if !opened {
+                // The exclusive section was not entered or the catch-up failed: the
+                // phase is still this leader's `Starting`. (Once open, `flush_groups`
+                // alone ends the phase: by now another caller may have started the
+                // next.)
+                let mut core = self.lock();
+                core.phase = Phase::Idle;
+                self.wake_idle();
+            }
+            if !again {
+                break;
+            }
+        }
+        // Off the exclusive section.
+        hooks.after_lead(&mut self.lock());
+        if let Some(panic) = panicked {
+            // `flush_groups` found the engine poisoned and ended the phase; now let
+            // the caller's panic go on.
+            std::panic::resume_unwind(panic);
+        }
+        let poisoned = |cause: String| CommitError::Storage(Error::Poisoned { cause });
+        match own {
+            None => Some(Err(error.unwrap_or(CommitError::Storage(Error::Closed)))),
+            // It rested on durable records only.
+            Some((answer, None)) => Some(Ok(Settled { answer, link: None })),
+            Some((answer, Some(slot))) => {
+                match slot.try_take() {
+                    Some(Signal::Durable(link)) => Some(Ok(Settled { answer, link })),
+                    Some(Signal::Retry) => None,
+                    // The leader hears what failed (an I/O error, say).
+                    Some(Signal::Failed(cause)) => Some(Err(error.unwrap_or_else(|| poisoned(cause)))),
+                    None => Some(Err(error
+                        .unwrap_or_else(|| poisoned("the group ended without settling the leader's records".into())))),
+                }
+            }
+        }
+    }
+
+    /// Run `act`, catching a panic (from an owner's judgement, or a bug): the engine
+    /// cannot know how far it got, so it is poisoned, and every waiter is woken to
+    /// an error instead of waiting for ever. The caller re-raises the panic once it
+    /// holds no lock.
+    fn guarded<T>(
+        &self,
+        core: &mut Core<S>,
+        act: &mut Act<'_, S, T>,
+    ) -> Result<(T, u64), Box<dyn std::any::Any + Send>> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| act(&mut *core))).inspect_err(|_| {
+            tracing::error!("a commit panicked while its records were built or judged; the log is poisoned");
+            core.poison("a commit panicked while its records were built or judged".into());
+            self.wake_phase();
+        })
+    }
+
+    /// Hand queued records to the backend, one append and sync per group, until
+    /// none are left. The caller is in the exclusive section throughout; the core
+    /// mutex is released during each write and sync so that others can queue the
+    /// next group.
+    ///
+    /// Returns whether this leader takes another turn: it let go of the exclusive
+    /// section after `GROUPS_PER_LOCK_MAX` groups while callers were waiting, and
+    /// (`may_lead_again`) enters it again for them, the phase staying `Starting` —
+    /// instead of waking a sleeping thread to lead, which costs more than the turn.
+    fn flush_groups<'a, H: Hooks<S>>(
+        &'a self,
+        hooks: &H,
+        x: &mut dyn Exclusive,
+        mut core: MutexGuard<'a, Core<S>>,
+        may_lead_again: bool,
+    ) -> Result<bool, Error> {
+        let GroupLimits { records_max, bytes_max, .. } = self.limits;
+        let mut groups = 0;
+        loop {
+            // Only the leader ends its phase (another caller could otherwise start a
+            // second leader while this one is still in the exclusive section).
+            debug_assert!(matches!(core.phase, Phase::Open | Phase::Closing), "leader in phase {:?}", core.phase);
+            if let Some(cause) = core.poisoned.clone() {
+                // Queued records were judged on state that cannot be trusted.
+                core.poison(cause.clone());
+                core.phase = Phase::Idle;
+                self.wake_phase();
+                return Err(Error::Poisoned { cause });
+            }
+            if core.queued.is_empty() {
+                if hooks.before_idle(&mut core) {
+                    continue;
+                }
+                if may_lead_again && core.phase == Phase::Closing && core.arrivals_waiting > 0 {
+                    core.phase = Phase::Starting;
+                    return Ok(true);
+                }
+                core.phase = Phase::Idle;
+                self.wake_idle();
+                return Ok(false);
+            }
+            let (mut n, mut bytes) = (0, 0);
+            for r in &core.queued {
+                if n > 0 && (n == records_max || bytes + r.len() > bytes_max) {
+                    break;
+                }
+                (n, bytes) = (n + 1, bytes + r.len());
+            }
+            let group: Vec<Vec<u8>> = core.queued.drain(..n).collect();
+            let expect = core.durable_seq;
+            if core.room_waiting > 0 {
+                self.wake_phase();
+            }
+            drop(core);
+            let appended = x.append_if_head(expect, group);
+            core = self.lock();
+            match appended {
+                Ok(AppendOutcome::HeadMoved { actual }) => {
+                    // Another writer appended first: everything queued was judged on
+                    // state the log does not have. Rebuild the durable state (with
+                    // the other writer's records) and send every waiter of this
+                    // epoch back to judge again.
+                    tracing::info!(expected = expect, actual, "another writer appended first; judging again");
+                    core.queued.clear();
+                    core.last_seq = core.durable_seq;
+                    core.epoch += 1;
+                    core.head_moved += 1;
+                    core.wake_all(Signal::Retry);
+                    if let Err(why) = hooks.rebuild(&mut core) {
+                        let cause = format!("catching up after another writer appended: {why}");
+                        core.poison(cause.clone());
+                        core.phase = Phase::Idle;
+                        self.wake_phase();
+                        return Err(Error::Poisoned { cause });
+                    }
+                    self.wake_phase();
+                }
+                Ok(AppendOutcome::Appended(a)) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
+                    core.durable_seq = a.last_seq;
+                    hooks.on_durable(&mut core, &a);
+                    let woken = core.durable_waiters(a.first_seq, x.links());
+                    if !woken.is_empty() {
+                        drop(core);
+                        woken.into_iter().for_each(|(slot, signal)| slot.give(signal));
+                        core = self.lock();
+                    }
+                    groups += 1;
+                    let closing = groups >= GROUPS_PER_LOCK_MAX && core.phase == Phase::Open;
+                    if closing {
+                        core.phase = Phase::Closing;
+                    }
+                    // The shared condition variables only for those who need them:
+                    // readers waiting for a settled view (arrivals have nothing to
+                    // do until the phase ends).
+                    if core.readers_waiting > 0 {
+                        self.wake_phase();
+                    }
+                }
+                result => {
+                    let (cause, error) = match result {
+                        Ok(AppendOutcome::Appended(a)) => {
+                            let cause =
+                                format!("records landed at {}..={}, not after {expect}", a.first_seq, a.last_seq);
+                            (cause.clone(), Error::Poisoned { cause })
+                        }
+                        Ok(AppendOutcome::HeadMoved { .. }) => unreachable!("handled above"),
+                        Err(e) => (e.to_string(), e),
+                    };
+                    tracing::error!(%cause, "a commit group did not become durable; the log is poisoned");
+                    core.poison(cause);
+                    core.phase = Phase::Idle;
+                    self.wake_phase();
+                    // The leader reports what failed (an I/O error, say); the others
+                    // waiting on the group, and every later call, hear WRITER_POISONED.
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// Wait until everything up to `covers` is durable, then give `answer`; `None`
+    /// if the state it was judged on (in `epoch`) was overtaken by another writer.
+    fn await_durable<T, E>(
+        &self,
+        mut core: MutexGuard<'_, Core<S>>,
+        covers: u64,
+        epoch: u64,
+        answer: T,
+    ) -> Option<Result<Settled<T>, CommitError<E>>> {
+        if core.epoch != epoch {
+            return None;
+        }
+        if core.durable_seq >= covers {
+            return Some(Ok(Settled { answer, link: None }));
+        }
+        if let Err(e) = core.poison_check() {
+            return Some(Err(CommitError::Storage(e)));
+        }
+        // Wait on our own slot: the leader wakes us when `covers` is durable.
+        let slot = Arc::new(ThreadSlot::default());
+        core.waiters.entry(covers).or_default().push(Slot::Thread(slot.clone()));
+        drop(core);
+        match slot.take() {
+            Signal::Durable(link) => Some(Ok(Settled { answer, link })),
+            Signal::Retry => None,
+            Signal::Failed(cause) => Some(Err(CommitError::Storage(Error::Poisoned { cause }))),
+        }
+    }
+
+    /// For async callers with records that need no judging (raw appends): queue
+    /// `records` into the open group and wait for them without blocking a thread;
+    /// answers their first and last sequence. When no group is open, the caller is
+    /// made leader (`AsyncTurn::Lead`): it must lead on a thread that may block.
+    pub async fn queue_async(&self, admission: Admission, records: Vec<Vec<u8>>) -> AsyncTurn {
+        let mut records = Some(records);
+        loop {
+            let notified = self.changed_async.notified();
+            tokio::pin!(notified);
+            let mut waits_for_room = None;
+            let rx = {
+                let mut core = self.lock();
+                if let Err(e) = core.poison_check() {
+                    return AsyncTurn::Done(Err(e));
+                }
+                if core.draining && admission == Admission::Callers {
+                    return AsyncTurn::Done(Err(Error::Closed));
+                }
+                let blocked = core.readers_waiting > 0;
+                match core.phase {
+                    Phase::Idle if !blocked => {
+                        core.phase = Phase::Starting;
+                        return AsyncTurn::Lead(records.take().expect("queued once"));
+                    }
+                    Phase::Open if !blocked && core.queued.len() < self.limits.queued_records_max => {
+                        let first = core.last_seq + 1;
+                        for r in records.take().expect("queued once") {
+                            core.queue(r);
+                        }
+                        let last = core.last_seq;
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        core.waiters.entry(last).or_default().push(Slot::Task(tx));
+                        Some((rx, first, last))
+                    }
+                    _ => {
+                        // Registered before the lock is let go: no wake-up is lost.
+                        notified.as_mut().enable();
+                        let room = core.phase == Phase::Open && !blocked;
+                        match room {
+                            true => core.room_waiting += 1,
+                            false => core.arrivals_waiting += 1,
+                        }
+                        waits_for_room = Some(room);
+                        None
+                    }
+                }
+            };
+            let Some((rx, first, last)) = rx else {
+                // Counted out again even if this future is dropped while it waits.
+                let _waiting = waits_for_room.map(|room| Waiting(self, room));
+                notified.await;
+                continue;
+            };
+            return AsyncTurn::Done(match rx.await {
+                Ok(Signal::Durable(link)) => Ok(Settled { answer: (first, last), link }),
+                // Raw records are never judged: a writer that appended first while
+                // this one held the lock broke the exclusive section.
+                Ok(Signal::Retry) => {
+                    Err(Error::Poisoned { cause: "another writer appended inside the exclusive section".into() })
+                }
+                Ok(Signal::Failed(cause)) => Err(Error::Poisoned { cause }),
+                Err(_) => Err(Error::Closed),
+            });
+        }
+    }
+}

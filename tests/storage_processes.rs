@@ -203,3 +203,54 @@ fn readers_without_the_lock_never_fail_while_a_writer_seals_and_overwrites() {
     );
     eprintln!("{polls} polls, {scans} scans, {} records, {segments} segments", next - 1);
 }
+
+/// Poll `cond` every 5 ms for at most 10 s.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// Proves: the holder of the append lock sees whether another process waits for
+/// it (then it lets go after its turn; otherwise it may keep it), and a waiter's
+/// word dies with it — `kill -9` of a waiting process never leaves the holder
+/// believing someone waits — as does a wait that timed out.
+#[test]
+fn the_lock_holder_sees_a_waiting_process_and_not_one_that_was_killed_or_gave_up() {
+    use fencelog::storage::Exclusive;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let log = Log::open(dir, LogOptions::default()).unwrap();
+    log.append(b"first").unwrap();
+    let waiter = |wait_ms: &str| {
+        Command::new(common::torture_bin())
+            .args(["lock", dir.to_str().unwrap(), wait_ms, "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    log.with_lock(|l| {
+        assert!(!l.others_waiting(), "nobody waits yet");
+        let mut killed = waiter("60000");
+        assert!(
+            eventually(|| l.others_waiting()),
+            "the waiting process is not seen: {}",
+            std::fs::read_to_string("/proc/locks").unwrap_or_default()
+        );
+        killed.kill().unwrap();
+        killed.wait().unwrap();
+        assert!(eventually(|| !l.others_waiting()), "a killed waiter is still seen");
+        let gave_up = waiter("200").wait_with_output().unwrap();
+        assert_eq!(gave_up.status.code(), Some(3), "{}", String::from_utf8_lossy(&gave_up.stdout));
+        assert!(!l.others_waiting(), "a waiter that timed out is still seen");
+    })
+    .unwrap();
+    let out = waiter("5000").wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "HELD", "the lock is free once let go");
+}

@@ -58,6 +58,11 @@ pub trait Exclusive {
     fn links(&self) -> &[ChainLink] {
         &[]
     }
+    /// Whether another writer waits to append (then the holder lets go after its
+    /// turn). Yes unless the backend can tell.
+    fn others_waiting(&self) -> bool {
+        true
+    }
 }
 
 /// Where a ledger's log lives.

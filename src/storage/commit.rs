@@ -531,6 +531,9 @@ impl<S> GroupCommit<S> {
         let (mut own, mut panicked) = (None, None);
         let mut failed: Option<CommitError<H::Error>> = None;
         let mut error = None;
+        // Turns this leader may still take: entering the section again for its
+        // process's callers, or keeping it for more groups when nobody else waits.
+        let mut turns_left = LEADER_TURNS_MAX - 1;
         for turn in 0..LEADER_TURNS_MAX {
             // This leader owns the `Starting` phase until a group opens and
             // `flush_groups` ends it (Idle, or Starting again for another turn).
@@ -560,8 +563,10 @@ impl<S> GroupCommit<S> {
                         }
                     }
                 }
-                let last_turn = turn + 1 == LEADER_TURNS_MAX || panicked.is_some();
-                match self.flush_groups(hooks, x, core, !last_turn) {
+                if panicked.is_some() {
+                    turns_left = 0;
+                }
+                match self.flush_groups(hooks, x, core, &mut turns_left) {
                     Ok(more) => again = more,
                     Err(e) => failed = Some(CommitError::Storage(e)),
                 }
@@ -630,16 +635,18 @@ impl<S> GroupCommit<S> {
     /// mutex is released during each write and sync so that others can queue the
     /// next group.
     ///
-    /// Returns whether this leader takes another turn: it let go of the exclusive
-    /// section after `GROUPS_PER_LOCK_MAX` groups while callers were waiting, and
-    /// (`may_lead_again`) enters it again for them, the phase staying `Starting` —
+    /// After `GROUPS_PER_LOCK_MAX` groups the leader keeps the section for more
+    /// only if nobody else waits for it (`Exclusive::others_waiting`), and at most
+    /// `turns_left` times. Returns whether this leader takes another turn: it lets
+    /// go of the section after its groups while callers of its process were
+    /// waiting, and enters it again for them, the phase staying `Starting` —
     /// instead of waking a sleeping thread to lead, which costs more than the turn.
     fn flush_groups<'a, H: Hooks<S>>(
         &'a self,
         hooks: &H,
         x: &mut dyn Exclusive,
         mut core: MutexGuard<'a, Core<S>>,
-        may_lead_again: bool,
+        turns_left: &mut u32,
     ) -> Result<bool, Error> {
         let GroupLimits { records_max, bytes_max, .. } = self.limits;
         let mut groups = 0;
@@ -658,7 +665,8 @@ impl<S> GroupCommit<S> {
                 if hooks.before_idle(&mut core) {
                     continue;
                 }
-                if may_lead_again && core.phase == Phase::Closing && core.arrivals_waiting > 0 {
+                if *turns_left > 0 && core.phase == Phase::Closing && core.arrivals_waiting > 0 {
+                    *turns_left -= 1;
                     core.phase = Phase::Starting;
                     return Ok(true);
                 }
@@ -712,9 +720,14 @@ impl<S> GroupCommit<S> {
                         core = self.lock();
                     }
                     groups += 1;
-                    let closing = groups >= GROUPS_PER_LOCK_MAX && core.phase == Phase::Open;
-                    if closing {
-                        core.phase = Phase::Closing;
+                    if groups >= GROUPS_PER_LOCK_MAX && core.phase == Phase::Open {
+                        if *turns_left > 0 && !x.others_waiting() {
+                            // Nobody else waits: another turn without letting go.
+                            *turns_left -= 1;
+                            groups = 0;
+                        } else {
+                            core.phase = Phase::Closing;
+                        }
                     }
                     // The shared condition variables only for those who need them:
                     // readers waiting for a settled view (arrivals have nothing to

@@ -14,6 +14,14 @@
 //! it could win the lock on their behalf and then release it under them. Each wait
 //! therefore uses its own description, handed to the winner (`Held`), and an
 //! abandoned one is only ever closed by its own helper.
+//!
+//! **Who waits.** A writer that finds the lock taken says so while it waits: a
+//! shared open-file-description (`F_OFD_SETLK`) read lock on byte
+//! `WAITING_BYTE` of `LOCK` — independent of `flock` on Linux, and dropped by the
+//! kernel when the waiter's process dies, so it can never be left standing. The
+//! holder asks (`F_OFD_GETLK`) before it keeps the lock for more commit groups: it
+//! lets go only when someone waits. Writers of earlier builds do not say so; the
+//! holder still lets go after a bounded number of turns.
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,6 +40,30 @@ pub(crate) struct AppendLock {
     /// an old and a new binary appending to one log during an upgrade still exclude
     /// each other. (Deleting it weakens only that; the directory lock holds.)
     legacy: Target,
+    /// A description of `LOCK` that holds the "waiting" byte lock while this
+    /// writer waits, and asks whether others wait while it holds (`None` while
+    /// `LOCK` does not exist yet).
+    waiting: Mutex<Option<File>>,
+}
+
+/// The byte of `LOCK` that waiting writers hold a shared OFD lock on.
+const WAITING_BYTE: i64 = 1;
+
+/// An OFD lock request on `WAITING_BYTE` (`F_OFD_SETLK` / `F_OFD_GETLK`).
+fn waiting_byte(file: &File, cmd: libc::c_int, l_type: libc::c_int) -> std::io::Result<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed `flock` is a valid value; the fields set below are the ones
+    // the call reads, and `l_pid` must be 0 for OFD locks.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = l_type as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = WAITING_BYTE;
+    fl.l_len = 1;
+    // SAFETY: `fl` outlives the call and the descriptor is open.
+    match unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } {
+        -1 => Err(std::io::Error::last_os_error()),
+        _ => Ok(libc::c_int::from(fl.l_type)),
+    }
 }
 
 /// One lockable path and a spare description for it.
@@ -56,10 +88,40 @@ const SPIN_US: u64 = 100;
 impl AppendLock {
     pub fn open(dir: &Path) -> Result<Self> {
         let target = |path: PathBuf, is_dir| Target { path, is_dir, spare: Mutex::new(None) };
-        let lock = AppendLock { dir: target(dir.to_path_buf(), true), legacy: target(dir.join(LOCK_FILE), false) };
+        let lock = AppendLock {
+            dir: target(dir.to_path_buf(), true),
+            legacy: target(dir.join(LOCK_FILE), false),
+            waiting: Mutex::new(None),
+        };
         *lock.dir.spare.lock().expect("spare") = lock.dir.open_description()?;
         *lock.legacy.spare.lock().expect("spare") = lock.legacy.open_description()?;
+        *lock.waiting.lock().expect("waiting") = lock.legacy.open_description()?;
         Ok(lock)
+    }
+
+    /// Say (or stop saying) that this writer waits for the lock. Best effort: a
+    /// writer that cannot say so only makes the holder keep the lock for its
+    /// bounded turns.
+    fn set_waiting(&self, on: bool) {
+        let mut w = self.waiting.lock().expect("waiting");
+        if w.is_none() {
+            *w = self.legacy.open_description().ok().flatten();
+        }
+        if let Some(f) = w.as_ref() {
+            let l_type = if on { libc::F_RDLCK } else { libc::F_UNLCK };
+            let _ = waiting_byte(f, libc::F_OFD_SETLK, l_type);
+        }
+    }
+
+    /// Whether another writer (another open file description: another process, or
+    /// another `Log` of this one) says it waits for the lock. When this cannot be
+    /// told, yes: the holder then takes turns as if someone waited.
+    pub fn others_waiting(&self) -> bool {
+        let mut w = self.waiting.lock().expect("waiting");
+        if w.is_none() {
+            *w = self.legacy.open_description().ok().flatten();
+        }
+        w.as_ref().is_none_or(|f| !waiting_byte(f, libc::F_OFD_GETLK, libc::F_WRLCK).is_ok_and(|t| t == libc::F_UNLCK))
     }
 
     /// Take the lock within `wait_ms_max`: the directory, then `LOCK`, with one
@@ -75,13 +137,32 @@ impl AppendLock {
             waited_ms: start.elapsed().as_millis() as u64,
             holder_pid: holder_pid(&t.path),
         };
-        let Acquired::Locked(dir) = self.dir.acquire(deadline)? else { return Err(timeout(&self.dir)) };
+        // Said only once the lock is found taken, and unsaid however the wait ends.
+        struct Waiting<'a>(&'a AppendLock, bool);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0.set_waiting(false);
+                }
+            }
+        }
+        let mut waiting = Waiting(self, false);
+        let mut contended = || {
+            if !waiting.1 {
+                waiting.1 = true;
+                self.set_waiting(true);
+            }
+        };
+        let Acquired::Locked(dir) = self.dir.acquire(deadline, &mut contended)? else {
+            return Err(timeout(&self.dir));
+        };
         let mut held = Held { lock: self, dir: Some(dir), legacy: None };
-        match self.legacy.acquire(deadline)? {
+        match self.legacy.acquire(deadline, &mut contended)? {
             Acquired::Locked(f) => held.legacy = Some(f),
             Acquired::Absent => {} // a log being created: `LOCK` comes right after its first segment
             Acquired::TimedOut => return Err(timeout(&self.legacy)),
         }
+        drop(waiting);
         Ok(held)
     }
 }
@@ -134,12 +215,17 @@ impl Target {
     /// time out and a stopped holder must not hang every other writer forever. If
     /// the deadline passes first, the helper closes its description as soon as it
     /// wins, which releases a lock nobody else believes they hold.
-    fn acquire(&self, deadline: Instant) -> Result<Acquired> {
+    /// `contended` runs once the first try finds the lock taken.
+    fn acquire(&self, deadline: Instant, contended: &mut dyn FnMut()) -> Result<Acquired> {
         let start = Instant::now();
         let spare = self.spare.lock().expect("spare").take();
         let Some(file) = spare.map_or_else(|| self.open_description(), |f| Ok(Some(f)))? else {
             return Ok(Acquired::Absent);
         };
+        if self.try_once(&file)? {
+            return Ok(Acquired::Locked(file));
+        }
+        contended();
         while start.elapsed() < Duration::from_micros(SPIN_US) {
             if self.try_once(&file)? {
                 return Ok(Acquired::Locked(file));
@@ -252,5 +338,34 @@ mod tests {
         assert!(matches!(b.acquire(30), Err(Error::LockTimeout { .. })));
         drop(held);
         let _b = b.acquire(1_000).unwrap();
+    }
+}
+#[cfg(test)]
+mod waiting_tests {
+    use super::*;
+
+    /// Proves: a writer blocked on the lock (another description, as another
+    /// process would have) is seen by the holder while it waits, and no longer once
+    /// it holds the lock itself.
+    #[test]
+    fn a_blocked_writer_is_seen_waiting_until_it_holds_the_lock() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(LOCK_FILE), b"").unwrap();
+        let a = AppendLock::open(d.path()).unwrap();
+        let b = AppendLock::open(d.path()).unwrap();
+        let held = a.acquire(100).unwrap();
+        assert!(!a.others_waiting());
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| b.acquire(10_000).map(|h| (b.others_waiting(), drop(h))));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !a.others_waiting() {
+                assert!(Instant::now() < deadline, "the blocked writer is not seen");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            drop(held);
+            let (others_while_b_holds, ()) = waiter.join().unwrap().unwrap();
+            assert!(!others_while_b_holds, "b sees nobody waiting");
+        });
+        assert!(!a.others_waiting(), "b's word outlived its wait");
     }
 }

@@ -235,7 +235,7 @@ impl LogInner {
             return Err(e);
         }
         w.shared.head.store(w.tail.cursor.next_seq - 1, Ordering::Release);
-        Ok(f(&mut Locked { opts: &self.opts, w: &mut w }))
+        Ok(f(&mut Locked { opts: &self.opts, lock: &lock, w: &mut w }))
     }
 
     /// Queue `payloads` in a commit group (after `expect_last_seq`, if given) and
@@ -335,6 +335,7 @@ fn check_payloads(opts: &LogOptions, payloads: &[Vec<u8>]) -> Result<()> {
 /// The log while [`Log::with_lock`] holds the append lock.
 pub struct Locked<'a> {
     opts: &'a LogOptions,
+    lock: &'a AppendLock,
     w: &'a mut Writer,
 }
 
@@ -377,6 +378,10 @@ impl Exclusive for Locked<'_> {
 
     fn links(&self) -> &[ChainLink] {
         &self.w.links
+    }
+
+    fn others_waiting(&self) -> bool {
+        self.lock.others_waiting()
     }
 }
 

@@ -186,3 +186,56 @@ fn batches_split_over_groups_keep_their_sequences() {
         assert_eq!(a.chain_head, stored[&a.last_seq].1);
     }
 }
+
+/// Poll a future to completion on this thread, with no runtime around it.
+fn poll_without_runtime<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Proves: an async append that must lead but cannot start its blocking thread
+/// (here: no tokio runtime, so the spawn panics) wedges nothing — threads append
+/// afterwards, and async appends in a runtime are not left waiting for a leader
+/// that never started.
+#[test]
+fn an_async_lead_that_never_starts_holds_up_no_one() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::open(d.path(), LogOptions::default()).unwrap());
+    let outside = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        poll_without_runtime(log.append_async(b"no runtime".to_vec()))
+    }));
+    assert!(outside.is_err(), "leading needs a runtime's blocking pool");
+    assert_eq!(log.append(b"from a thread").unwrap().first_seq, 1);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let answers = rt.block_on(async {
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let p = format!("task {i}").into_bytes();
+                    let a = tokio::time::timeout(std::time::Duration::from_secs(30), log.append_async(p.clone()))
+                        .await
+                        .expect("an async append waited for a leader that never started")
+                        .unwrap();
+                    (p, a)
+                })
+            })
+            .collect();
+        let mut all = vec![(b"from a thread".to_vec(), Appended { first_seq: 1, last_seq: 1, chain_head: [0; 32] })];
+        for h in hs {
+            all.push(h.await.unwrap());
+        }
+        all
+    });
+    let stored = links_and_payloads(d.path());
+    assert_eq!(stored.len(), 9);
+    for (p, a) in &answers[1..] {
+        assert_eq!(&stored[&a.first_seq].0, p);
+    }
+}

@@ -303,8 +303,17 @@ impl Ledger {
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
         let LedgerState { tailer, projection, head, since_snapshot, .. } = &mut **inner;
-        apply_tail(tailer.as_mut(), projection, head, since_snapshot)?;
+        let applied = apply_tail(tailer.as_mut(), projection, head, since_snapshot);
         let last = projection.last_seq;
+        if let Err(e) = applied {
+            if last != inner.last_seq() {
+                // Some records were applied before the failure: the projection is
+                // ahead of what the engine knows, and every later answer would rest
+                // on a half-read tail. Until reopen, none is given.
+                inner.poison(format!("catching up failed after record {last}: {e}"));
+            }
+            return Err(e);
+        }
         inner.caught_up_to(last);
         Ok(())
     }
@@ -377,9 +386,9 @@ impl Ledger {
     /// **Group commit.** Threads of one process submitting at once share syncs. The
     /// first takes the append lock (so no other process can move the state), catches
     /// up, and becomes the *flusher*: it hands queued records to storage, one sync per
-    /// group, until none are left (or, after `GROUPS_PER_LOCK_MAX` groups, until the
-    /// ones already queued are synced, so other processes get the lock), then
-    /// releases the lock. Meanwhile arriving threads
+    /// group, until none are left (or, after `GROUPS_PER_LOCK_MAX` groups while another
+    /// process waits for the lock, until the ones already queued are synced), then
+    /// releases the lock (`storage::commit`). Meanwhile arriving threads
     /// build and check their transactions against the projection *including the ones
     /// still being synced* (they will precede them in the log), apply them, queue
     /// their records and wait. Every answer — success, deduplication, refusal — is
@@ -582,13 +591,18 @@ impl Ledger {
         }
         inner.since_snapshot = (0, 0);
         let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
-        inner.snapshot_thread = Some(std::thread::spawn(move || {
+        let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
             let body = snapshot::body_of(&p);
             backend
                 .put_snapshot(p.last_seq, &head, &body)
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
                 .ok()
-        }));
+        });
+        match spawned {
+            Ok(t) => inner.snapshot_thread = Some(t),
+            // No snapshot this time (the next due one is tried again).
+            Err(e) => tracing::warn!(error = %e, "snapshot thread not started"),
+        }
     }
 
     /// If a snapshot has been written since the last group, queue the checkpoint

@@ -30,15 +30,19 @@
 //! tasks, a `Notify`) is only for phase changes, for readers waiting for a view
 //! with nothing in flight, and for callers waiting for room in a full queue.
 //!
-//! **Turns between processes.** A leader lets go of the exclusive section after
-//! `GROUPS_PER_LOCK_MAX` groups, so that other processes get their turn.
+//! **Turns between processes.** After `GROUPS_PER_LOCK_MAX` groups a leader lets
+//! go of the exclusive section if another writer says it waits
+//! (`Exclusive::others_waiting`), so that other processes get their turn; else it
+//! keeps it for more, at most `EXTRA_TURNS_MAX` times. A leader whose turn could
+//! not start (a lock timeout) shares that answer with the callers that waited for
+//! it, instead of each of them waiting out the lock in turn.
 //!
 //! **Failure.** A group that does not become durable poisons the engine: every
 //! waiter hears the cause, every later call too, until the log is reopened.
 
 use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::backend::{AppendOutcome, Exclusive};
@@ -50,9 +54,11 @@ use crate::format::ChainLink;
 /// Commit groups one leader writes before it lets go of the exclusive section.
 pub const GROUPS_PER_LOCK_MAX: u32 = 8;
 
-/// Turns (of up to `GROUPS_PER_LOCK_MAX` groups each) one leader takes in a row
-/// while callers wait: bounds how long the leader's own caller waits for its answer.
-pub const LEADER_TURNS_MAX: u32 = 4;
+/// Rounds of `GROUPS_PER_LOCK_MAX` groups a leader may add to its turn when no
+/// other writer says it waits (writers of earlier builds do not say so). Also
+/// bounds how long the leader's own caller waits for its answer: at most
+/// `(1 + EXTRA_TURNS_MAX) × GROUPS_PER_LOCK_MAX` groups, after its own is durable.
+pub const EXTRA_TURNS_MAX: u32 = 3;
 
 /// Times a caller's records are judged again because another writer appended
 /// first, before it hears `HEAD_MOVED`.
@@ -68,8 +74,9 @@ enum Phase {
     /// The leader holds the exclusive section and the state is caught up: arrivals
     /// queue their records for its next sync.
     Open,
-    /// The leader has written `GROUPS_PER_LOCK_MAX` groups: it syncs what is queued
-    /// and lets go, so other processes get their turn; arrivals wait.
+    /// The leader's turn is over (`GROUPS_PER_LOCK_MAX` groups while another writer
+    /// waits, or its extra turns used up): it syncs what is queued and lets go, so
+    /// other processes get their turn; arrivals wait.
     Closing,
 }
 
@@ -231,6 +238,14 @@ pub struct Core<S> {
     room_waiting: usize,
     /// Callers waiting for a group to open (threads and async tasks).
     arrivals_waiting: usize,
+    /// An async caller found no group open and asked for a leader on a blocking
+    /// thread that has not started yet: other async callers wait for it instead of
+    /// asking for more (threads may still lead: the phase stays `Idle`).
+    async_lead_pending: bool,
+    /// The last attempt to lead that could not enter the exclusive section (a lock
+    /// timeout, say), and when it gave up: callers that were waiting then get the
+    /// same answer instead of each waiting out the lock again.
+    lead_failed: Option<(Instant, Error)>,
     poisoned: Option<String>,
     /// Waiters by the last sequence their answer rests on.
     waiters: BTreeMap<u64, Vec<Slot>>,
@@ -288,6 +303,11 @@ impl<S> Core<S> {
         self.head_moved
     }
 
+    /// The failure of an attempt to lead that gave up after `since`.
+    fn lead_failed_since(&self, since: Instant) -> Option<Error> {
+        self.lead_failed.as_ref().filter(|(at, _)| *at >= since).map(|(_, e)| e.clone())
+    }
+
     pub fn poison_check(&self) -> Result<(), Error> {
         match &self.poisoned {
             Some(cause) => Err(Error::Poisoned { cause: cause.clone() }),
@@ -317,8 +337,9 @@ impl<S> Core<S> {
     }
 
     /// Poison: the state may hold records the log lacks; every waiter hears it now,
-    /// every later call until reopen.
-    fn poison(&mut self, cause: String) {
+    /// every later call until reopen. (For owners: when their state went ahead of
+    /// the log outside a group, e.g. a catch-up that failed half-way.)
+    pub fn poison(&mut self, cause: String) {
         self.poisoned.get_or_insert(cause);
         self.queued.clear();
         self.last_seq = self.durable_seq;
@@ -338,8 +359,10 @@ pub struct DrainOutcome {
 pub enum AsyncTurn {
     /// Its records were queued into an open group and are settled.
     Done(Result<Settled<(u64, u64)>, Error>),
-    /// No group was open: the caller was made leader (the phase is `Starting`)
-    /// and must lead on a thread that may block ([`GroupCommit::lead_started`]).
+    /// No group was open: the caller must commit its records on a thread that may
+    /// block (which leads, or joins a group opened meanwhile), and call
+    /// [`GroupCommit::async_lead_started`] when that thread starts — or when it
+    /// never will. Until then other async callers wait for it.
     Lead(Vec<Vec<u8>>),
 }
 
@@ -389,6 +412,8 @@ impl<S> GroupCommit<S> {
                 readers_waiting: 0,
                 room_waiting: 0,
                 arrivals_waiting: 0,
+                async_lead_pending: false,
+                lead_failed: None,
                 poisoned: None,
                 waiters: BTreeMap::new(),
             }),
@@ -401,7 +426,9 @@ impl<S> GroupCommit<S> {
 
     /// The state as it is (records may be in flight).
     pub fn lock(&self) -> MutexGuard<'_, Core<S>> {
-        self.core.lock().expect("commit engine")
+        // A panic while the mutex was held poisoned the engine itself (see
+        // `lead_started`); the guard is still good for answering with that.
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Everyone who waits for a change: a group opened, room, poisoning.
@@ -425,7 +452,7 @@ impl<S> GroupCommit<S> {
         let mut core = self.lock();
         core.readers_waiting += 1;
         while core.durable_seq < core.last_seq && core.poisoned.is_none() {
-            core = self.changed.wait(core).expect("commit engine");
+            core = self.changed.wait(core).unwrap_or_else(PoisonError::into_inner);
         }
         core.readers_waiting -= 1;
         self.wake_phase();
@@ -449,7 +476,7 @@ impl<S> GroupCommit<S> {
             if now >= deadline {
                 return Ok(DrainOutcome { settled: false, last_seq: core.durable_seq });
             }
-            core = self.changed.wait_timeout(core, deadline - now).expect("commit engine").0;
+            core = self.changed.wait_timeout(core, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
         }
     }
 
@@ -480,6 +507,7 @@ impl<S> GroupCommit<S> {
         admission: Admission,
         act: &mut Act<'_, S, T>,
     ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
+        let arrived = Instant::now();
         let mut core = self.lock();
         loop {
             if let Err(e) = core.poison_check() {
@@ -487,6 +515,9 @@ impl<S> GroupCommit<S> {
             }
             if core.draining && admission == Admission::Callers {
                 return Some(Err(CommitError::Draining));
+            }
+            if let Some(e) = core.lead_failed_since(arrived) {
+                return Some(Err(CommitError::Storage(e)));
             }
             let blocked = core.readers_waiting > 0;
             match core.phase {
@@ -503,7 +534,7 @@ impl<S> GroupCommit<S> {
                 }
                 Phase::Open if !blocked => {
                     core.room_waiting += 1;
-                    core = self.arrivals.wait(core).expect("commit engine");
+                    core = self.arrivals.wait(core).unwrap_or_else(PoisonError::into_inner);
                     core.room_waiting -= 1;
                 }
                 Phase::Idle if !blocked => {
@@ -513,7 +544,7 @@ impl<S> GroupCommit<S> {
                 }
                 _ => {
                     core.arrivals_waiting += 1;
-                    core = self.arrivals.wait(core).expect("commit engine");
+                    core = self.arrivals.wait(core).unwrap_or_else(PoisonError::into_inner);
                     core.arrivals_waiting -= 1;
                 }
             }
@@ -523,71 +554,76 @@ impl<S> GroupCommit<S> {
     /// Lead, the phase having been set to `Starting` by this caller: enter the
     /// exclusive section, catch up, open the group, run this caller's own `act`,
     /// and flush the groups. `None` when `act` must be judged again.
-    pub fn lead_started<H: Hooks<S>, T>(
+    fn lead_started<H: Hooks<S>, T>(
         &self,
         hooks: &H,
         act: &mut Act<'_, S, T>,
     ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
-        let (mut own, mut panicked) = (None, None);
+        let (mut own, mut panicked, mut opened) = (None, None, false);
         let mut failed: Option<CommitError<H::Error>> = None;
-        let mut error = None;
-        // Turns this leader may still take: entering the section again for its
-        // process's callers, or keeping it for more groups when nobody else waits.
-        let mut turns_left = LEADER_TURNS_MAX - 1;
-        for turn in 0..LEADER_TURNS_MAX {
-            // This leader owns the `Starting` phase until a group opens and
-            // `flush_groups` ends it (Idle, or Starting again for another turn).
-            let (mut opened, mut again) = (false, false);
-            let entered = hooks.exclusive(&mut |x| {
+        let started = Instant::now();
+        // A panic anywhere in the leader's turn (a hook, the backend) must not
+        // leave the phase taken and the waiters asleep for ever.
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hooks.exclusive(&mut |x| {
                 let mut core = self.lock();
                 if let Err(e) = hooks.catch_up(&mut core, x) {
                     failed = Some(CommitError::Hook(e));
                     return Ok(());
                 }
                 core.phase = Phase::Open;
+                core.lead_failed = None;
                 opened = true;
                 self.wake_phase();
-                if turn == 0 {
-                    match self.guarded(&mut core, act) {
-                        Err(panic) => panicked = Some(panic),
-                        Ok((answer, covers)) => {
-                            // Like every other caller's, the leader's answer waits on its
-                            // own slot: the group that makes it durable settles it — not
-                            // a later group that fails, or that another writer overtakes.
-                            let slot = (covers > core.durable_seq).then(|| {
-                                let slot = Arc::new(ThreadSlot::default());
-                                core.waiters.entry(covers).or_default().push(Slot::Thread(slot.clone()));
-                                slot
-                            });
-                            own = Some((answer, slot));
-                        }
+                match self.guarded(&mut core, act) {
+                    Err(panic) => panicked = Some(panic),
+                    Ok((answer, covers)) => {
+                        // Like every other caller's, the leader's answer waits on its
+                        // own slot: the group that makes it durable settles it — not
+                        // a later group that fails, or that another writer overtakes.
+                        let slot = (covers > core.durable_seq).then(|| {
+                            let slot = Arc::new(ThreadSlot::default());
+                            core.waiters.entry(covers).or_default().push(Slot::Thread(slot.clone()));
+                            slot
+                        });
+                        own = Some((answer, slot));
                     }
                 }
-                if panicked.is_some() {
-                    turns_left = 0;
-                }
-                match self.flush_groups(hooks, x, core, &mut turns_left) {
-                    Ok(more) => again = more,
-                    Err(e) => failed = Some(CommitError::Storage(e)),
+                if let Err(e) = self.flush_groups(hooks, x, core) {
+                    failed = Some(CommitError::Storage(e));
                 }
                 Ok(())
-            });
-            error = match (entered, failed.take()) {
-                (Err(e), _) => Some(CommitError::Storage(e)),
-                (Ok(()), e) => e,
-            };
-            if !opened {
-                // The exclusive section was not entered or the catch-up failed: the
-                // phase is still this leader's `Starting`. (Once open, `flush_groups`
-                // alone ends the phase: by now another caller may have started the
-                // next.)
+            })
+        }));
+        let entered = match turn {
+            Ok(entered) => entered,
+            Err(panic) => {
                 let mut core = self.lock();
+                tracing::error!("the leader of a commit group panicked; the log is poisoned");
+                core.poison("the leader of a commit group panicked".into());
                 core.phase = Phase::Idle;
-                self.wake_idle();
+                self.wake_phase();
+                drop(core);
+                std::panic::resume_unwind(panic);
             }
-            if !again {
-                break;
+        };
+        let error = match (entered, failed) {
+            (Err(e), _) => {
+                if !opened {
+                    // Those who waited for this turn hear why it never came.
+                    self.lock().lead_failed = Some((Instant::now().max(started), e.clone()));
+                }
+                Some(CommitError::Storage(e))
             }
+            (Ok(()), e) => e,
+        };
+        if !opened {
+            // The exclusive section was not entered or the catch-up failed: the
+            // phase is still this caller's `Starting`. (Once open, `flush_groups`
+            // alone ends the phase: by now another caller may have started the next.)
+            let mut core = self.lock();
+            core.phase = Phase::Idle;
+            self.wake_phase();
         }
         // Off the exclusive section.
         hooks.after_lead(&mut self.lock());
@@ -635,19 +671,16 @@ impl<S> GroupCommit<S> {
     /// mutex is released during each write and sync so that others can queue the
     /// next group.
     ///
-    /// After `GROUPS_PER_LOCK_MAX` groups the leader keeps the section for more
-    /// only if nobody else waits for it (`Exclusive::others_waiting`), and at most
-    /// `turns_left` times. Returns whether this leader takes another turn: it lets
-    /// go of the section after its groups while callers of its process were
-    /// waiting, and enters it again for them, the phase staying `Starting` —
-    /// instead of waking a sleeping thread to lead, which costs more than the turn.
+    /// After `GROUPS_PER_LOCK_MAX` groups the leader keeps the section for as many
+    /// more only if no other writer says it waits (`Exclusive::others_waiting`), at
+    /// most `EXTRA_TURNS_MAX` times; else it syncs what is queued and lets go.
     fn flush_groups<'a, H: Hooks<S>>(
         &'a self,
         hooks: &H,
         x: &mut dyn Exclusive,
         mut core: MutexGuard<'a, Core<S>>,
-        turns_left: &mut u32,
-    ) -> Result<bool, Error> {
+    ) -> Result<(), Error> {
+        let mut extra_turns_left = EXTRA_TURNS_MAX;
         let GroupLimits { records_max, bytes_max, .. } = self.limits;
         let mut groups = 0;
         loop {
@@ -665,14 +698,9 @@ impl<S> GroupCommit<S> {
                 if hooks.before_idle(&mut core) {
                     continue;
                 }
-                if *turns_left > 0 && core.phase == Phase::Closing && core.arrivals_waiting > 0 {
-                    *turns_left -= 1;
-                    core.phase = Phase::Starting;
-                    return Ok(true);
-                }
                 core.phase = Phase::Idle;
                 self.wake_idle();
-                return Ok(false);
+                return Ok(());
             }
             let (mut n, mut bytes) = (0, 0);
             for r in &core.queued {
@@ -688,6 +716,10 @@ impl<S> GroupCommit<S> {
             }
             drop(core);
             let appended = x.append_if_head(expect, group);
+            // Asked off the core mutex (it is a system call): at the end of a turn,
+            // does another writer wait for the section?
+            let turn_ends = groups + 1 >= GROUPS_PER_LOCK_MAX;
+            let others_wait = turn_ends && extra_turns_left > 0 && x.others_waiting();
             core = self.lock();
             match appended {
                 Ok(AppendOutcome::HeadMoved { actual }) => {
@@ -721,9 +753,9 @@ impl<S> GroupCommit<S> {
                     }
                     groups += 1;
                     if groups >= GROUPS_PER_LOCK_MAX && core.phase == Phase::Open {
-                        if *turns_left > 0 && !x.others_waiting() {
+                        if extra_turns_left > 0 && !others_wait {
                             // Nobody else waits: another turn without letting go.
-                            *turns_left -= 1;
+                            extra_turns_left -= 1;
                             groups = 0;
                         } else {
                             core.phase = Phase::Closing;
@@ -787,12 +819,23 @@ impl<S> GroupCommit<S> {
         }
     }
 
+    /// The blocking thread an async caller asked for (`AsyncTurn::Lead`) has
+    /// started, or never will: other async callers may ask again.
+    pub fn async_lead_started(&self) {
+        let mut core = self.lock();
+        if std::mem::take(&mut core.async_lead_pending) {
+            drop(core);
+            self.changed_async.notify_waiters();
+        }
+    }
+
     /// For async callers with records that need no judging (raw appends): queue
     /// `records` into the open group and wait for them without blocking a thread;
     /// answers their first and last sequence. When no group is open, the caller is
     /// made leader (`AsyncTurn::Lead`): it must lead on a thread that may block.
     pub async fn queue_async(&self, admission: Admission, records: Vec<Vec<u8>>) -> AsyncTurn {
         let mut records = Some(records);
+        let arrived = Instant::now();
         loop {
             let notified = self.changed_async.notified();
             tokio::pin!(notified);
@@ -805,10 +848,17 @@ impl<S> GroupCommit<S> {
                 if core.draining && admission == Admission::Callers {
                     return AsyncTurn::Done(Err(Error::Closed));
                 }
+                if let Some(e) = core.lead_failed_since(arrived) {
+                    return AsyncTurn::Done(Err(e));
+                }
                 let blocked = core.readers_waiting > 0;
                 match core.phase {
-                    Phase::Idle if !blocked => {
-                        core.phase = Phase::Starting;
+                    // The phase stays `Idle`: a blocking thread that never starts
+                    // (a runtime shutting down, a full pool) then holds up no one —
+                    // threads may lead meanwhile, and the request is withdrawn
+                    // (`async_lead_started`) however it ends.
+                    Phase::Idle if !blocked && !core.async_lead_pending => {
+                        core.async_lead_pending = true;
                         return AsyncTurn::Lead(records.take().expect("queued once"));
                     }
                     Phase::Open if !blocked && core.queued.len() < self.limits.queued_records_max => {
@@ -851,5 +901,132 @@ impl<S> GroupCommit<S> {
                 Err(_) => Err(Error::Closed),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A backend that appends nothing real: it counts, and can be told to fail or
+    /// panic when the exclusive section is entered.
+    struct Fake {
+        entered: AtomicU32,
+        /// Held by the test to keep a leader inside `exclusive`.
+        gate: Mutex<()>,
+        fail_with: Option<Error>,
+        panic_in_catch_up: bool,
+    }
+
+    struct FakeX(u64);
+
+    impl Exclusive for FakeX {
+        fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome, Error> {
+            let first_seq = expect_seq + 1;
+            self.0 = expect_seq + payloads.len() as u64;
+            Ok(AppendOutcome::Appended(Appended { first_seq, last_seq: self.0, chain_head: [0; 32] }))
+        }
+    }
+
+    impl Hooks<()> for Fake {
+        type Error = Error;
+        fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>) -> Result<(), Error> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
+            drop(self.gate.lock().unwrap());
+            match &self.fail_with {
+                Some(e) => Err(e.clone()),
+                None => f(&mut FakeX(0)),
+            }
+        }
+        fn catch_up(&self, core: &mut Core<()>, _x: &mut dyn Exclusive) -> Result<(), Error> {
+            assert!(!self.panic_in_catch_up, "a hook panicked");
+            let seq = core.durable_seq();
+            core.caught_up_to(seq);
+            Ok(())
+        }
+        fn rebuild(&self, _core: &mut Core<()>) -> Result<(), String> {
+            Err("not in this test".into())
+        }
+    }
+
+    fn fake(fail_with: Option<Error>, panic_in_catch_up: bool) -> Fake {
+        Fake { entered: AtomicU32::new(0), gate: Mutex::new(()), fail_with, panic_in_catch_up }
+    }
+
+    fn limits() -> GroupLimits {
+        GroupLimits { records_max: 64, bytes_max: 1 << 20, queued_records_max: 1024 }
+    }
+
+    fn append(engine: &GroupCommit<()>, hooks: &Fake) -> Result<Settled<u64>, CommitError<Error>> {
+        engine.commit(hooks, Admission::Callers, |core| {
+            let seq = core.queue(b"x".to_vec());
+            (seq, seq)
+        })
+    }
+
+    /// Proves: when the leader cannot enter the exclusive section (a lock
+    /// timeout), the callers that waited for its turn hear the same answer at once
+    /// — the lock is not waited out again by each of them in turn.
+    #[test]
+    fn callers_waiting_on_a_leader_that_timed_out_share_its_answer() {
+        let timeout = Error::LockTimeout { path: "d".into(), waited_ms: 10, holder_pid: Some(7) };
+        let hooks = fake(Some(timeout), false);
+        let engine = GroupCommit::new((), 0, limits());
+        let gate = hooks.gate.lock().unwrap();
+        let codes: Vec<&str> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        append(&engine, &hooks).err().map(|e| match e {
+                            CommitError::Storage(e) => e.code(),
+                            _ => "other",
+                        })
+                    })
+                })
+                .collect();
+            // Everyone is in: one leader inside `exclusive`, seven waiting for it.
+            while !(hooks.entered.load(Ordering::SeqCst) == 1 && engine.lock().arrivals_waiting == 7) {
+                std::thread::yield_now();
+            }
+            drop(gate);
+            hs.into_iter().map(|h| h.join().unwrap().unwrap_or("ok")).collect()
+        });
+        assert_eq!(codes, vec!["LOCK_TIMEOUT"; 8]);
+        assert_eq!(hooks.entered.load(Ordering::SeqCst), 1, "the lock was waited out more than once");
+        assert!(engine.lock().is_settled(), "the phase is idle again");
+    }
+
+    /// Proves: a panic in the leader outside the caller's own judgement (here in
+    /// the owner's catch-up hook) poisons the engine and frees the phase: the
+    /// panic reaches the leader's caller, later callers hear WRITER_POISONED
+    /// instead of waiting for ever.
+    #[test]
+    fn a_panicking_hook_poisons_the_engine_and_nobody_waits_for_ever() {
+        let hooks = fake(None, true);
+        let engine = GroupCommit::new((), 0, limits());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| append(&engine, &hooks)));
+        assert!(panicked.is_err(), "the panic reaches the leader's caller");
+        match append(&engine, &hooks) {
+            Err(CommitError::Storage(e)) => assert_eq!(e.code(), "WRITER_POISONED", "{e}"),
+            other => panic!("expected WRITER_POISONED, got {:?}", other.map(|s| s.answer)),
+        }
+    }
+
+    /// Proves: with a working backend, concurrent callers each get their own
+    /// sequence, and the engine ends idle with everything durable.
+    #[test]
+    fn concurrent_callers_get_distinct_sequences() {
+        let hooks = fake(None, false);
+        let engine = GroupCommit::new((), 0, limits());
+        let mut seqs: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| (0..50).map(|_| append(&engine, &hooks).unwrap().answer).collect::<Vec<_>>()))
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        seqs.sort();
+        assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
+        assert!(engine.lock().is_settled());
     }
 }

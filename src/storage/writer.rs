@@ -187,8 +187,22 @@ impl Log {
                 appended(Settled { answer: Ok(s.answer), link: s.link })
             }
             AsyncTurn::Lead(payloads) => {
-                let inner = Arc::clone(&self.inner);
-                tokio::task::spawn_blocking(move || inner.lead(payloads)).await.map_err(|_| Error::Closed)?
+                // Withdrawn however the blocking task ends — also if it never runs
+                // (a runtime shutting down drops it; no runtime makes the spawn panic).
+                struct Pending(Arc<LogInner>);
+                impl Drop for Pending {
+                    fn drop(&mut self) {
+                        self.0.engine.async_lead_started();
+                    }
+                }
+                let pending = Pending(Arc::clone(&self.inner));
+                tokio::task::spawn_blocking(move || {
+                    let inner = Arc::clone(&pending.0);
+                    drop(pending);
+                    inner.commit(None, payloads)
+                })
+                .await
+                .map_err(|_| Error::Closed)?
             }
         }
     }
@@ -201,11 +215,12 @@ impl Log {
         self.inner.with_lock(f)
     }
 
-    /// Close the log: every append has returned by now (they hold `&self`); says
-    /// whether the writer was poisoned.
+    /// Close the log: waits for records still in flight (an async append whose
+    /// future was dropped may still be committing) and says whether the writer was
+    /// poisoned.
     pub fn close(self) -> Result<()> {
         self.inner.shared.poison_check()?;
-        self.inner.engine.lock().poison_check()
+        self.inner.engine.settled().map(drop)
     }
 }
 
@@ -246,16 +261,6 @@ impl LogInner {
             self.engine.commit(self, Admission::Callers, |core| queue_raw(core, expect_last_seq, &mut payloads));
         appended(settled.map_err(raw_error)?)
     }
-
-    /// Lead a group for an async caller (the engine set the phase for it).
-    fn lead(&self, payloads: Vec<Vec<u8>>) -> Result<Appended> {
-        let mut payloads = Some(payloads);
-        let mut act = |core: &mut Core<()>| queue_raw(core, None, &mut payloads);
-        match self.engine.lead_started(self, &mut act) {
-            Some(settled) => appended(settled.map_err(raw_error)?),
-            None => Err(Error::Poisoned { cause: "another writer appended inside the exclusive section".into() }),
-        }
-    }
 }
 
 /// Queue a raw append's payloads: the answer is their sequences (or `HEAD_MOVED`
@@ -269,7 +274,8 @@ fn queue_raw(
 ) -> (Result<(u64, u64)>, u64) {
     let last = core.last_seq();
     if let Some(expected) = expect.filter(|&e| e != last) {
-        return (Err(Error::HeadMoved { expected, actual: last }), core.durable_seq());
+        // Answered once the head it names is durable (records may be in flight).
+        return (Err(Error::HeadMoved { expected, actual: last }), last);
     }
     let Some(payloads) = payloads.take() else {
         let cause = "another writer appended inside the exclusive section".to_string();

@@ -239,3 +239,24 @@ fn an_async_lead_that_never_starts_holds_up_no_one() {
         assert_eq!(&stored[&a.first_seq].0, p);
     }
 }
+
+/// Proves (review): a panic in a `with_lock` closure leaves the log poisoned —
+/// later appends hear WRITER_POISONED (the tail may be half-changed), they do not
+/// panic — and reopening recovers.
+#[test]
+fn a_panic_while_the_tail_is_held_poisons_the_log_and_reopen_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        log.with_lock(|_| -> () { panic!("a closure panicked holding the lock") })
+    }));
+    assert!(panicked.is_err());
+    for _ in 0..2 {
+        let err = log.append(b"later").unwrap_err();
+        assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+    }
+    drop(log);
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    assert_eq!(log.append(b"two").unwrap().first_seq, 2);
+}

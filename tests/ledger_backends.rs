@@ -466,3 +466,43 @@ fn a_long_tail_after_a_snapshot_is_read_again_and_gives_the_full_replay_state() 
     assert_eq!(full.open_report().snapshot_seq, None);
     assert_eq!(full.projection(), from_snapshot);
 }
+
+/// Proves (review): a live ledger that meets a record it cannot decode — appended
+/// by another writer after it opened — refuses every later answer, rather than
+/// answering from a projection that silently lacks that record (the reader has
+/// moved past it, so a second catch-up would find "nothing new").
+#[test]
+fn an_undecodable_record_met_while_catching_up_is_refused_every_time_after() {
+    let d = tempfile::tempdir().unwrap();
+    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    l.submit(None, claim("a", &me())).unwrap();
+    let other = fencelog::storage::Log::open(d.path(), Default::default()).unwrap();
+    other.append(b"\xff\xff\xff not a transaction").unwrap();
+    drop(other);
+    let err = l.refresh().expect_err("refused");
+    assert_eq!(err.code(), "CORRUPTION", "{err}");
+    // Afterwards the ledger is poisoned, and says by what.
+    for _ in 0..3 {
+        let err = l.refresh().expect_err("refused");
+        assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+        assert!(err.to_string().contains("record 2 does not decode"), "{err}");
+    }
+    let err = l.submit(None, claim("b", &me())).expect_err("refused");
+    assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+}
+
+/// Proves (review): a panic while the ledger's state is held outside a commit
+/// group (here: in a `refresh_with` closure) poisons the ledger; later calls hear
+/// WRITER_POISONED instead of being judged on state that may be half-changed.
+#[test]
+fn a_panic_while_the_ledger_is_held_poisons_it() {
+    let d = tempfile::tempdir().unwrap();
+    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    l.submit(None, claim("a", &me())).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        l.refresh_with(|_| -> () { panic!("a reader's closure panicked") })
+    }));
+    assert!(panicked.is_err());
+    let err = l.submit(None, claim("b", &me())).expect_err("refused");
+    assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+}

@@ -303,13 +303,15 @@ impl Ledger {
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
         let LedgerState { tailer, projection, head, since_snapshot, .. } = &mut **inner;
+        let read_from = tailer.next_seq();
         let applied = apply_tail(tailer.as_mut(), projection, head, since_snapshot);
-        let last = projection.last_seq;
+        let (last, read_to) = (projection.last_seq, tailer.next_seq());
         if let Err(e) = applied {
-            if last != inner.last_seq() {
-                // Some records were applied before the failure: the projection is
-                // ahead of what the engine knows, and every later answer would rest
-                // on a half-read tail. Until reopen, none is given.
+            if last != inner.last_seq() || read_to != read_from {
+                // Records were applied, or read past, before the failure: the
+                // projection no longer follows the log (a later catch-up would not
+                // read them again), and every later answer would rest on a
+                // half-read tail. Until reopen, none is given.
                 inner.poison(format!("catching up failed after record {last}: {e}"));
             }
             return Err(e);

@@ -360,9 +360,9 @@ pub enum AsyncTurn {
     /// Its records were queued into an open group and are settled.
     Done(Result<Settled<(u64, u64)>, Error>),
     /// No group was open: the caller must commit its records on a thread that may
-    /// block (which leads, or joins a group opened meanwhile), and call
-    /// [`GroupCommit::async_lead_started`] when that thread starts — or when it
-    /// never will. Until then other async callers wait for it.
+    /// block, with [`GroupCommit::commit_async_lead`] (which leads, or joins a
+    /// group opened meanwhile) — or call [`GroupCommit::async_lead_withdrawn`] if
+    /// that thread will never run. Until then other async callers wait for it.
     Lead(Vec<Vec<u8>>),
 }
 
@@ -426,9 +426,23 @@ impl<S> GroupCommit<S> {
 
     /// The state as it is (records may be in flight).
     pub fn lock(&self) -> MutexGuard<'_, Core<S>> {
-        // A panic while the mutex was held poisoned the engine itself (see
-        // `lead_started`); the guard is still good for answering with that.
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+        self.recover(self.core.lock())
+    }
+
+    /// The guard, also after a panic while another thread held the mutex: the
+    /// state may then be half-changed, so the engine is poisoned (every waiter and
+    /// every later call hears it) and the mutex's own poison cleared.
+    fn recover<'a>(&'a self, r: std::sync::LockResult<MutexGuard<'a, Core<S>>>) -> MutexGuard<'a, Core<S>> {
+        r.unwrap_or_else(|p| {
+            let mut core = p.into_inner();
+            self.core.clear_poison();
+            if core.poisoned.is_none() {
+                tracing::error!("a panic while the commit engine was held; the log is poisoned");
+                core.poison("a panic while the commit engine was held".into());
+                self.wake_phase();
+            }
+            core
+        })
     }
 
     /// Everyone who waits for a change: a group opened, room, poisoning.
@@ -452,7 +466,7 @@ impl<S> GroupCommit<S> {
         let mut core = self.lock();
         core.readers_waiting += 1;
         while core.durable_seq < core.last_seq && core.poisoned.is_none() {
-            core = self.changed.wait(core).unwrap_or_else(PoisonError::into_inner);
+            core = self.recover(self.changed.wait(core));
         }
         core.readers_waiting -= 1;
         self.wake_phase();
@@ -476,7 +490,10 @@ impl<S> GroupCommit<S> {
             if now >= deadline {
                 return Ok(DrainOutcome { settled: false, last_seq: core.durable_seq });
             }
-            core = self.changed.wait_timeout(core, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+            core = match self.changed.wait_timeout(core, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => self.recover(Err(PoisonError::new(p.into_inner().0))),
+            };
         }
     }
 
@@ -489,10 +506,33 @@ impl<S> GroupCommit<S> {
         &self,
         hooks: &H,
         admission: Admission,
+        act: impl FnMut(&mut Core<S>) -> (T, u64),
+    ) -> Result<Settled<T>, CommitError<H::Error>> {
+        self.commit_inner(hooks, admission, act, false)
+    }
+
+    /// `commit` on the blocking thread an async caller asked for
+    /// (`AsyncTurn::Lead`): the request is withdrawn when this caller first holds
+    /// the engine — where it takes the phase or joins a group — so that no other
+    /// async caller asks for a second thread meanwhile.
+    pub fn commit_async_lead<H: Hooks<S>, T>(
+        &self,
+        hooks: &H,
+        admission: Admission,
+        act: impl FnMut(&mut Core<S>) -> (T, u64),
+    ) -> Result<Settled<T>, CommitError<H::Error>> {
+        self.commit_inner(hooks, admission, act, true)
+    }
+
+    fn commit_inner<H: Hooks<S>, T>(
+        &self,
+        hooks: &H,
+        admission: Admission,
         mut act: impl FnMut(&mut Core<S>) -> (T, u64),
+        mut async_lead: bool,
     ) -> Result<Settled<T>, CommitError<H::Error>> {
         for _ in 0..HEAD_MOVED_RETRIES_MAX {
-            if let Some(answer) = self.attempt(hooks, admission, &mut act) {
+            if let Some(answer) = self.attempt(hooks, admission, &mut act, std::mem::take(&mut async_lead)) {
                 return answer;
             }
             tracing::debug!("judging again: another writer appended first");
@@ -506,9 +546,16 @@ impl<S> GroupCommit<S> {
         hooks: &H,
         admission: Admission,
         act: &mut Act<'_, S, T>,
+        async_lead: bool,
     ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
         let arrived = Instant::now();
         let mut core = self.lock();
+        if async_lead && std::mem::take(&mut core.async_lead_pending) && core.phase != Phase::Idle {
+            // A group is open or opening: the async callers waiting for this
+            // thread may queue into it themselves. (If idle, this thread takes the
+            // phase now, and they are woken when its group opens.)
+            self.changed_async.notify_waiters();
+        }
         loop {
             if let Err(e) = core.poison_check() {
                 return Some(Err(CommitError::Storage(e)));
@@ -534,7 +581,7 @@ impl<S> GroupCommit<S> {
                 }
                 Phase::Open if !blocked => {
                     core.room_waiting += 1;
-                    core = self.arrivals.wait(core).unwrap_or_else(PoisonError::into_inner);
+                    core = self.recover(self.arrivals.wait(core));
                     core.room_waiting -= 1;
                 }
                 Phase::Idle if !blocked => {
@@ -544,7 +591,7 @@ impl<S> GroupCommit<S> {
                 }
                 _ => {
                     core.arrivals_waiting += 1;
-                    core = self.arrivals.wait(core).unwrap_or_else(PoisonError::into_inner);
+                    core = self.recover(self.arrivals.wait(core));
                     core.arrivals_waiting -= 1;
                 }
             }
@@ -560,8 +607,9 @@ impl<S> GroupCommit<S> {
         act: &mut Act<'_, S, T>,
     ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
         let (mut own, mut panicked, mut opened) = (None, None, false);
+        // Until `flush_groups` ends it, the phase is this leader's.
+        let mut phase_ours = true;
         let mut failed: Option<CommitError<H::Error>> = None;
-        let started = Instant::now();
         // A panic anywhere in the leader's turn (a hook, the backend) must not
         // leave the phase taken and the waiters asleep for ever.
         let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -589,6 +637,7 @@ impl<S> GroupCommit<S> {
                         own = Some((answer, slot));
                     }
                 }
+                phase_ours = false;
                 if let Err(e) = self.flush_groups(hooks, x, core) {
                     failed = Some(CommitError::Storage(e));
                 }
@@ -601,7 +650,9 @@ impl<S> GroupCommit<S> {
                 let mut core = self.lock();
                 tracing::error!("the leader of a commit group panicked; the log is poisoned");
                 core.poison("the leader of a commit group panicked".into());
-                core.phase = Phase::Idle;
+                if phase_ours {
+                    core.phase = Phase::Idle;
+                }
                 self.wake_phase();
                 drop(core);
                 std::panic::resume_unwind(panic);
@@ -611,7 +662,9 @@ impl<S> GroupCommit<S> {
             (Err(e), _) => {
                 if !opened {
                     // Those who waited for this turn hear why it never came.
-                    self.lock().lead_failed = Some((Instant::now().max(started), e.clone()));
+                    // Shared with every caller that arrived before now (one that
+                    // came just now hears it at once, with the leader's wait).
+                    self.lock().lead_failed = Some((Instant::now(), e.clone()));
                 }
                 Some(CommitError::Storage(e))
             }
@@ -819,9 +872,10 @@ impl<S> GroupCommit<S> {
         }
     }
 
-    /// The blocking thread an async caller asked for (`AsyncTurn::Lead`) has
-    /// started, or never will: other async callers may ask again.
-    pub fn async_lead_started(&self) {
+    /// The blocking thread an async caller asked for (`AsyncTurn::Lead`) will
+    /// never run (its task was dropped, or could not be spawned): other async
+    /// callers may ask again.
+    pub fn async_lead_withdrawn(&self) {
         let mut core = self.lock();
         if std::mem::take(&mut core.async_lead_pending) {
             drop(core);
@@ -853,10 +907,10 @@ impl<S> GroupCommit<S> {
                 }
                 let blocked = core.readers_waiting > 0;
                 match core.phase {
-                    // The phase stays `Idle`: a blocking thread that never starts
-                    // (a runtime shutting down, a full pool) then holds up no one —
-                    // threads may lead meanwhile, and the request is withdrawn
-                    // (`async_lead_started`) however it ends.
+                    // The phase stays `Idle`: a blocking thread that is slow to start
+                    // holds up only async callers (threads may lead meanwhile), and
+                    // one that never runs (a runtime shutting down, no runtime)
+                    // withdraws the request (`async_lead_withdrawn`).
                     Phase::Idle if !blocked && !core.async_lead_pending => {
                         core.async_lead_pending = true;
                         return AsyncTurn::Lead(records.take().expect("queued once"));

@@ -3,7 +3,7 @@
 //! not know what records mean.
 
 mod backend;
-pub mod commit;
+pub(crate) mod commit;
 mod dir;
 mod error;
 mod history;
@@ -16,6 +16,7 @@ pub mod snapshots;
 mod writer;
 
 pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
+pub use commit::{EXTRA_TURNS_MAX, GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 pub use dir::{
     EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode, list_segments,
     listing, segment_path,

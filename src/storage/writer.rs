@@ -189,20 +189,31 @@ impl Log {
             AsyncTurn::Lead(payloads) => {
                 // Withdrawn however the blocking task ends — also if it never runs
                 // (a runtime shutting down drops it; no runtime makes the spawn panic).
-                struct Pending(Arc<LogInner>);
+                struct Pending(Option<Arc<LogInner>>);
                 impl Drop for Pending {
                     fn drop(&mut self) {
-                        self.0.engine.async_lead_started();
+                        if let Some(inner) = self.0.take() {
+                            inner.engine.async_lead_withdrawn();
+                        }
                     }
                 }
-                let pending = Pending(Arc::clone(&self.inner));
-                tokio::task::spawn_blocking(move || {
-                    let inner = Arc::clone(&pending.0);
-                    drop(pending);
-                    inner.commit(None, payloads)
+                let mut pending = Pending(Some(Arc::clone(&self.inner)));
+                let led = tokio::task::spawn_blocking(move || {
+                    let inner = pending.0.take().expect("taken once");
+                    let mut payloads = Some(payloads);
+                    let settled = inner
+                        .engine
+                        .commit_async_lead(&*inner, Admission::Callers, |core| queue_raw(core, None, &mut payloads));
+                    appended(settled.map_err(raw_error)?)
                 })
-                .await
-                .map_err(|_| Error::Closed)?
+                .await;
+                match led {
+                    Ok(answer) => answer,
+                    Err(e) if e.is_panic() => {
+                        Err(Error::Poisoned { cause: "the thread committing an async append panicked".into() })
+                    }
+                    Err(_) => Err(Error::Closed),
+                }
             }
         }
     }
@@ -215,12 +226,20 @@ impl Log {
         self.inner.with_lock(f)
     }
 
-    /// Close the log: waits for records still in flight (an async append whose
-    /// future was dropped may still be committing) and says whether the writer was
-    /// poisoned.
+    /// Close the log: no append is admitted any more (an async append whose
+    /// future was dropped and whose thread has not started yet is refused, never
+    /// written); records already queued are committed — waiting at most twice
+    /// `lock_wait_ms_max` for them — and it says whether the writer was poisoned.
     pub fn close(self) -> Result<()> {
         self.inner.shared.poison_check()?;
-        self.inner.engine.settled().map(drop)
+        let wait_ms = self.inner.opts.lock_wait_ms_max.saturating_mul(2);
+        let drained = self.inner.engine.drain(wait_ms)?;
+        if !drained.settled {
+            return Err(Error::Poisoned {
+                cause: format!("records were still being committed {wait_ms} ms after close began"),
+            });
+        }
+        self.inner.shared.poison_check()
     }
 }
 
@@ -242,7 +261,17 @@ impl LogInner {
 
     fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
         self.shared.poison_check()?;
-        let mut w = self.writer.lock().expect("writer state");
+        let mut w = match self.writer.lock() {
+            Ok(w) => w,
+            Err(_) => {
+                // A panic while the tail was held (in a commit group, or in a
+                // `with_lock` closure): bytes may be half written.
+                let cause = "a panic while the log's tail was held".to_string();
+                *self.shared.poisoned.lock().expect("poison mutex") = Some(cause.clone());
+                self.shared.is_poisoned.store(true, Ordering::Release);
+                return Err(Error::Poisoned { cause });
+            }
+        };
         let lock = Arc::clone(&w.lock);
         let _held = lock.acquire(w.opts.lock_wait_ms_max)?;
         if let Err(e) = w.catch_up() {

@@ -3,6 +3,7 @@
 //!
 //!   cargo bench --bench replay                   # 10 million records
 //!   cargo bench --bench replay -- --quick --json   # 500 thousand, one JSON object
+//!   cargo bench --bench replay -- --cas-4-only      # only 4 processes' compare-and-append
 //!
 //! Replays and compare-and-append clients run in child processes (this binary
 //! re-executed), so peak memory (ru_maxrss) is that of the replay alone.
@@ -28,6 +29,16 @@ fn main() {
     }
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    if args.iter().any(|a| a == "--cas-4-only") {
+        // Only the 4-process turn-taking figure (repeatable in seconds).
+        let root =
+            std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+        std::fs::create_dir_all(&root).unwrap();
+        let tmp = tempfile::Builder::new().prefix("cas4").tempdir_in(&root).unwrap();
+        let cas4 = cas(&tmp.path().join("cas"), 4, if quick { 300 } else { 2_000 });
+        println!("{cas4}");
+        return;
+    }
     let records: u64 = if quick { 500_000 } else { 10_000_000 };
     let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).unwrap();

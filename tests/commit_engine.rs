@@ -39,6 +39,29 @@ fn check_answers(dir: &std::path::Path, answers: &[(Vec<u8>, Appended)]) {
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), (1..=answers.len() as u64).collect::<Vec<_>>());
 }
 
+/// `threads` threads (started together) each append `each` records; what each
+/// append sent and was answered.
+fn append_from_threads(log: &Log, threads: usize, each: usize) -> Vec<(Vec<u8>, Appended)> {
+    let start = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    (0..each)
+                        .map(|i| {
+                            let p = format!("thread {t} append {i}").into_bytes();
+                            (p.clone(), log.append(&p).unwrap())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Proves: sixteen threads appending at once share syncs (fewer syncs than
 /// records) and each hears its own sequence and chain link.
 #[test]
@@ -46,25 +69,7 @@ fn concurrent_threads_share_syncs_and_each_hears_its_own_record() {
     let d = tempfile::tempdir().unwrap();
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     let (threads, each) = (16, 40);
-    let start = Barrier::new(threads);
-    let answers: Vec<(Vec<u8>, Appended)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let (log, start) = (&log, &start);
-                s.spawn(move || {
-                    start.wait();
-                    (0..each)
-                        .map(|i| {
-                            let p = format!("thread {t} append {i}").into_bytes();
-                            let a = log.append(&p).unwrap();
-                            (p, a)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let answers = append_from_threads(&log, threads, each);
     let (appended, syncs) = log.commit_stats();
     assert_eq!(appended, (threads * each) as u64);
     assert!(syncs < appended, "no group commit: {syncs} syncs for {appended} records");
@@ -82,19 +87,7 @@ fn async_tasks_and_threads_append_through_the_same_groups() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (tasks, each) = (256, 4);
     let from_threads = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..4)
-            .map(|t| {
-                let log = &log;
-                s.spawn(move || {
-                    (0..50)
-                        .map(|i| {
-                            let p = format!("thread {t} append {i}").into_bytes();
-                            (p.clone(), log.append(&p).unwrap())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
+        let threads = s.spawn(|| append_from_threads(&log, 4, 50));
         let from_tasks: Vec<(Vec<u8>, Appended)> = rt.block_on(async {
             let hs: Vec<_> = (0..tasks)
                 .map(|t| {
@@ -115,7 +108,7 @@ fn async_tasks_and_threads_append_through_the_same_groups() {
             }
             all
         });
-        let mut all: Vec<_> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        let mut all = threads.join().unwrap();
         all.extend(from_tasks);
         all
     });
@@ -132,22 +125,7 @@ fn async_tasks_and_threads_append_through_the_same_groups() {
 fn a_full_queue_makes_arrivals_wait_and_nothing_is_lost() {
     let d = tempfile::tempdir().unwrap();
     let log = Log::open(d.path(), LogOptions { queue_depth_max: 2, ..LogOptions::default() }).unwrap();
-    let answers: Vec<(Vec<u8>, Appended)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..8)
-            .map(|t| {
-                let log = &log;
-                s.spawn(move || {
-                    (0..25)
-                        .map(|i| {
-                            let p = format!("thread {t} append {i}").into_bytes();
-                            (p.clone(), log.append(&p).unwrap())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let answers = append_from_threads(&log, 8, 25);
     log.close().unwrap();
     check_answers(d.path(), &answers);
 }

@@ -236,7 +236,8 @@ pub struct Core<S> {
     readers_waiting: usize,
     /// Callers waiting for room in a full queue.
     room_waiting: usize,
-    /// Callers waiting for a group to open (threads and async tasks).
+    /// Threads waiting for a group to open (a probe for tests: nothing decides on it).
+    #[cfg(test)]
     arrivals_waiting: usize,
     /// An async caller found no group open and asked for a leader on a blocking
     /// thread that has not started yet: other async callers wait for it instead of
@@ -366,17 +367,13 @@ pub enum AsyncTurn {
     Lead(Vec<Vec<u8>>),
 }
 
-/// An async caller counted among those waiting (for room in the queue, or for a
-/// group to open) until it stops waiting — also if its future is dropped.
-struct Waiting<'a, S>(&'a GroupCommit<S>, bool);
+/// An async caller counted among those waiting for room in the queue until it
+/// stops waiting — also if its future is dropped.
+struct RoomWait<'a, S>(&'a GroupCommit<S>);
 
-impl<S> Drop for Waiting<'_, S> {
+impl<S> Drop for RoomWait<'_, S> {
     fn drop(&mut self) {
-        let mut core = self.0.lock();
-        match self.1 {
-            true => core.room_waiting -= 1,
-            false => core.arrivals_waiting -= 1,
-        }
+        self.0.lock().room_waiting -= 1;
     }
 }
 
@@ -411,6 +408,7 @@ impl<S> GroupCommit<S> {
                 draining: false,
                 readers_waiting: 0,
                 room_waiting: 0,
+                #[cfg(test)]
                 arrivals_waiting: 0,
                 async_lead_pending: false,
                 lead_failed: None,
@@ -590,9 +588,15 @@ impl<S> GroupCommit<S> {
                     return self.lead_started(hooks, act);
                 }
                 _ => {
-                    core.arrivals_waiting += 1;
+                    #[cfg(test)]
+                    {
+                        core.arrivals_waiting += 1;
+                    }
                     core = self.recover(self.arrivals.wait(core));
-                    core.arrivals_waiting -= 1;
+                    #[cfg(test)]
+                    {
+                        core.arrivals_waiting -= 1;
+                    }
                 }
             }
         }
@@ -893,7 +897,7 @@ impl<S> GroupCommit<S> {
         loop {
             let notified = self.changed_async.notified();
             tokio::pin!(notified);
-            let mut waits_for_room = None;
+            let mut waits_for_room = false;
             let rx = {
                 let mut core = self.lock();
                 if let Err(e) = core.poison_check() {
@@ -928,19 +932,17 @@ impl<S> GroupCommit<S> {
                     _ => {
                         // Registered before the lock is let go: no wake-up is lost.
                         notified.as_mut().enable();
-                        let room = core.phase == Phase::Open && !blocked;
-                        match room {
-                            true => core.room_waiting += 1,
-                            false => core.arrivals_waiting += 1,
+                        waits_for_room = core.phase == Phase::Open && !blocked;
+                        if waits_for_room {
+                            core.room_waiting += 1;
                         }
-                        waits_for_room = Some(room);
                         None
                     }
                 }
             };
             let Some((rx, first, last)) = rx else {
                 // Counted out again even if this future is dropped while it waits.
-                let _waiting = waits_for_room.map(|room| Waiting(self, room));
+                let _room = waits_for_room.then(|| RoomWait(self));
                 notified.await;
                 continue;
             };

@@ -41,6 +41,7 @@ fn who(n: u8) -> Identity {
         pid: 4100 + n as u32,
         start_ticks: 90_000 + n as u64,
         boot_id: "00000000-0000-4000-8000-00000000b007".into(),
+        pid_ns: 0,
         exe: "/usr/local/bin/controller:1048576:1767225600".into(),
     }
 }

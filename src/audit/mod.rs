@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::inspect::body_max;
 use crate::model::{
-    DeathReason, Event, Identity, LeaseState, Outcome, Projection, TenureEndHow, decode_txn, flatten_tagged,
+    DeathReason, Event, Identity, LeaseState, Observed, Outcome, Projection, TenureEndHow, decode_txn, flatten_tagged,
 };
 use crate::storage::{Error, ScanItem, scan_dir};
 pub use render::{html, text};
@@ -32,9 +32,21 @@ pub use render::{html, text};
 #[serde(rename_all = "snake_case")]
 pub enum Began {
     ClaimOfFreeSubject,
-    ClaimOverDeadOwner { previous_generation: u64, evidence: DeathReason },
-    TakeoverOfStaleOwner { previous_generation: u64, expected_heartbeat_ms: u64, reason: String },
-    FenceRotation { previous_generation: u64 },
+    /// `observed`: what the claimant saw of the dead owner's pid (logs written
+    /// before it was recorded have none).
+    ClaimOverDeadOwner {
+        previous_generation: u64,
+        evidence: DeathReason,
+        observed: Option<Observed>,
+    },
+    TakeoverOfStaleOwner {
+        previous_generation: u64,
+        expected_heartbeat_ms: u64,
+        reason: String,
+    },
+    FenceRotation {
+        previous_generation: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -442,7 +454,16 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                         tenure(
                             *generation,
                             owner,
-                            Began::ClaimOverDeadOwner { previous_generation: r.generation, evidence: reason },
+                            Began::ClaimOverDeadOwner {
+                                previous_generation: r.generation,
+                                evidence: reason,
+                                observed: txn.events.iter().find_map(|e| match e {
+                                    Event::DeathObserved { subject: s, observed, .. } if s == subject => {
+                                        Some(observed.clone())
+                                    }
+                                    _ => None,
+                                }),
+                            },
                         ),
                         true,
                     );

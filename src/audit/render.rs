@@ -9,8 +9,21 @@ use crate::inspect::format_ms;
 fn began(b: &Began) -> String {
     match b {
         Began::ClaimOfFreeSubject => "claim of a free subject".into(),
-        Began::ClaimOverDeadOwner { previous_generation, evidence } => {
-            format!("claim over the provably dead owner of generation {previous_generation} ({})", evidence.code())
+        Began::ClaimOverDeadOwner { previous_generation, evidence, observed } => {
+            let seen = match observed {
+                None => String::new(),
+                Some(o) => match (o.start_ticks, &o.exe) {
+                    (None, _) => "; observed: no such process".to_owned(),
+                    (Some(t), exe) => format!(
+                        "; observed: start ticks {t}{}",
+                        exe.as_deref().map(|e| format!(", image {e}")).unwrap_or_default()
+                    ),
+                },
+            };
+            format!(
+                "claim over the provably dead owner of generation {previous_generation} ({}{seen})",
+                evidence.code()
+            )
         }
         Began::TakeoverOfStaleOwner { previous_generation, expected_heartbeat_ms, reason } => format!(
             "takeover of the stale owner of generation {previous_generation} (expected heartbeat {}; reason {reason:?})",

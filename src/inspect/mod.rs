@@ -442,6 +442,19 @@ fn event_text(e: &Event) -> String {
             "refused {subject}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
             crate::format::hex(content_blake3)
         ),
+        Event::DeathObserved { subject, generation, pid, reason, observed } => {
+            let seen = match (observed.start_ticks, &observed.exe) {
+                (None, _) => "no such process".to_owned(),
+                (Some(t), Some(exe)) => format!("start ticks {t}, exe {exe}"),
+                (Some(t), None) => format!("start ticks {t}"),
+            };
+            format!(
+                "death-observed {subject} gen {generation} pid {pid} ({}): {seen}; boot {} pid ns {}",
+                reason.code(),
+                observed.boot_id,
+                observed.pid_ns
+            )
+        }
         Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
             format!("lease-acquire {resource} {mode:?} holder {holder:?} ttl {ttl_ms} ms")
         }

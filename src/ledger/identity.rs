@@ -4,7 +4,7 @@
 
 use std::fs;
 
-use crate::model::{DeathReason, Identity};
+use crate::model::{DeathReason, Identity, Observed};
 
 /// This machine's boot id.
 pub fn boot_id() -> String {
@@ -25,16 +25,46 @@ fn stat(pid: u32) -> Option<(char, u64)> {
 /// Prefix of an executable fingerprint by the running image's file identity.
 const EXE_INODE_PREFIX: &str = "inode:";
 
-/// Executable fingerprint: `inode:DEV:INO` of the file the process is running
-/// (`/proc/<pid>/exe` followed to the image itself), which survives the file being
-/// replaced or deleted on disk, as a package upgrade does: a process whose binary
-/// was upgraded under it is still the same process.
+/// Executable fingerprint: `inode:DEV:INO:SIZE:MTIME_NS` of the image the process
+/// is running (`/proc/<pid>/exe` followed to the file itself). That file stays what
+/// it was when the binary is replaced or deleted on disk, as a package upgrade does:
+/// only an `exec` into another program changes it. `unknown` when it cannot be read
+/// (another user's process, for one who is not root).
 fn exe_fingerprint(pid: u32) -> String {
     use std::os::unix::fs::MetadataExt;
     match fs::metadata(format!("/proc/{pid}/exe")) {
-        Ok(m) => format!("{EXE_INODE_PREFIX}{}:{}", m.dev(), m.ino()),
+        Ok(m) => format!(
+            "{EXE_INODE_PREFIX}{}:{}:{}:{}",
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec())
+        ),
         Err(_) => "unknown".into(),
     }
+}
+
+/// Whether two fingerprints name different images. Only fingerprints of the image
+/// compare; of those, the fields both have (an earlier build recorded `DEV:INO`
+/// only; before that `path:size:mtime`, which an upgrade on disk changed under a
+/// live process, and which is not compared at all).
+fn exe_differs(recorded: &str, now: &str) -> bool {
+    let (Some(a), Some(b)) = (recorded.strip_prefix(EXE_INODE_PREFIX), now.strip_prefix(EXE_INODE_PREFIX)) else {
+        return false;
+    };
+    a.split(':').zip(b.split(':')).any(|(x, y)| x != y)
+}
+
+/// The pid namespace of this process (the inode of `/proc/self/ns/pid`): the one
+/// every pid this process reads or records is in. 0 when unreadable.
+pub fn pid_ns() -> u64 {
+    fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Start time (clock ticks since boot) of a live process; `None` if there is no
@@ -64,40 +94,131 @@ pub fn probe(pid: u32, instance: uuid::Uuid) -> Option<Identity> {
     if matches!(state, 'Z' | 'X') {
         return None;
     }
-    Some(Identity { instance, pid, start_ticks, boot_id: boot_id(), exe: exe_fingerprint(pid) })
+    Some(Identity { instance, pid, start_ticks, boot_id: boot_id(), pid_ns: pid_ns(), exe: exe_fingerprint(pid) })
 }
 
 /// The identity of an owner on another host (a daemon's client without a pid):
 /// only its instance is known. Its liveness is judged by heartbeat staleness
 /// alone: it is never provably dead, so only a takeover replaces it.
 pub fn remote(instance: uuid::Uuid) -> Identity {
-    Identity { instance, pid: 0, start_ticks: 0, boot_id: String::new(), exe: "remote".into() }
+    Identity { instance, pid: 0, start_ticks: 0, boot_id: String::new(), pid_ns: 0, exe: "remote".into() }
 }
 
-/// `None` if the identity is that of a live process — or of a remote owner (pid
-/// 0), which nothing here can prove dead; else the first failed check.
-pub fn death_of(id: &Identity) -> Option<DeathReason> {
+/// Why an owner's liveness cannot be judged here. Unknown is never dead: no
+/// claim is made over it (a stale one is replaced only by a takeover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownReason {
+    /// An owner on another host (no pid): judged by its heartbeat alone.
+    Remote,
+    /// Its pid was recorded in another pid namespace: the same number here names
+    /// another process, or none.
+    OtherPidNamespace,
+    /// The pid exists but `/proc` does not show it to us (`hidepid`, or another
+    /// user's process): `kill(pid, 0)` says EPERM, not ESRCH.
+    Hidden,
+}
+
+impl UnknownReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            UnknownReason::Remote => "remote",
+            UnknownReason::OtherPidNamespace => "other_pid_namespace",
+            UnknownReason::Hidden => "hidden",
+        }
+    }
+}
+
+/// The verdict on a recorded identity, now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    /// Provably dead: the first failed check, and what was seen.
+    Dead {
+        reason: DeathReason,
+        observed: Observed,
+    },
+    Unknown(UnknownReason),
+}
+
+impl Liveness {
+    pub fn death(&self) -> Option<DeathReason> {
+        match self {
+            Liveness::Dead { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+}
+
+/// Judge a recorded identity now. The checks, in this order; the first that
+/// decides is reported:
+/// 1. no pid (an owner on another host) → unknown (`remote`);
+/// 2. this machine's boot id differs → dead (`boot_changed`): no process survives
+///    a reboot, whatever its pid says now;
+/// 3. the pid was recorded in another pid namespace → unknown
+///    (`other_pid_namespace`);
+/// 4. `/proc/<pid>/stat` cannot be read: `kill(pid, 0)` says ESRCH → dead
+///    (`process_dead`, no such process); anything else (EPERM: hidden by `hidepid`
+///    or permissions) → unknown (`hidden`);
+/// 5. a zombie → dead (`process_dead`);
+/// 6. another start time → dead (`start_time_changed`: the pid was reused);
+/// 7. another running image → dead (`exe_changed`: an `exec` into another program;
+///    a binary replaced on disk is the same image);
+/// 8. otherwise alive.
+pub fn liveness(id: &Identity) -> Liveness {
     if id.pid == 0 {
-        return None;
+        return Liveness::Unknown(UnknownReason::Remote);
     }
-    let Some((state, start)) = stat(id.pid) else { return Some(DeathReason::ProcessDead) };
+    let mut observed = Observed { boot_id: boot_id(), pid_ns: pid_ns(), start_ticks: None, exe: None };
+    let dead = |reason, observed| Liveness::Dead { reason, observed };
+    if observed.boot_id != id.boot_id {
+        return dead(DeathReason::BootChanged, observed);
+    }
+    if id.pid_ns != 0 && observed.pid_ns != 0 && id.pid_ns != observed.pid_ns {
+        return Liveness::Unknown(UnknownReason::OtherPidNamespace);
+    }
+    let Some((state, start)) = stat(id.pid) else {
+        return match signal_probe(id.pid) {
+            Probe::NoSuchProcess => dead(DeathReason::ProcessDead, observed),
+            Probe::Exists => Liveness::Unknown(UnknownReason::Hidden),
+        };
+    };
     if matches!(state, 'Z' | 'X') {
-        return Some(DeathReason::ProcessDead);
+        return dead(DeathReason::ProcessDead, observed);
     }
+    observed.start_ticks = Some(start);
     if start != id.start_ticks {
-        return Some(DeathReason::StartTimeChanged);
+        return dead(DeathReason::StartTimeChanged, observed);
     }
-    if boot_id() != id.boot_id {
-        return Some(DeathReason::BootChanged);
-    }
-    // Only fingerprints of the same kind compare: identities recorded by earlier
-    // versions (`path:size:mtime`, which an upgrade on disk changed under a live
-    // process) are judged on pid, start time and boot id alone.
     let exe = exe_fingerprint(id.pid);
-    if id.exe.starts_with(EXE_INODE_PREFIX) && exe.starts_with(EXE_INODE_PREFIX) && exe != id.exe {
-        return Some(DeathReason::ExeChanged);
+    observed.exe = Some(exe.clone());
+    if exe_differs(&id.exe, &exe) {
+        return dead(DeathReason::ExeChanged, observed);
     }
-    None
+    Liveness::Alive
+}
+
+enum Probe {
+    NoSuchProcess,
+    Exists,
+}
+
+/// `kill(pid, 0)`: ESRCH is the kernel saying there is no such process in our
+/// namespace; success or EPERM says there is one.
+fn signal_probe(pid: u32) -> Probe {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return Probe::NoSuchProcess };
+    // SAFETY: signal 0 sends nothing; it only checks that the pid exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return Probe::NoSuchProcess;
+    }
+    Probe::Exists
+}
+
+/// `None` if the identity is that of a live process — or one whose liveness
+/// cannot be judged here (never provably dead); else the first failed check.
+pub fn death_of(id: &Identity) -> Option<DeathReason> {
+    liveness(id).death()
 }
 
 /// The parent of the calling process (the CLI's default owner).

@@ -241,6 +241,10 @@ pub enum Outcome {
     CutoverRecorded {
         settled: u64,
     },
+    /// Evidence kept beside a decision (what a claim saw of a dead owner).
+    EvidenceRecorded {
+        subject: String,
+    },
 }
 
 /// A lease granted with a spawn (held until the process ends).
@@ -348,6 +352,7 @@ impl Projection {
                 }
                 Event::LeaseRelease { lease, .. } => vec![format!("lease:{lease}")],
                 Event::Checkpoint { snapshot_seq, .. } => vec![format!("checkpoint:{snapshot_seq}")],
+                Event::DeathObserved { subject, .. } => vec![format!("evidence:{subject}")],
                 Event::SpawnRequested { leases, .. } => std::iter::once("spawn".to_owned())
                     .chain(leases.iter().map(|l| format!("resource:{}", l.resource)))
                     .collect(),
@@ -602,6 +607,17 @@ impl Projection {
                     });
                 }
                 Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
+            }
+            Event::DeathObserved { subject, generation, observed, .. } => {
+                validate_text("boot id", &observed.boot_id)?;
+                validate_text("exe", observed.exe.as_deref().unwrap_or_default())?;
+                let (current, _) = self.current(subject);
+                if *generation != current {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("death evidence names generation {generation}; {subject} is at {current}"),
+                    });
+                }
+                Ok(Outcome::EvidenceRecorded { subject: subject.clone() })
             }
             Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
                 validate_text("holder", holder)?;

@@ -301,12 +301,21 @@ fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>, caller: Caller) -> Resu
 }
 
 /// Evidence that the current owner of `subject` is dead, judged on its identity
-/// now: what a claim over it records.
-pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<crate::model::DeadOwner> {
-    p.subject(subject)
-        .and_then(|s| s.owner.as_ref())
-        .and_then(|o| identity::death_of(&o.identity))
-        .and_then(|reason| p.dead_owner(subject, reason))
+/// now: what a claim over it records — the proof the state machine checks, and
+/// what was observed (a `DeathObserved` event in the same transaction).
+pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<(crate::model::DeadOwner, Event)> {
+    let s = p.subject(subject)?;
+    let o = s.owner.as_ref()?;
+    let identity::Liveness::Dead { reason, observed } = identity::liveness(&o.identity) else { return None };
+    let proof = p.dead_owner(subject, reason)?;
+    let seen = Event::DeathObserved {
+        subject: subject.to_owned(),
+        generation: s.generation,
+        pid: o.identity.pid,
+        reason,
+        observed,
+    };
+    Some((proof, seen))
 }
 
 fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
@@ -348,14 +357,15 @@ pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpRe
         req.action.clone().map(|action| LockIntent { action, request: req.request_id.clone().unwrap_or_default() });
     let c = ledger.submit(req.tag(), |p, now_ms, writer| {
         // Liveness is judged here, on identity, and enters the log as evidence.
+        let (previous, seen) = dead_owner_evidence(p, &req.subject).unzip();
         let event = Event::Claim {
             subject: req.subject.clone(),
             owner: me.clone(),
             stale_after_ms: req.stale_after_ms,
             lock: lock.clone(),
-            previous: dead_owner_evidence(p, &req.subject),
+            previous,
         };
-        Ok(Txn::new(now_ms, writer, vec![event]))
+        Ok(Txn::new(now_ms, writer, std::iter::once(event).chain(seen).collect()))
     })?;
     respond(c)
 }
@@ -437,19 +447,33 @@ pub enum Status {
     Free,
     /// Provably dead on its identity evidence.
     Dead,
-    /// No heartbeat within `stale_after_ms`, not provably dead.
+    /// No heartbeat within `stale_after_ms`, alive on its identity evidence (or an
+    /// owner on another host, judged by its heartbeat alone).
     Stale,
+    /// No heartbeat within `stale_after_ms`, and its liveness cannot be judged
+    /// here (its pid is hidden from us, or in another pid namespace): never dead.
+    Unknown,
     Active,
+}
+
+/// The status of one subject's owner now, and why (a death reason, why its
+/// liveness is unknown, or that its heartbeat is old).
+pub fn status_of(owner: Option<&crate::model::Owner>, now_ms: u64) -> (Status, Option<&'static str>) {
+    let Some(o) = owner else { return (Status::Free, None) };
+    let liveness = identity::liveness(&o.identity);
+    match liveness {
+        identity::Liveness::Dead { reason, .. } => (Status::Dead, Some(reason.code())),
+        _ if o.is_fresh(now_ms) => (Status::Active, None),
+        identity::Liveness::Unknown(why) if why != identity::UnknownReason::Remote => {
+            (Status::Unknown, Some(why.code()))
+        }
+        _ => (Status::Stale, Some("heartbeat_stale")),
+    }
 }
 
 /// The status verdict of one subject's owner, now.
 pub fn status(owner: Option<&crate::model::Owner>, now_ms: u64) -> Status {
-    match owner {
-        None => Status::Free,
-        Some(o) if identity::death_of(&o.identity).is_some() => Status::Dead,
-        Some(o) if !o.is_fresh(now_ms) => Status::Stale,
-        Some(_) => Status::Active,
-    }
+    status_of(owner, now_ms).0
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -459,8 +483,14 @@ pub struct SubjectState {
     pub owner: Option<Identity>,
     pub lock: Option<LockIntent>,
     pub heartbeat_ms: Option<u64>,
+    /// How old the last heartbeat is, now.
+    pub heartbeat_age_ms: Option<u64>,
     pub stale_after_ms: Option<u64>,
     pub status: Status,
+    /// Why: the death reason (`process_dead`, `start_time_changed`, `boot_changed`,
+    /// `exe_changed`), why liveness is unknown (`hidden`, `other_pid_namespace`),
+    /// or `heartbeat_stale`.
+    pub status_reason: Option<&'static str>,
     pub ended: Vec<TenureEnd>,
     pub fenced_attempts: u64,
     pub late_notes: u64,
@@ -493,8 +523,10 @@ pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateRe
             owner: s.owner.as_ref().map(|o| o.identity.clone()),
             lock: s.owner.as_ref().and_then(|o| o.lock.clone()),
             heartbeat_ms: s.owner.as_ref().map(|o| o.heartbeat_ms),
+            heartbeat_age_ms: s.owner.as_ref().map(|o| now_ms.saturating_sub(o.heartbeat_ms)),
             stale_after_ms: s.owner.as_ref().map(|o| o.stale_after_ms),
-            status: status(s.owner.as_ref(), now_ms),
+            status: status_of(s.owner.as_ref(), now_ms).0,
+            status_reason: status_of(s.owner.as_ref(), now_ms).1,
             ended: s.ended.clone(),
             fenced_attempts: s.fenced_attempts,
             late_notes: s.late_notes,

@@ -449,15 +449,19 @@ fn audit_reconstructs_cutovers_fenced_and_late_writes_leases_and_requests() {
     };
     let s = &audit("stale-takeover")["subjects"][0];
     assert_eq!(s["verdict"], "consistent");
-    assert_eq!(s["tenures"][1]["began"]["takeover_of_stale_owner"]["previous_generation"], 1);
-    assert!(s["tenures"][0]["ended"]["retired"]["cut_off_seq"].as_u64().is_some());
+    assert_eq!(s["tenures"][1]["began"]["kind"], "takeover_of_stale_owner");
+    assert_eq!(s["tenures"][1]["began"]["previous_generation"], 1);
+    assert!(
+        s["tenures"][0]["ended"]["kind"] == "retired" && s["tenures"][0]["ended"]["cut_off_seq"].as_u64().is_some()
+    );
     assert_eq!(s["gaps"][0]["authoritative_during"], "handed_over_in_one_record");
     assert_eq!(s["late_records"].as_array().unwrap().len(), 1);
     let counts: Vec<u64> =
         s["fenced_attempts"].as_array().unwrap().iter().map(|f| f["count"].as_u64().unwrap()).collect();
     assert_eq!(counts.iter().sum::<u64>(), 3, "three refused heartbeats, coalesced: {counts:?}");
     let s = &audit("dead-owner-claim")["subjects"][0];
-    assert_eq!(s["tenures"][1]["began"]["claim_over_dead_owner"]["evidence"], "StartTimeChanged");
+    assert_eq!(s["tenures"][1]["began"]["kind"], "claim_over_dead_owner");
+    assert_eq!(s["tenures"][1]["began"]["evidence"], "start_time_changed");
     let s = &audit("lease-pending-across-cutover")["subjects"][0];
     let c = &s["cutovers"][0];
     assert_eq!(c["leases_live"][0]["fate"]["kind"], "release_pending");

@@ -199,7 +199,7 @@ fn a_killed_owner_is_claimed_without_waiting_and_a_live_one_is_refused() {
     let (code, v) = fl(d.path(), &["claim", "--subject", "home/d", "--pid", &b.pid()]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["generation"], 2);
-    assert_eq!(v["retired"]["how"]["DeadOwner"], "ProcessDead");
+    assert_eq!(v["retired"]["how"], serde_json::json!({"kind": "dead_owner", "reason": "process_dead"}));
     assert_eq!(v["retired"]["pid"].as_u64(), Some(a.0.id() as u64));
 }
 

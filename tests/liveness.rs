@@ -100,7 +100,11 @@ fn a_claim_over_a_killed_owner_records_what_it_observed() {
     let out = Command::new(FENCELOG).args(["audit", "--format", "json", dir.to_str().unwrap()]).output().unwrap();
     let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
     let began = &audit["subjects"][0]["tenures"][1]["began"];
-    assert_eq!(began["claim_over_dead_owner"]["observed"], seen["observed"], "the audit shows what was seen: {began}");
+    assert_eq!(
+        (began["kind"].as_str(), &began["observed"]),
+        (Some("claim_over_dead_owner"), &seen["observed"]),
+        "the audit shows what was seen: {began}"
+    );
 }
 
 /// Proves: a pid the prober cannot see because `/proc` is mounted `hidepid`

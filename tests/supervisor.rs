@@ -249,7 +249,8 @@ fn write_leases_conflict_fast_read_leases_coexist_and_leases_end_with_the_proces
         assert_eq!(code, 0);
     }
     let (_, state) = fl(&dir, &["state"]);
-    let live: Vec<&Value> = state["leases"].as_array().unwrap().iter().filter(|l| l["state"] == "Held").collect();
+    let live: Vec<&Value> =
+        state["leases"].as_array().unwrap().iter().filter(|l| l["state"]["kind"] == "held").collect();
     assert!(live.is_empty(), "every lease ended with its process: {live:?}");
 }
 
@@ -549,8 +550,12 @@ fn owner_leases_end_with_the_tenure_and_the_audit_lists_only_that_subjects_lease
     assert_eq!((code, c["generation"].as_u64()), (0, Some(2)), "{c}");
     let (_, state) = fl(&dir, &["state"]);
     let lease = |id: u64| state["leases"].as_array().unwrap().iter().find(|l| l["id"] == id).unwrap().clone();
-    assert_eq!(lease(owner_lease)["state"]["Released"]["seq"], c["seq"], "ended in the claim's own record");
-    assert_eq!(lease(process_lease)["state"], "Held", "the process holds its own lease until it ends");
+    assert_eq!(
+        lease(owner_lease)["state"],
+        serde_json::json!({"kind": "released", "seq": c["seq"]}),
+        "ended in the claim's own record"
+    );
+    assert_eq!(lease(process_lease)["state"]["kind"], "held", "the process holds its own lease until it ends");
     // The process belongs to the retired tenure: recovery leaves it to the new owner.
     let (code, r) = fl(&dir, &["recover"]);
     assert_eq!((code, r["other_owner_untouched"].clone()), (0, serde_json::json!([1])), "{r}");

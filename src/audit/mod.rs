@@ -29,7 +29,7 @@ use crate::storage::{Error, ScanItem, scan_dir};
 pub use render::{html, text};
 
 #[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Began {
     ClaimOfFreeSubject,
     /// `observed`: what the claimant saw of the dead owner's pid (logs written
@@ -50,7 +50,7 @@ pub enum Began {
 }
 
 #[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Ended {
     StillActive,
     Released,
@@ -627,7 +627,7 @@ impl Work {
                         resource: String::new(),
                         holder: String::new(),
                         token: 0,
-                        fate: json!({"kind": "forgotten (beyond retention)"}),
+                        fate: json!({"kind": "forgotten", "detail": "beyond the projection's retention"}),
                     },
                 })
                 .collect();

@@ -456,7 +456,7 @@ fn event_text(e: &Event) -> String {
             )
         }
         Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
-            format!("lease-acquire {resource} {mode:?} holder {holder:?} ttl {ttl_ms} ms")
+            format!("lease-acquire {resource} {} holder {holder:?} ttl {ttl_ms} ms", mode.as_str())
         }
         Event::LeaseRelease { lease, token } => format!("lease-release {lease} token {token}"),
         Event::Checkpoint { snapshot_seq, digest } => {
@@ -468,7 +468,7 @@ fn event_text(e: &Event) -> String {
                 s += &format!(" owner {}@{}", o.subject, o.generation);
             }
             for l in leases {
-                s += &format!(" lease {}:{:?}", l.resource, l.mode);
+                s += &format!(" lease {}:{}", l.resource, l.mode.as_str());
             }
             s
         }
@@ -481,7 +481,12 @@ fn event_text(e: &Event) -> String {
         },
         Event::ProcessEnded { process, end } => format!("process-ended {process} {}", end.status().as_str()),
         Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
-            format!("lease-acquire {resource} {mode:?} owner {}@{} ttl {ttl_ms} ms", owner.subject, owner.generation)
+            format!(
+                "lease-acquire {resource} {} owner {}@{} ttl {ttl_ms} ms",
+                mode.as_str(),
+                owner.subject,
+                owner.generation
+            )
         }
         Event::Cutover { home, reason, settled, more } => {
             let mut s = format!(
@@ -532,6 +537,14 @@ fn not_authoritative(state: &mut crate::model::Projection, seq: u64, txn: Option
         }
         _ => None,
     })
+}
+
+/// A flat JSON object as text: its `kind`, then `field=value` for the rest
+/// (`released seq=6`).
+fn flat_text(v: &Value) -> String {
+    let Some(o) = v.as_object() else { return v.to_string() };
+    let kind = o.get("kind").and_then(Value::as_str).unwrap_or("?");
+    o.iter().filter(|(k, _)| *k != "kind").fold(kind.to_owned(), |acc, (k, v)| format!("{acc} {k}={v}"))
 }
 
 /// `dump` filters; all optional.
@@ -679,14 +692,14 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
     for l in p.leases.values() {
         writeln!(
             out,
-            "  lease {} on {} {:?} holder {:?} token {} expires {}  {:?}",
+            "  lease {} on {} {} holder {:?} token {} expires {}  {}",
             l.id,
             l.resource,
-            l.mode,
+            l.mode.as_str(),
             l.holder,
             l.token,
             format_ms(l.expires_ms),
-            l.state
+            flat_text(&serde_json::to_value(&l.state).unwrap_or_default())
         )?;
     }
     if p.anomalies + p.undecodable > 0 {

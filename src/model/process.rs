@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::flat_enum_serialize;
+
 use super::{Identity, LeaseMode};
 
 /// Most arguments of one command.
@@ -85,7 +87,7 @@ pub struct Exit {
 }
 
 /// The terminal fact about a process. Exactly one per process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub enum ProcessEnd {
     /// The runner saw the command end.
     Exited(Exit),
@@ -103,6 +105,12 @@ pub enum ProcessEnd {
     /// executable is no longer the file requested), `CANCELLED_BEFORE_START`.
     Failed { code: String, detail: String },
 }
+
+flat_enum_serialize!(ProcessEnd {
+    0 Exited "exited" { 0: exit }
+    1 CompletedUnknown "completed_unknown" { runner: runner, command_alive: command_alive }
+    2 Failed "failed" { code: code, detail: detail }
+});
 
 /// The code of a process cancelled before any runner started it (status
 /// `cancelled`; it never ran).

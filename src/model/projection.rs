@@ -4,6 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::flat_enum_serialize;
+
 use super::types::{validate_subject, validate_text};
 use super::{
     ARGS_BYTES_MAX, ARGS_MAX, Blocker, Condition, DeadOwner, DeathReason, ENV_ENTRIES_MAX, Ended, Event, Identity,
@@ -57,7 +59,7 @@ impl Owner {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum TenureEndHow {
     Released,
     /// Replaced by a takeover of a stale owner.
@@ -65,6 +67,12 @@ pub enum TenureEndHow {
     /// Replaced by a claim with proof of death.
     DeadOwner(DeathReason),
 }
+
+flat_enum_serialize!(TenureEndHow {
+    0 Released "released" {}
+    1 TakenOver "taken_over" {}
+    2 DeadOwner "dead_owner" { 0: reason }
+});
 
 /// How a tenure ended; `cut_off_seq` is the last sequence that counts as that
 /// owner's authoritative history.
@@ -93,7 +101,7 @@ pub struct Subject {
     pub leases: BTreeSet<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub enum LeaseState {
     Held,
     /// A release failed (wrong token); still held, can be retried.
@@ -109,6 +117,13 @@ pub enum LeaseState {
         seq: u64,
     },
 }
+
+flat_enum_serialize!(LeaseState {
+    0 Held "held" {}
+    1 ReleasePending "release_pending" { code: code, attempts: attempts }
+    2 Released "released" { seq: seq }
+    3 Displaced "displaced" { seq: seq }
+});
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
@@ -148,10 +163,10 @@ pub struct Resource {
     pub live: BTreeSet<u64>,
 }
 
-/// What one event did (or, for a no-op, what it found). Externally tagged (serde's
-/// default) because it is stored in snapshots, and bincode cannot decode internally
-/// tagged enums; [`Outcome::to_json`] gives the flat form for JSON output.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What one event did (or, for a no-op, what it found). Stored in snapshots by
+/// variant index (bincode cannot decode internally tagged enums); in JSON a flat
+/// object with `kind` ([`flat_enum_serialize`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub enum Outcome {
     Claimed {
         subject: String,
@@ -246,6 +261,28 @@ pub enum Outcome {
         subject: String,
     },
 }
+
+flat_enum_serialize!(Outcome {
+    0 Claimed "claimed" { subject: subject, generation: generation, owner: owner, retired: retired }
+    1 LockReused "lock_reused" { subject: subject, generation: generation, owner: owner }
+    2 Heartbeat "heartbeat" { subject: subject, generation: generation, heartbeat_ms: heartbeat_ms }
+    3 Released "released" { subject: subject, generation: generation }
+    4 TookOver "took_over" { subject: subject, generation: generation, owner: owner, retired: retired }
+    5 Rotated "rotated" { subject: subject, generation: generation }
+    6 Noted "noted" { subject: subject, generation: generation, authoritative: authoritative }
+    7 FencedAudit "fenced_audit" { subject: subject, count: count }
+    8 LeaseAcquired "lease_acquired" { lease: lease, resource: resource, mode: mode, token: token, expires_ms: expires_ms, displaced: displaced }
+    9 LeaseReleased "lease_released" { lease: lease, token: token }
+    10 LeaseAlreadyEnded "lease_already_ended" { lease: lease, state: state }
+    11 LeaseReleaseFailed "lease_release_failed" { lease: lease, code: code, attempts: attempts, presented: presented }
+    12 Checkpointed "checkpointed" { snapshot_seq: snapshot_seq }
+    13 SpawnRecorded "spawn_recorded" { process: process, leases: leases, displaced: displaced }
+    14 ProcessStarted "process_started" { process: process, command_pid: command_pid }
+    15 CancelRecorded "cancel_recorded" { process: process }
+    16 ProcessEnded "process_ended" { process: process, status: status, leases_released: leases_released }
+    17 CutoverRecorded "cutover_recorded" { settled: settled }
+    18 EvidenceRecorded "evidence_recorded" { subject: subject }
+});
 
 /// A lease granted with a spawn (held until the process ends).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

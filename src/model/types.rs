@@ -115,6 +115,7 @@ impl<'de> Deserialize<'de> for Identity {
 
 /// Why an owner is provably dead; the first failing check is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DeathReason {
     ProcessDead,
     StartTimeChanged,
@@ -162,12 +163,25 @@ pub struct LockIntent {
     pub request: String,
 }
 
+/// In JSON `read` / `write` (the capitalised spellings earlier builds wrote and
+/// sent are still accepted). Records hold the variant index: names never reach a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LeaseMode {
-    #[serde(alias = "read")]
+    #[serde(alias = "Read")]
     Read,
-    #[serde(alias = "write")]
+    #[serde(alias = "Write")]
     Write,
+}
+
+impl LeaseMode {
+    /// As in JSON: `read` or `write`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseMode::Read => "read",
+            LeaseMode::Write => "write",
+        }
+    }
 }
 
 /// A condition of a transaction: all must hold or nothing is appended.

@@ -177,10 +177,13 @@ fn a_paused_writer_resumes_after_a_takeover_and_is_fenced_with_an_audit_record()
     let (_, st) = fl(d.path(), &["state", "--subject", "home/x"]);
     assert_eq!(st["subjects"][0]["fenced_attempts"], 1);
     let audit: Vec<_> =
-        txns(d.path()).into_iter().filter(|(_, t)| matches!(t.events[0], Event::FencedAttempts { .. })).collect();
+        txns(d.path()).into_iter().filter(|(_, t)| matches!(t.events[0], Event::Refused { .. })).collect();
     assert_eq!(audit.len(), 1);
-    let Event::FencedAttempts { presented, current, count, ref op, .. } = audit[0].1.events[0] else { unreachable!() };
-    assert_eq!((presented, current, count, op.as_str()), (1, 2, 1, "heartbeat"));
+    let Event::Refused { presented, current, count, ref op, ref code, ref caller, .. } = audit[0].1.events[0] else {
+        unreachable!()
+    };
+    assert_eq!((presented, current, count, op.as_str(), code.as_str()), (Some(1), 2, 1, "heartbeat", "FENCED"));
+    assert_eq!(caller.pid, std::process::id(), "the caller is the process that ran the CLI: {caller:?}");
 }
 
 /// Proves: an owner process killed with SIGKILL is claimed at once (no waiting for
@@ -246,32 +249,17 @@ fn a_retired_owners_late_note_is_refused_and_kept_as_evidence_not_data() {
     let refused: Vec<_> = all
         .iter()
         .filter_map(|(s, t)| match &t.events[0] {
-            Event::RefusedWrites {
-                op,
-                presented,
-                current,
-                retired_cut_off_seq,
-                content_blake3,
-                content_bytes,
-                content_head,
-                ..
-            } => Some((
-                *s,
-                op.clone(),
-                *presented,
-                *current,
-                *retired_cut_off_seq,
-                *content_blake3,
-                *content_bytes,
-                content_head.clone(),
-            )),
+            Event::Refused { op, presented, current, retired_cut_off_seq, content: Some(c), code, .. } => {
+                assert_eq!(code, "FENCED");
+                Some((*s, op.clone(), *presented, *current, *retired_cut_off_seq, c.blake3, c.bytes, c.head.clone()))
+            }
             _ => None,
         })
         .collect();
     assert_eq!(refused.len(), 1, "the refused attempt is kept: {refused:?}");
     let (seq, op, presented, current, retired, digest, bytes, head) = refused[0].clone();
     assert!(seq > cut_off);
-    assert_eq!((op.as_str(), presented, current, retired), ("note", 1, 2, Some(cut_off)));
+    assert_eq!((op.as_str(), presented, current, retired), ("note", Some(1), 2, Some(cut_off)));
     assert_eq!((digest, bytes), (*blake3::hash(zombie_text.as_bytes()).as_bytes(), zombie_text.len() as u64));
     assert!(head.len() <= 256 && head.len() >= 255 && zombie_text.starts_with(&head), "{} bytes", head.len());
 

@@ -63,7 +63,7 @@ fn a_request_id_hashes_the_same_intent_from_the_cli_and_from_a_json_body() {
     let note: NoteRequest =
         serde_json::from_value(json!({"subject": "ops/a", "generation": 1, "text": "hello", "request_id": "r-note"}))
             .unwrap();
-    let again = ops::note(&ledger, &note).unwrap();
+    let again = ops::note(&ledger, &note, Caller::default()).unwrap();
     assert!(again.deduplicated && again.seq == cli_note["seq"].as_u64());
 
     let other: ClaimRequest = serde_json::from_value(
@@ -203,10 +203,12 @@ fn intent_digests_are_pinned() {
         claim.digest(),
         intent_digest(&("claim", "pin/a", Some(42u32), None::<uuid::Uuid>, 20_000u64, None::<String>))
     );
-    let hb = GenerationRequest { subject: "pin/a".into(), generation: 3, request_id: Some("r".into()) };
+    // The caller's instance is evidence, not intent: it is in no digest.
+    let instance = Some(uuid::Uuid::from_u128(5));
+    let hb = GenerationRequest { subject: "pin/a".into(), generation: 3, request_id: Some("r".into()), instance };
     let g = fencelog::ops::Generation(GenerationOp::Heartbeat, &hb);
     assert_eq!(g.digest(), intent_digest(&("heartbeat", "pin/a", 3u64)));
-    let note = NoteRequest { subject: "pin/a".into(), generation: 3, text: "t".into(), request_id: None };
+    let note = NoteRequest { subject: "pin/a".into(), generation: 3, text: "t".into(), request_id: None, instance };
     assert_eq!(note.digest(), intent_digest(&("note", "pin/a", 3u64, "t")));
     assert_eq!(fencelog::format::hex(&claim.digest()), PINNED_CLAIM_DIGEST, "the claim digest's bytes changed");
 }

@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 
 use crate::inspect::body_max;
 use crate::model::{
-    DeathReason, Event, Identity, LeaseState, Observed, Outcome, Projection, TenureEndHow, decode_txn, flatten_tagged,
+    CallerId, DeathReason, Event, Identity, LeaseState, Observed, Outcome, Projection, TenureEndHow, decode_txn,
+    flatten_tagged,
 };
 use crate::storage::{Error, ScanItem, scan_dir};
 pub use render::{html, text};
@@ -82,42 +83,30 @@ pub struct Gap {
     pub authoritative_during: String,
 }
 
+/// A record of refused attempts (coalesced): a fenced-out or late writer, or a
+/// contested claim or takeover.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fenced {
     pub seq: u64,
+    /// The refusal code (records written before codes were kept: `FENCED`, or
+    /// `NOT_ACTIVE` for a note on a released subject).
+    pub code: String,
+    /// Who asked: process evidence and instance (`null` in records written before
+    /// callers were kept; then only `writer` tells).
+    pub caller: Option<CallerId>,
     pub writer: String,
     pub op: String,
-    pub presented: u64,
+    pub presented: Option<u64>,
     pub current: u64,
+    /// The tenure the attempt was made against: the presented generation, or the
+    /// current one when none was presented.
+    pub generation: u64,
     pub count: u64,
     pub first_ms: u64,
     pub last_ms: u64,
     /// For refused data writes: what the first of them tried to write.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused_content: Option<RefusedContent>,
-}
-
-impl Fenced {
-    /// `attempts`: (presented, current, count, first_ms, last_ms).
-    fn of(
-        seq: u64,
-        writer: &uuid::Uuid,
-        op: &str,
-        (presented, current, count, first_ms, last_ms): (u64, u64, u64, u64, u64),
-        refused_content: Option<RefusedContent>,
-    ) -> Fenced {
-        Fenced {
-            seq,
-            writer: writer.to_string(),
-            op: op.into(),
-            presented,
-            current,
-            count,
-            first_ms,
-            last_ms,
-            refused_content,
-        }
-    }
 }
 
 /// Evidence of a refused data write's content (never the data itself beyond its
@@ -130,6 +119,65 @@ pub struct RefusedContent {
     /// Where the presented generation's authoritative history stops, when a
     /// takeover or a dead-owner claim retired it.
     pub retired_cut_off_seq: Option<u64>,
+}
+
+/// Group refusal records by who made them (in order of first appearance).
+fn by_caller(records: &[Fenced]) -> Vec<CallerAttempts> {
+    let mut groups: Vec<(String, CallerAttempts)> = vec![];
+    for f in records {
+        let key = f.caller.as_ref().map_or_else(|| format!("writer:{}", f.writer), CallerId::key);
+        let at = match groups.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let who = match &f.caller {
+                    Some(c) => crate::inspect::caller_text(c),
+                    None => format!("writer {} (no caller recorded)", f.writer),
+                };
+                let g = CallerAttempts {
+                    who,
+                    caller: f.caller.clone(),
+                    attempts: 0,
+                    records: 0,
+                    codes: Default::default(),
+                    generations: vec![],
+                    first_ms: f.first_ms,
+                    last_ms: f.last_ms,
+                    seqs: vec![],
+                };
+                groups.push((key, g));
+                groups.len() - 1
+            }
+        };
+        let g = &mut groups[at].1;
+        g.attempts += f.count;
+        g.records += 1;
+        *g.codes.entry(f.code.clone()).or_default() += f.count;
+        if !g.generations.contains(&f.generation) {
+            g.generations.push(f.generation);
+        }
+        g.first_ms = g.first_ms.min(f.first_ms);
+        g.last_ms = g.last_ms.max(f.last_ms);
+        g.seqs.push(f.seq);
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Every refused attempt on a subject by one caller, across its records.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallerAttempts {
+    /// The caller as text (`pid P (start T, exe E) instance I`, a remote caller,
+    /// or the writer of records that kept no caller).
+    pub who: String,
+    pub caller: Option<CallerId>,
+    pub attempts: u64,
+    pub records: u64,
+    /// Attempts by refusal code.
+    pub codes: std::collections::BTreeMap<String, u64>,
+    /// The tenures (generations) they were made against.
+    pub generations: Vec<u64>,
+    pub first_ms: u64,
+    pub last_ms: u64,
+    pub seqs: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -192,7 +240,10 @@ pub struct SubjectStory {
     pub tenures: Vec<Tenure>,
     pub gaps: Vec<Gap>,
     pub cutovers: Vec<Cutover>,
+    /// Refused attempts kept as evidence, in log order.
     pub fenced_attempts: Vec<Fenced>,
+    /// The same, grouped by who made them.
+    pub attempts_by_caller: Vec<CallerAttempts>,
     pub late_records: Vec<Late>,
     pub verdict: String,
 }
@@ -279,6 +330,7 @@ impl Work {
             gaps: vec![],
             cutovers: vec![],
             fenced_attempts: vec![],
+            attempts_by_caller: vec![],
             late_records: vec![],
             verdict: String::new(),
         })
@@ -528,8 +580,20 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                     w.story(subject).late_records.push(late);
                 }
                 (Event::FencedAttempts { writer, op, presented, current, count, first_ms, last_ms, .. }, _) => {
-                    let attempts = (*presented, *current, *count, *first_ms, *last_ms);
-                    w.story(subject).fenced_attempts.push(Fenced::of(seq, writer, op, attempts, None));
+                    w.story(subject).fenced_attempts.push(Fenced {
+                        seq,
+                        code: "FENCED".into(),
+                        caller: None,
+                        writer: writer.to_string(),
+                        op: op.clone(),
+                        presented: Some(*presented),
+                        current: *current,
+                        generation: *presented,
+                        count: *count,
+                        first_ms: *first_ms,
+                        last_ms: *last_ms,
+                        refused_content: None,
+                    });
                 }
                 (
                     Event::RefusedWrites {
@@ -548,14 +612,62 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                     },
                     _,
                 ) => {
-                    let content = RefusedContent {
-                        blake3: crate::format::hex(content_blake3),
-                        bytes: *content_bytes,
-                        head: content_head.clone(),
-                        retired_cut_off_seq: *retired_cut_off_seq,
-                    };
-                    let attempts = (*presented, *current, *count, *first_ms, *last_ms);
-                    w.story(subject).fenced_attempts.push(Fenced::of(seq, writer, op, attempts, Some(content)));
+                    w.story(subject).fenced_attempts.push(Fenced {
+                        seq,
+                        code: if presented == current { "NOT_ACTIVE" } else { "FENCED" }.into(),
+                        caller: None,
+                        writer: writer.to_string(),
+                        op: op.clone(),
+                        presented: Some(*presented),
+                        current: *current,
+                        generation: *presented,
+                        count: *count,
+                        first_ms: *first_ms,
+                        last_ms: *last_ms,
+                        refused_content: Some(RefusedContent {
+                            blake3: crate::format::hex(content_blake3),
+                            bytes: *content_bytes,
+                            head: content_head.clone(),
+                            retired_cut_off_seq: *retired_cut_off_seq,
+                        }),
+                    });
+                }
+                (
+                    Event::Refused {
+                        code,
+                        op,
+                        caller,
+                        writer,
+                        presented,
+                        current,
+                        retired_cut_off_seq,
+                        count,
+                        first_ms,
+                        last_ms,
+                        content,
+                        ..
+                    },
+                    _,
+                ) => {
+                    w.story(subject).fenced_attempts.push(Fenced {
+                        seq,
+                        code: code.clone(),
+                        caller: Some(caller.clone()),
+                        writer: writer.to_string(),
+                        op: op.clone(),
+                        presented: *presented,
+                        current: *current,
+                        generation: presented.unwrap_or(*current),
+                        count: *count,
+                        first_ms: *first_ms,
+                        last_ms: *last_ms,
+                        refused_content: content.as_ref().map(|c| RefusedContent {
+                            blake3: crate::format::hex(&c.blake3),
+                            bytes: c.bytes,
+                            head: c.head.clone(),
+                            retired_cut_off_seq: *retired_cut_off_seq,
+                        }),
+                    });
                 }
                 _ => {}
             }
@@ -611,6 +723,7 @@ impl Work {
     /// Fill in what the end of the log says (lease fates, requests), and the verdict.
     fn finish(mut self, end: &Projection) -> Option<SubjectStory> {
         let mut story = self.story.take()?;
+        story.attempts_by_caller = by_caller(&story.fenced_attempts);
         for (c, leases) in story.cutovers.iter_mut().zip(&self.cutover_leases) {
             c.leases_live = leases
                 .iter()

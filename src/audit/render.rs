@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{Began, Ended, Report, SubjectStory, Tenure};
+use super::{Began, Ended, Fenced, Report, SubjectStory, Tenure};
 use crate::inspect::format_ms;
 
 fn began(b: &Began) -> String {
@@ -43,6 +43,22 @@ fn ended(t: &Tenure) -> String {
         }
         Ended::Rotated { new_generation } => format!("rotated to generation {new_generation}{}", at(t.ended_seq)),
     }
+}
+
+/// One refusal record as a line: what, how many, by whom, when.
+fn refusal_text(f: &Fenced) -> String {
+    let who = f.caller.as_ref().map_or_else(|| format!("writer {}", f.writer), crate::inspect::caller_text);
+    let presented = f.presented.map(|g| format!(" presented generation {g}")).unwrap_or_default();
+    format!(
+        "refused at seq {}: {} x{} {} by {who}{presented} (current {}) {} .. {}",
+        f.seq,
+        f.op,
+        f.count,
+        f.code,
+        f.current,
+        format_ms(f.first_ms),
+        format_ms(f.last_ms)
+    )
 }
 
 fn story_text(s: &SubjectStory, out: &mut String) {
@@ -107,22 +123,26 @@ fn story_text(s: &SubjectStory, out: &mut String) {
         }
     }
     for f in &s.fenced_attempts {
-        let _ = writeln!(
-            out,
-            "  fenced out at seq {}: writer {} {} x{} presented generation {} (current {}) {} .. {}",
-            f.seq,
-            f.writer,
-            f.op,
-            f.count,
-            f.presented,
-            f.current,
-            format_ms(f.first_ms),
-            format_ms(f.last_ms)
-        );
+        let _ = writeln!(out, "  {}", refusal_text(f));
         if let Some(c) = &f.refused_content {
             let retired = c.retired_cut_off_seq.map_or(String::new(), |s| format!(", retired after seq {s}"));
             let _ = writeln!(out, "    refused content: {} bytes blake3 {} {:?}{retired}", c.bytes, c.blake3, c.head);
         }
+    }
+    for c in &s.attempts_by_caller {
+        let codes: Vec<String> = c.codes.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+        let gens: Vec<String> = c.generations.iter().map(u64::to_string).collect();
+        let _ = writeln!(
+            out,
+            "  refused caller {}: {} attempt(s) in {} record(s) ({}) against generation(s) {}, {} .. {}",
+            c.who,
+            c.attempts,
+            c.records,
+            codes.join(", "),
+            gens.join(", "),
+            format_ms(c.first_ms),
+            format_ms(c.last_ms)
+        );
     }
     for l in &s.late_records {
         let _ = writeln!(
@@ -209,7 +229,7 @@ fn svg(s: &SubjectStory, max_seq: u64) -> String {
             g,
             r##"<line class="fenced" x1="{0:.1}" y1="10" x2="{0:.1}" y2="60" stroke="#e15759" stroke-width="2"><title>{1}</title></line>"##,
             x(f.seq),
-            esc(&format!("seq {}: {} x{} presented {} current {}", f.seq, f.op, f.count, f.presented, f.current))
+            esc(&refusal_text(f))
         );
     }
     for l in &s.late_records {

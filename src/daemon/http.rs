@@ -494,8 +494,10 @@ async fn generation(State(app): State<Arc<App>>, h: HeaderMap, b: Body, op: Gene
         GenerationOp::Release => "release",
         GenerationOp::RotateFence => "rotate-fence",
     };
-    mutate(app, name, h, b, move |app: &App, r: ops::GenerationRequest| to_value(ops::generation(&app.ledger, op, &r)))
-        .await
+    mutate(app, name, h, b, move |app: &App, r: ops::GenerationRequest| {
+        to_value(ops::generation(&app.ledger, op, &r, REMOTE))
+    })
+    .await
 }
 
 async fn takeover(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
@@ -504,7 +506,7 @@ async fn takeover(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Respons
 }
 
 async fn note(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "note", h, b, |app: &App, r: ops::NoteRequest| to_value(ops::note(&app.ledger, &r))).await
+    mutate(app, "note", h, b, |app: &App, r: ops::NoteRequest| to_value(ops::note(&app.ledger, &r, REMOTE))).await
 }
 
 async fn lease_acquire(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {

@@ -381,8 +381,13 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
         }
         let (ledger, home) = (Arc::clone(&app.ledger), app.home.clone());
         let r = tokio::task::spawn_blocking(move || {
-            let req = GenerationRequest { subject: home.subject, generation: home.generation, request_id: None };
-            ops::generation(&ledger, GenerationOp::Heartbeat, &req)
+            let req = GenerationRequest {
+                subject: home.subject,
+                generation: home.generation,
+                request_id: None,
+                instance: None,
+            };
+            ops::generation(&ledger, GenerationOp::Heartbeat, &req, Caller::default())
         })
         .await;
         match r {

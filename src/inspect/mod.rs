@@ -442,6 +442,17 @@ fn event_text(e: &Event) -> String {
             "refused {subject}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
             crate::format::hex(content_blake3)
         ),
+        Event::Refused { subject, code, op, caller, presented, current, count, content, .. } => {
+            let presented = presented.map(|g| format!(" presented {g}")).unwrap_or_default();
+            let mut s = format!(
+                "refused {subject}: {count}x {op} {code} by {}{presented} current {current}",
+                caller_text(caller)
+            );
+            if let Some(c) = content {
+                s += &format!(", first: {} bytes blake3 {} {:?}", c.bytes, crate::format::hex(&c.blake3), c.head);
+            }
+            s
+        }
         Event::DeathObserved { subject, generation, pid, reason, observed } => {
             let seen = match (observed.start_ticks, &observed.exe) {
                 (None, _) => "no such process".to_owned(),
@@ -503,6 +514,19 @@ fn event_text(e: &Event) -> String {
     }
 }
 
+/// A refused caller, as text: `pid P (start T, exe E) instance I`, or `remote`.
+pub fn caller_text(c: &crate::model::CallerId) -> String {
+    let mut s = if c.pid == 0 {
+        "a remote caller".to_owned()
+    } else {
+        format!("pid {} (start {}, exe {})", c.pid, c.start_ticks, c.exe)
+    };
+    if let Some(i) = c.instance {
+        s += &format!(" instance {i}");
+    }
+    s
+}
+
 pub fn record_text(rec: &RecordRef<'_>) -> String {
     let head = format!("{:>8}  {}  writer {}", rec.seq, format_ms(rec.time_ms), uuid::Uuid::from_bytes(rec.writer));
     match decode_txn(rec.payload) {
@@ -529,7 +553,7 @@ fn not_authoritative(state: &mut crate::model::Projection, seq: u64, txn: Option
         Err(r) => return Some(format!("does not apply to the state it follows ({})", r.code())),
     };
     txn.events.iter().zip(&outcomes).find_map(|(e, o)| match (e, o) {
-        (Event::FencedAttempts { .. } | Event::RefusedWrites { .. }, _) => {
+        (Event::FencedAttempts { .. } | Event::RefusedWrites { .. } | Event::Refused { .. }, _) => {
             Some("refused attempts, kept as evidence".to_string())
         }
         (_, crate::model::Outcome::Noted { authoritative: false, generation, .. }) => {

@@ -4,7 +4,7 @@
 
 use std::fs;
 
-use crate::model::{DeathReason, Identity, Observed};
+use crate::model::{CallerId, DeathReason, Identity, Observed};
 
 /// This machine's boot id.
 pub fn boot_id() -> String {
@@ -102,6 +102,21 @@ pub fn probe(pid: u32, instance: uuid::Uuid) -> Option<Identity> {
 /// alone: it is never provably dead, so only a takeover replaces it.
 pub fn remote(instance: uuid::Uuid) -> Identity {
     Identity { instance, pid: 0, start_ticks: 0, boot_id: String::new(), pid_ns: 0, exe: "remote".into() }
+}
+
+/// A caller's identity evidence: process `pid` as probed now (what is left of it
+/// if it is already gone: its pid alone), with the `instance` it named.
+pub fn caller_of(pid: u32, instance: Option<uuid::Uuid>) -> CallerId {
+    match stat(pid) {
+        Some((_, start_ticks)) => CallerId { pid, start_ticks, exe: exe_fingerprint(pid), pid_ns: pid_ns(), instance },
+        None => CallerId { pid, start_ticks: 0, exe: "unknown".into(), pid_ns: pid_ns(), instance },
+    }
+}
+
+/// A caller on another host (a daemon's HTTP client): its `instance`, if it
+/// named one, is all that is known.
+pub fn remote_caller(instance: Option<uuid::Uuid>) -> CallerId {
+    CallerId { pid: 0, start_ticks: 0, exe: "remote".into(), pid_ns: 0, instance }
 }
 
 /// Why an owner's liveness cannot be judged here. Unknown is never dead: no

@@ -38,7 +38,8 @@ use serde::Serialize;
 
 use crate::format::{ChainLink, GENESIS_LINK, hex};
 use crate::model::{
-    Checked, Event, Outcome, Projection, REQUESTS_RETAINED, Refusal, RequestTag, Txn, decode_txn, encode_txn,
+    CallerId, Checked, Event, Outcome, Projection, REQUESTS_RETAINED, Refusal, RefusedContent, RequestTag, Txn,
+    decode_txn, encode_txn,
 };
 use std::sync::Arc;
 
@@ -155,7 +156,7 @@ struct LedgerState {
     head: ChainLink,
     /// Records and payload bytes applied since the last snapshot.
     since_snapshot: (u64, u64),
-    /// Coalescing of fenced attempts by subject.
+    /// Coalescing of recorded refusals by (subject, code, caller).
     fenced: HashMap<String, FencedWindow>,
     /// The snapshot being written off the append path; once it is written, its
     /// checkpoint record goes into the next commit group.
@@ -172,39 +173,52 @@ struct LedgerState {
 /// sequence is always the engine's `last_seq`).
 type Inner = Core<LedgerState>;
 
-/// Refused stale writes on one subject, since the last audit record written.
+/// Refused attempts of one (subject, code, caller), since the last record of
+/// them this writer wrote.
 struct FencedWindow {
+    /// When this writer last wrote a record of them (0: never).
     last_written_ms: u64,
     /// Attempts not yet written, the first of them at `first_pending_ms`.
     pending: u64,
     first_pending_ms: u64,
+    /// The last attempt's details (what the record says).
+    subject: String,
+    code: &'static str,
     op: String,
-    presented: u64,
+    caller: CallerId,
+    presented: Option<u64>,
     current: u64,
     retired: Option<u64>,
     /// The content of the first refused data write not yet written.
     content: Option<RefusedContent>,
 }
 
-/// Evidence of what a refused data write tried to write.
-struct RefusedContent {
-    blake3: [u8; 32],
-    bytes: u64,
-    head: String,
-}
-
-impl RefusedContent {
-    fn of(text: &str) -> Self {
-        let mut end = text.len().min(crate::model::REFUSED_CONTENT_HEAD_BYTES);
-        while !text.is_char_boundary(end) {
-            end -= 1;
+/// What a refusal that is kept as evidence says: subject, presented generation,
+/// current generation, cut-off of the presented generation when it was retired.
+/// `None` for refusals that are not recorded ([`crate::model::RECORDED_REFUSALS`]).
+fn recorded(r: &Refusal, txn: &Txn) -> Option<(String, Option<u64>, u64, Option<u64>)> {
+    let (subject, presented, current, retired) = match r {
+        Refusal::Fenced { subject, presented, current, retired } => {
+            (subject, Some(*presented), *current, retired.as_ref().map(|t| t.cut_off_seq))
         }
-        RefusedContent {
-            blake3: *blake3::hash(text.as_bytes()).as_bytes(),
-            bytes: text.len() as u64,
-            head: text[..end].into(),
+        // Only a data write to a released subject: a heartbeat or release after a
+        // release is the owner's own late bookkeeping.
+        Refusal::NotActive { subject, generation }
+            if txn.events.iter().any(|e| matches!(e, Event::Note { subject: s, .. } if s == subject)) =>
+        {
+            (subject, Some(*generation), *generation, None)
         }
-    }
+        Refusal::IdentityUncertain { subject, generation, .. } | Refusal::Busy { subject, generation, .. } => {
+            (subject, None, *generation, None)
+        }
+        Refusal::TakeoverRace { subject, expected_generation, current_generation, .. } => {
+            (subject, Some(*expected_generation), *current_generation, None)
+        }
+        Refusal::TakeoverActiveRefused { subject, generation, .. } => (subject, Some(*generation), *generation, None),
+        _ => return None,
+    };
+    debug_assert!(crate::model::RECORDED_REFUSALS.contains(&r.code()));
+    Some((subject.clone(), presented, current, retired))
 }
 
 /// The refusal for a transaction whose data write (a note) comes under a
@@ -226,6 +240,8 @@ fn late_write(p: &Projection, txn: &Txn, outcomes: &[crate::model::Outcome]) -> 
 pub struct Ledger {
     opts: LedgerOptions,
     backend: Arc<dyn LogBackend>,
+    /// This process, as the caller of what it submits itself.
+    me: CallerId,
     /// The one commit engine (`storage::commit`), over the ledger's state.
     group: GroupCommit<LedgerState>,
     report: LedgerOpenReport,
@@ -280,7 +296,7 @@ impl Ledger {
             "ledger opened"
         );
         let group = GroupCommit::new(state, last_seq, GroupLimits::of(&opts.log));
-        Ok(Ledger { opts, backend, group, report })
+        Ok(Ledger { opts, backend, me: identity::caller_of(std::process::id(), None), group, report })
     }
 
     /// A read-only view of the log in `dir`: never writes, never takes the append
@@ -399,11 +415,22 @@ impl Ledger {
     pub fn submit(
         &self,
         request: Option<(String, [u8; 32])>,
+        build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+    ) -> Result<Committed, LedgerError> {
+        self.submit_as(&self.me.clone(), request, build)
+    }
+
+    /// [`submit`](Self::submit) on behalf of `caller`: a refusal that is kept as
+    /// evidence names it (the CLI's caller, a daemon's client).
+    pub fn submit_as(
+        &self,
+        caller: &CallerId,
+        request: Option<(String, [u8; 32])>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
         // `build` may run more than once: again whenever another writer appended
         // first (each run sees the state its transaction would follow).
-        self.commit_with(Admission::Callers, |inner| self.check_and_queue(inner, request.clone(), &mut build))
+        self.commit_with(Admission::Callers, |inner| self.check_and_queue(inner, caller, request.clone(), &mut build))
     }
 
     /// [`submit`](Self::submit) for the ledger's owner's own last words: admitted
@@ -413,7 +440,9 @@ impl Ledger {
         request: Option<(String, [u8; 32])>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
-        self.commit_with(Admission::Internal, |inner| self.check_and_queue(inner, request.clone(), &mut build))
+        self.commit_with(Admission::Internal, |inner| {
+            self.check_and_queue(inner, &self.me, request.clone(), &mut build)
+        })
     }
 
     /// Build, check and (if it writes) apply and queue one transaction. Returns the
@@ -421,6 +450,7 @@ impl Ledger {
     fn check_and_queue(
         &self,
         inner: &mut Inner,
+        caller: &CallerId,
         request: Option<(String, [u8; 32])>,
         build: &mut impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> (Result<Committed, LedgerError>, u64) {
@@ -453,17 +483,8 @@ impl Ledger {
                 Err(e) => (Err(e), seen),
             },
             Err(r) => {
-                let attempt = match &r {
-                    Refusal::Fenced { subject, presented, current, retired } => {
-                        Some((subject, *presented, *current, retired.as_ref().map(|t| t.cut_off_seq)))
-                    }
-                    Refusal::NotActive { subject, generation } => Some((subject, *generation, *generation, None)),
-                    _ => None,
-                };
-                if let Some((subject, presented, current, retired)) = attempt
-                    && let Some(e) = txn.events.iter().find(|e| e.subject() == Some(subject))
-                    && (matches!(r, Refusal::Fenced { .. }) || matches!(e, Event::Note { .. }))
-                    && let Err(err) = self.audit_fenced(inner, subject, e, (presented, current, retired), now_ms)
+                if let Some(what) = recorded(&r, &txn)
+                    && let Err(err) = self.audit_refusal(inner, &r, &txn, caller, what, now_ms)
                 {
                     return (Err(err), seen);
                 }
@@ -491,27 +512,41 @@ impl Ledger {
         Ok((seq, outcomes))
     }
 
-    /// Keep a compact audit record of a stale writer's refused attempt: at most one
-    /// per subject per window from this writer; repeats within the window are counted
-    /// and written with the next record (or on `close`).
-    fn audit_fenced(
+    /// Keep a compact record of a refused attempt that is kept as evidence: at
+    /// most one per (subject, code, caller) per window — across processes, by the
+    /// `Refused` records already in the log. Repeats within the window are counted
+    /// and written with the next record, or on `close`, by the writer whose record
+    /// opened the window; a writer that finds the window opened by another
+    /// process's record counts its repeats but does not write them unless it
+    /// outlives the window (the bound on the log wins over an exact count across
+    /// short-lived processes: `docs/STATE-MACHINE.md`).
+    fn audit_refusal(
         &self,
         inner: &mut Inner,
-        subject: &str,
-        attempted: &Event,
-        (presented, current, retired): (u64, u64, Option<u64>),
+        refusal: &Refusal,
+        txn: &Txn,
+        caller: &CallerId,
+        (subject, presented, current, retired): (String, Option<u64>, u64, Option<u64>),
         now_ms: u64,
     ) -> Result<(), LedgerError> {
-        let op = attempted.kind();
-        const SUBJECTS_TRACKED_MAX: usize = 10_000;
-        if inner.fenced.len() >= SUBJECTS_TRACKED_MAX && !inner.fenced.contains_key(subject) {
+        const WINDOWS_TRACKED_MAX: usize = 10_000;
+        let code = refusal.code();
+        let attempted = txn.events.iter().find(|e| e.subject() == Some(subject.as_str()));
+        let op = attempted.map_or("?", Event::kind);
+        let key = format!("{subject}\u{0}{code}\u{0}{}", caller.key());
+        if inner.fenced.len() >= WINDOWS_TRACKED_MAX && !inner.fenced.contains_key(&key) {
             inner.fenced.retain(|_, f| f.pending > 0);
         }
-        let w = inner.fenced.entry(subject.to_owned()).or_insert(FencedWindow {
+        let window_ms = self.opts.fenced_audit_window_ms;
+        let recorded_ms = inner.projection.refusal_recorded_ms(&subject, code, caller);
+        let w = inner.fenced.entry(key.clone()).or_insert_with(|| FencedWindow {
             last_written_ms: 0,
             pending: 0,
             first_pending_ms: now_ms,
+            subject: subject.clone(),
+            code,
             op: String::new(),
+            caller: caller.clone(),
             presented,
             current,
             retired: None,
@@ -523,44 +558,32 @@ impl Ledger {
         w.pending += 1;
         (w.op, w.presented, w.current, w.retired) = (op.to_owned(), presented, current, retired);
         // What the first refused data write of the window tried to write.
-        if let (Event::Note { text, .. }, None) = (attempted, &w.content) {
+        if let (Some(Event::Note { text, .. }), None) = (attempted, &w.content) {
             w.content = Some(RefusedContent::of(text));
         }
-        if w.last_written_ms != 0 && now_ms.saturating_sub(w.last_written_ms) < self.opts.fenced_audit_window_ms {
+        let within = |ms: u64| ms != 0 && now_ms.saturating_sub(ms) < window_ms;
+        if within(w.last_written_ms) || recorded_ms.is_some_and(within) {
             return Ok(());
         }
-        self.write_fenced(inner, subject, now_ms)
+        self.write_refused(inner, &key, now_ms)
     }
 
-    /// Queue the `FencedAttempts` record for the attempts pending on `subject`.
-    fn write_fenced(&self, inner: &mut Inner, subject: &str, now_ms: u64) -> Result<(), LedgerError> {
-        let w = inner.fenced.get_mut(subject).expect("a window exists for a pending subject");
-        let count = std::mem::take(&mut w.pending);
-        let event = match w.content.take() {
-            Some(c) => Event::RefusedWrites {
-                subject: subject.to_owned(),
-                writer: self.writer_id(),
-                op: w.op.clone(),
-                presented: w.presented,
-                current: w.current,
-                retired_cut_off_seq: w.retired,
-                count,
-                first_ms: w.first_pending_ms,
-                last_ms: now_ms,
-                content_blake3: c.blake3,
-                content_bytes: c.bytes,
-                content_head: c.head,
-            },
-            None => Event::FencedAttempts {
-                subject: subject.to_owned(),
-                writer: self.writer_id(),
-                op: w.op.clone(),
-                presented: w.presented,
-                current: w.current,
-                count,
-                first_ms: w.first_pending_ms,
-                last_ms: now_ms,
-            },
+    /// Queue the `Refused` record for the attempts pending under `key`.
+    fn write_refused(&self, inner: &mut Inner, key: &str, now_ms: u64) -> Result<(), LedgerError> {
+        let w = inner.fenced.get_mut(key).expect("a window exists for a pending key");
+        let event = Event::Refused {
+            subject: w.subject.clone(),
+            code: w.code.to_owned(),
+            op: w.op.clone(),
+            caller: w.caller.clone(),
+            writer: self.writer_id(),
+            presented: w.presented,
+            current: w.current,
+            retired_cut_off_seq: w.retired,
+            count: std::mem::take(&mut w.pending),
+            first_ms: w.first_pending_ms,
+            last_ms: now_ms,
+            content: w.content.take(),
         };
         w.last_written_ms = now_ms;
         let txn = Txn::new(now_ms, self.writer_id(), vec![event]);
@@ -642,7 +665,7 @@ impl Ledger {
         let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
         let c = self.commit_with(Admission::Internal, |inner| {
             let txn = Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event.clone()]);
-            self.check_and_queue(inner, None, &mut |_, _, _| Ok(txn.clone()))
+            self.check_and_queue(inner, &self.me, None, &mut |_, _, _| Ok(txn.clone()))
         })?;
         self.group.lock().own_checkpoint_seq = c.seq.unwrap_or(0);
         Ok(written.source)
@@ -659,15 +682,29 @@ impl Ledger {
         Ok(())
     }
 
+    /// Write the counts of refusals not yet recorded — those of windows this
+    /// writer opened, or that no record covers any more. Repeats inside a window
+    /// another process's record opened are not written (see `audit_refusal`).
     fn flush_fenced(&self) -> Result<(), LedgerError> {
         if self.group.lock().fenced.values().all(|f| f.pending == 0) {
             return Ok(());
         }
         self.commit_with(Admission::Internal, |inner| {
             let now_ms = self.opts.log.now_ms();
-            let pending: Vec<String> =
-                inner.fenced.iter().filter(|(_, f)| f.pending > 0).map(|(s, _)| s.clone()).collect();
-            let written = pending.iter().try_for_each(|subject| self.write_fenced(inner, subject, now_ms));
+            let window_ms = self.opts.fenced_audit_window_ms;
+            let pending: Vec<String> = inner
+                .fenced
+                .iter()
+                .filter(|(_, f)| f.pending > 0)
+                .filter(|(_, f)| {
+                    let other = inner.projection.refusal_recorded_ms(&f.subject, f.code, &f.caller);
+                    let opened_by_another =
+                        other.is_some_and(|ms| ms != f.last_written_ms && now_ms.saturating_sub(ms) < window_ms);
+                    !opened_by_another
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            let written = pending.iter().try_for_each(|key| self.write_refused(inner, key, now_ms));
             (written, inner.projection.last_seq)
         })
     }

@@ -343,6 +343,22 @@ pub struct Projection {
     pub anomalies: u64,
     /// Committed records whose payload did not decode.
     pub undecodable: u64,
+    /// When the last `Refused` record of each (subject, code, caller) was written
+    /// (its `last_ms`), for coalescing across processes; entries older than
+    /// [`REFUSAL_WINDOWS_RETAIN_MS`] go, and at most [`REFUSAL_WINDOWS_MAX`] stay.
+    /// (Last in the struct: a snapshot written before it existed fails to decode
+    /// and is ignored, never misread.)
+    refusal_windows: BTreeMap<String, u64>,
+}
+
+/// How long the projection remembers when a refusal was last recorded.
+pub const REFUSAL_WINDOWS_RETAIN_MS: u64 = 60_000;
+/// Most (subject, code, caller) refusal windows remembered.
+pub const REFUSAL_WINDOWS_MAX: usize = 4096;
+
+/// The coalescing key of a refusal record.
+fn refusal_window_key(subject: &str, code: &str, caller: &super::CallerId) -> String {
+    format!("{subject}\u{0}{code}\u{0}{}", caller.key())
 }
 
 fn refuse<T>(r: Refusal) -> Result<T, Refusal> {
@@ -352,6 +368,12 @@ fn refuse<T>(r: Refusal) -> Result<T, Refusal> {
 impl Projection {
     pub fn subject(&self, name: &str) -> Option<&Subject> {
         self.subjects.get(name)
+    }
+
+    /// When a `Refused` record for (subject, code, caller) was last written, if
+    /// within the retained past.
+    pub fn refusal_recorded_ms(&self, subject: &str, code: &str, caller: &super::CallerId) -> Option<u64> {
+        self.refusal_windows.get(&refusal_window_key(subject, code, caller)).copied()
     }
 
     /// Validate `txn` as the record at `seq`, computing what it would do.
@@ -645,6 +667,17 @@ impl Projection {
                 }
                 Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
             }
+            Event::Refused { subject, code, op, caller, count, content, .. } => {
+                validate_text("code", code)?;
+                validate_text("op", op)?;
+                validate_text("exe", &caller.exe)?;
+                if content.as_ref().is_some_and(|c| c.head.len() > super::REFUSED_CONTENT_HEAD_BYTES) {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("refused content is kept to {} bytes", super::REFUSED_CONTENT_HEAD_BYTES),
+                    });
+                }
+                Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
+            }
             Event::DeathObserved { subject, generation, observed, .. } => {
                 validate_text("boot id", &observed.boot_id)?;
                 validate_text("exe", observed.exe.as_deref().unwrap_or_default())?;
@@ -907,6 +940,25 @@ impl Projection {
             (Event::Note { subject, .. }, Outcome::Noted { authoritative, .. }) => {
                 let s = self.subjects.get_mut(subject).expect("checked");
                 if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
+            }
+            (Event::Refused { subject, code, caller, count, last_ms, .. }, _) => {
+                if matches!(code.as_str(), "FENCED" | "NOT_ACTIVE")
+                    && let Some(s) = self.subjects.get_mut(subject)
+                {
+                    s.fenced_attempts += count;
+                }
+                self.refusal_windows.insert(refusal_window_key(subject, code, caller), *last_ms);
+                let horizon = now_ms.saturating_sub(REFUSAL_WINDOWS_RETAIN_MS);
+                if self.refusal_windows.len() > REFUSAL_WINDOWS_MAX / 2 {
+                    self.refusal_windows.retain(|_, ms| *ms >= horizon);
+                }
+                while self.refusal_windows.len() > REFUSAL_WINDOWS_MAX {
+                    let oldest =
+                        self.refusal_windows.iter().min_by_key(|(k, ms)| (**ms, (*k).clone())).map(|(k, _)| k.clone());
+                    if let Some(k) = oldest {
+                        self.refusal_windows.remove(&k);
+                    }
+                }
             }
             (Event::FencedAttempts { subject, count, .. } | Event::RefusedWrites { subject, count, .. }, _) => {
                 // The record is kept either way; a subject that never existed gets

@@ -148,6 +148,61 @@ pub struct Observed {
     pub exe: Option<String>,
 }
 
+/// Who asked for a refused operation: evidence kept with the refusal. The CLI's
+/// caller is the process that ran it (its parent), an embedding program is its own
+/// process, and a daemon's HTTP client is known by its `instance` alone (pid 0,
+/// `exe` = `remote`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallerId {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub exe: String,
+    pub pid_ns: u64,
+    /// `--instance` (or the request's `instance`), when given.
+    pub instance: Option<uuid::Uuid>,
+}
+
+impl CallerId {
+    /// The caller as one coalescing key: pid, start time and instance (an `exe`
+    /// cannot change without the start time changing).
+    pub fn key(&self) -> String {
+        let instance = self.instance.map(|i| i.to_string()).unwrap_or_default();
+        format!("{}:{}:{}:{instance}", self.pid_ns, self.pid, self.start_ticks)
+    }
+}
+
+/// What a refused data write tried to write: its blake3, size and first
+/// [`REFUSED_CONTENT_HEAD_BYTES`] bytes (cut at a character boundary). Evidence,
+/// never data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedContent {
+    #[serde(with = "super::process::hex32")]
+    pub blake3: [u8; 32],
+    pub bytes: u64,
+    pub head: String,
+}
+
+impl RefusedContent {
+    pub fn of(text: &str) -> Self {
+        let mut end = text.len().min(REFUSED_CONTENT_HEAD_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        RefusedContent {
+            blake3: *blake3::hash(text.as_bytes()).as_bytes(),
+            bytes: text.len() as u64,
+            head: text[..end].into(),
+        }
+    }
+}
+
+/// The refusal codes whose attempts are kept as evidence (coalesced, see
+/// [`Event::Refused`]): a writer fenced out or writing to a released subject,
+/// and the contested claims and takeovers. `ALREADY_ACTIVE` and
+/// `STALE_REQUIRES_TAKEOVER` are a standby's polling, and are not recorded.
+pub const RECORDED_REFUSALS: [&str; 6] =
+    ["FENCED", "NOT_ACTIVE", "IDENTITY_UNCERTAIN", "TAKEOVER_RACE", "TAKEOVER_ACTIVE_REFUSED", "BUSY"];
+
 /// Proof, gathered by the writer before it appends, that the current owner is dead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeadOwner {
@@ -336,6 +391,30 @@ pub enum Event {
         reason: DeathReason,
         observed: Observed,
     },
+    /// Refused attempts of one caller with one code on one subject, coalesced: at
+    /// most one record per (subject, code, caller) per window (a second), across
+    /// processes. `count` is the attempts its writer saw in the window; `first_ms`
+    /// / `last_ms` bound them. Evidence, never a decision; a subject that never
+    /// existed gets no entry from it.
+    Refused {
+        subject: String,
+        code: String,
+        /// The event kind that was refused (`heartbeat`, `note`, `claim`, …).
+        op: String,
+        caller: CallerId,
+        writer: uuid::Uuid,
+        /// The generation the caller presented (or expected), when it named one.
+        presented: Option<u64>,
+        current: u64,
+        /// When a takeover or a dead-owner claim ended the presented generation:
+        /// the last sequence of its authoritative history.
+        retired_cut_off_seq: Option<u64>,
+        count: u64,
+        first_ms: u64,
+        last_ms: u64,
+        /// For a refused data write: what the first of the window tried to write.
+        content: Option<RefusedContent>,
+    },
 }
 
 /// How much of a refused data write's content its audit record keeps.
@@ -376,6 +455,7 @@ impl Event {
             Event::Cutover { .. } => "cutover",
             Event::RefusedWrites { .. } => "refused_writes",
             Event::DeathObserved { .. } => "death_observed",
+            Event::Refused { .. } => "refused",
         }
     }
 
@@ -390,7 +470,8 @@ impl Event {
             | Event::Note { subject, .. }
             | Event::FencedAttempts { subject, .. }
             | Event::RefusedWrites { subject, .. }
-            | Event::DeathObserved { subject, .. } => Some(subject),
+            | Event::DeathObserved { subject, .. }
+            | Event::Refused { subject, .. } => Some(subject),
             Event::LeaseAcquire { .. }
             | Event::LeaseRelease { .. }
             | Event::Checkpoint { .. }

@@ -102,7 +102,11 @@ fn appender(ledger: &Ledger, t: u64, count: u64, payload_bytes: usize) -> Result
     for i in 1..count {
         let mut text = format!("demo appender {t} record {i} ");
         text.extend(std::iter::repeat_n('.', payload_bytes.saturating_sub(text.len())));
-        note(ledger, &NoteRequest { subject: subject.clone(), generation, text, request_id: None })?;
+        note(
+            ledger,
+            &NoteRequest { subject: subject.clone(), generation, text, request_id: None, instance: None },
+            Caller::default(),
+        )?;
     }
     Ok(())
 }

@@ -44,6 +44,19 @@ pub struct Caller {
     pub remote: bool,
 }
 
+impl Caller {
+    /// Who asks, as the evidence a recorded refusal keeps: the process
+    /// `default_pid` names (the CLI's parent; the daemon itself), or a remote
+    /// client known by the `instance` it named.
+    pub fn evidence(&self, instance: Option<uuid::Uuid>) -> crate::model::CallerId {
+        match self.default_pid {
+            Some(pid) if !self.remote => identity::caller_of(pid, instance),
+            _ if self.remote => identity::remote_caller(instance),
+            _ => identity::caller_of(std::process::id(), instance),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
@@ -69,6 +82,10 @@ pub struct GenerationRequest {
     pub generation: u64,
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The caller's instance, named in the evidence of a refusal (not part of the
+    /// request's intent).
+    #[serde(default)]
+    pub instance: Option<uuid::Uuid>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +96,10 @@ pub struct NoteRequest {
     pub text: String,
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The caller's instance, named in the evidence of a refusal (not part of the
+    /// request's intent).
+    #[serde(default)]
+    pub instance: Option<uuid::Uuid>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -355,7 +376,7 @@ pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpRe
     let me = owner(req.pid, req.instance, caller)?;
     let lock =
         req.action.clone().map(|action| LockIntent { action, request: req.request_id.clone().unwrap_or_default() });
-    let c = ledger.submit(req.tag(), |p, now_ms, writer| {
+    let c = ledger.submit_as(&caller.evidence(req.instance), req.tag(), |p, now_ms, writer| {
         // Liveness is judged here, on identity, and enters the log as evidence.
         let (previous, seen) = dead_owner_evidence(p, &req.subject).unzip();
         let event = Event::Claim {
@@ -370,7 +391,12 @@ pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpRe
     respond(c)
 }
 
-pub fn generation(ledger: &Ledger, op: GenerationOp, req: &GenerationRequest) -> Result<OpResponse, OpError> {
+pub fn generation(
+    ledger: &Ledger,
+    op: GenerationOp,
+    req: &GenerationRequest,
+    caller: Caller,
+) -> Result<OpResponse, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let (subject, generation) = (req.subject.clone(), req.generation);
@@ -379,14 +405,14 @@ pub fn generation(ledger: &Ledger, op: GenerationOp, req: &GenerationRequest) ->
         GenerationOp::Release => Event::Release { subject, generation },
         GenerationOp::RotateFence => Event::RotateFence { subject, generation },
     };
-    respond(ledger.submit(Generation(op, req).tag(), single(vec![event]))?)
+    respond(ledger.submit_as(&caller.evidence(req.instance), Generation(op, req).tag(), single(vec![event]))?)
 }
 
-pub fn note(ledger: &Ledger, req: &NoteRequest) -> Result<OpResponse, OpError> {
+pub fn note(ledger: &Ledger, req: &NoteRequest, caller: Caller) -> Result<OpResponse, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let event = Event::Note { subject: req.subject.clone(), generation: req.generation, text: req.text.clone() };
-    respond(ledger.submit(req.tag(), single(vec![event]))?)
+    respond(ledger.submit_as(&caller.evidence(req.instance), req.tag(), single(vec![event]))?)
 }
 
 pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<OpResponse, OpError> {
@@ -401,7 +427,7 @@ pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Resul
         stale_after_ms: req.stale_after_ms,
         reason: req.reason.clone(),
     };
-    respond(ledger.submit(req.tag(), single(vec![event]))?)
+    respond(ledger.submit_as(&caller.evidence(req.instance), req.tag(), single(vec![event]))?)
 }
 
 pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {

@@ -89,6 +89,9 @@ pub(crate) enum Cmd {
         subject: String,
         #[arg(long)]
         generation: u64,
+        /// Your instance: named with your process in the evidence a refusal keeps.
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
         #[command(flatten)]
         req: Req,
     },
@@ -100,6 +103,9 @@ pub(crate) enum Cmd {
         subject: String,
         #[arg(long)]
         generation: u64,
+        /// Your instance: named with your process in the evidence a refusal keeps.
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
         #[command(flatten)]
         req: Req,
     },
@@ -132,6 +138,9 @@ pub(crate) enum Cmd {
         subject: String,
         #[arg(long)]
         generation: u64,
+        /// Your instance: named with your process in the evidence a refusal keeps.
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
         #[command(flatten)]
         req: Req,
     },
@@ -145,6 +154,9 @@ pub(crate) enum Cmd {
         generation: u64,
         #[arg(long)]
         text: String,
+        /// Your instance: named with your process in the evidence a refusal keeps.
+        #[arg(long)]
+        instance: Option<uuid::Uuid>,
         #[command(flatten)]
         req: Req,
     },

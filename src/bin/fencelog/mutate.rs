@@ -40,21 +40,25 @@ pub(crate) enum Op {
 /// The mutation a command is, with its directory arguments; any other command
 /// is given back.
 pub(crate) fn op_of(cmd: Cmd) -> Result<(Dir, Op), Box<Cmd>> {
-    let g = |op, subject, generation, req: crate::cli::Req| {
-        Op::Generation(op, GenerationRequest { subject, generation, request_id: req.request_id })
+    let g = |op, subject, generation, instance, req: crate::cli::Req| {
+        Op::Generation(op, GenerationRequest { subject, generation, request_id: req.request_id, instance })
     };
     Ok(match cmd {
         Cmd::Claim { dir, subject, pid, instance, stale_after_ms, action, req } => (
             dir,
             Op::Claim(ops::ClaimRequest { subject, pid, instance, stale_after_ms, action, request_id: req.request_id }),
         ),
-        Cmd::Heartbeat { dir, subject, generation, req } => (dir, g(GenerationOp::Heartbeat, subject, generation, req)),
-        Cmd::Release { dir, subject, generation, req } => (dir, g(GenerationOp::Release, subject, generation, req)),
-        Cmd::RotateFence { dir, subject, generation, req } => {
-            (dir, g(GenerationOp::RotateFence, subject, generation, req))
+        Cmd::Heartbeat { dir, subject, generation, instance, req } => {
+            (dir, g(GenerationOp::Heartbeat, subject, generation, instance, req))
         }
-        Cmd::Note { dir, subject, generation, text, req } => {
-            (dir, Op::Note(ops::NoteRequest { subject, generation, text, request_id: req.request_id }))
+        Cmd::Release { dir, subject, generation, instance, req } => {
+            (dir, g(GenerationOp::Release, subject, generation, instance, req))
+        }
+        Cmd::RotateFence { dir, subject, generation, instance, req } => {
+            (dir, g(GenerationOp::RotateFence, subject, generation, instance, req))
+        }
+        Cmd::Note { dir, subject, generation, text, instance, req } => {
+            (dir, Op::Note(ops::NoteRequest { subject, generation, text, request_id: req.request_id, instance }))
         }
         Cmd::Takeover {
             dir,
@@ -139,11 +143,11 @@ pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
         }
         Op::Generation(op, r) => {
             ops::valid(&r.subject)?;
-            printed(&ops::generation(&open(dir)?, op, &r)?)
+            printed(&ops::generation(&open(dir)?, op, &r, caller())?)
         }
         Op::Note(r) => {
             ops::valid(&r.subject)?;
-            printed(&ops::note(&open(dir)?, &r)?)
+            printed(&ops::note(&open(dir)?, &r, caller())?)
         }
         Op::Takeover(r) => {
             ops::valid(&r.subject)?;

@@ -21,7 +21,7 @@ pub struct Retired {
 
 /// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`; the same code
 /// as a `&'static str` from [`Refusal::code`] (one spelling, two derives).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error, strum::IntoStaticStr)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
 #[serde(tag = "code", rename_all = "SCREAMING_SNAKE_CASE")]
 #[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum Refusal {

@@ -101,8 +101,9 @@ impl OpError {
         }
     }
 
-    /// 0 success · 1 I/O error or damaged log · 2 usage, invalid input, not a log ·
-    /// 3 refused by the state machine.
+    /// 0 success · 1 I/O error or damaged log · 2 usage, invalid input, not a log
+    /// (or one in a format this build does not read) · 3 refused by the state
+    /// machine. (`audit`'s 4 is its own; `docs/ERRORS.md` lists every code.)
     pub fn exit_code(&self) -> u8 {
         use storage::Error as E;
         match self {
@@ -113,7 +114,16 @@ impl OpError {
                     3
                 }
             }
-            OpError::Ledger(LedgerError::Storage(E::NotALogDirectory { .. } | E::InvalidOption { .. })) => 2,
+            // Not a log, a bad option, or a request too big for a record: the
+            // caller's input, not the log's state.
+            OpError::Ledger(LedgerError::Storage(
+                E::NotALogDirectory { .. }
+                | E::InvalidOption { .. }
+                | E::UnsupportedFormat { .. }
+                | E::RecordTooLarge { .. }
+                | E::BatchTooLarge { .. }
+                | E::EmptyBatch,
+            )) => 2,
             OpError::Ledger(_) => 1,
             OpError::Usage { .. } => 2,
             OpError::Io { .. } => 1,
@@ -145,5 +155,31 @@ impl OpError {
             other => ErrorDetail::Plain { code: other.code(), message },
         };
         ErrorBody { error }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(e: storage::Error) -> u8 {
+        OpError::Ledger(LedgerError::Storage(e)).exit_code()
+    }
+
+    /// Proves: a request too big for a record, or a log this build cannot read, is
+    /// the caller's input (2); an I/O failure or damage is 1 (`docs/ERRORS.md`).
+    #[test]
+    fn input_errors_exit_2_and_the_logs_failures_exit_1() {
+        use std::sync::Arc;
+        assert_eq!(exit(storage::Error::RecordTooLarge { bytes: 2, max: 1 }), 2);
+        assert_eq!(exit(storage::Error::EmptyBatch), 2);
+        let io = storage::Error::Io {
+            op: "read",
+            path: "/x".into(),
+            source: Arc::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied)),
+        };
+        assert_eq!(exit(io), 1);
+        let rot = storage::Error::Corruption { segment: "s".into(), offset: 1, seq: 2, detail: "d".into() };
+        assert_eq!(exit(rot), 1);
     }
 }

@@ -62,12 +62,16 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
     Ok((Value::Null, code))
 }
 
-/// For the inspector, a log it cannot read at all (not a log, unreadable) is a
-/// usage error (2); damage it finds is reported in its output (1).
+/// For the inspector, a directory that is not a log it can read (not a log, a
+/// format it does not know, a bad option) is a usage error (2); damage it finds,
+/// and I/O failures, are 1.
 fn unreadable(e: fencelog::storage::Error) -> OpError {
+    use fencelog::storage::Error as E;
     match e {
-        e @ fencelog::storage::Error::Corruption { .. } => e.into(),
-        e => OpError::Usage { code: e.code(), message: e.to_string() },
+        e @ (E::NotALogDirectory { .. } | E::UnsupportedFormat { .. } | E::InvalidOption { .. }) => {
+            OpError::Usage { code: e.code(), message: e.to_string() }
+        }
+        e => e.into(),
     }
 }
 

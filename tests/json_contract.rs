@@ -143,3 +143,24 @@ fn every_enum_value_in_cli_json_is_snake_case_and_outcomes_are_flat() {
     assert!(found.is_empty(), "variant names in JSON:\n{}", found.join("\n"));
     assert!(printed.len() > 20, "the commands printed JSON: {}", printed.len());
 }
+
+/// Proves: text output quotes subjects, so two that print alike are told apart:
+/// `svc` and `svc ` (a trailing space is allowed in a name) in `inspect state`,
+/// `inspect dump` and `audit`.
+#[test]
+fn text_output_quotes_subjects_so_look_alikes_are_visible() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    assert_eq!(fl(&dir, &["init"]).0, 0);
+    let me = std::process::id().to_string();
+    for s in ["svc", "svc "] {
+        let (code, v) = fl(&dir, &["claim", "--subject", s, "--pid", &me]);
+        assert_eq!(code, 0, "{v}");
+    }
+    let d = dir.to_str().unwrap();
+    for args in [vec!["inspect", "state", d], vec!["inspect", "dump", d], vec!["audit", d]] {
+        let out = Command::new(FENCELOG).args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("\"svc\"") && text.contains("\"svc \""), "{args:?}:\n{text}");
+    }
+}

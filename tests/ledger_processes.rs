@@ -272,7 +272,7 @@ fn a_retired_owners_late_note_is_refused_and_kept_as_evidence_not_data() {
             .stdout,
     )
     .unwrap();
-    assert!(dump.contains("refused run/r: 1x note") && dump.contains(&fencelog::format::hex(&digest)), "{dump}");
+    assert!(dump.contains("refused \"run/r\": 1x note") && dump.contains(&fencelog::format::hex(&digest)), "{dump}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencelog"))
         .args(["audit", dir_s, "--format", "json"])
         .output()

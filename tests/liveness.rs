@@ -95,7 +95,7 @@ fn a_claim_over_a_killed_owner_records_what_it_observed() {
 
     let out = Command::new(FENCELOG).args(["inspect", "dump", dir.to_str().unwrap()]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("death-observed svc/a gen 1") && text.contains("no such process"), "{text}");
+    assert!(text.contains("death-observed \"svc/a\" gen 1") && text.contains("no such process"), "{text}");
 
     let out = Command::new(FENCELOG).args(["audit", "--format", "json", dir.to_str().unwrap()]).output().unwrap();
     let audit: Value = serde_json::from_slice(&out.stdout).unwrap();

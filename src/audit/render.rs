@@ -62,7 +62,7 @@ fn refusal_text(f: &Fenced) -> String {
 }
 
 fn story_text(s: &SubjectStory, out: &mut String) {
-    let _ = writeln!(out, "subject {}", s.subject);
+    let _ = writeln!(out, "subject {:?}", s.subject);
     for (i, t) in s.tenures.iter().enumerate() {
         if i > 0
             && let Some(g) = s.gaps.get(i - 1)
@@ -151,7 +151,7 @@ fn story_text(s: &SubjectStory, out: &mut String) {
             l.seq, l.kind, l.writer, l.presented_generation, l.current_generation
         );
     }
-    let _ = writeln!(out, "verdict {}: {}", s.subject, s.verdict);
+    let _ = writeln!(out, "verdict {:?}: {}", s.subject, s.verdict);
 }
 
 pub fn text(r: &Report) -> String {

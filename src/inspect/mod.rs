@@ -405,7 +405,7 @@ pub fn record_json(rec: &RecordRef<'_>, segment: &Path, offset: u64) -> Value {
 fn event_text(e: &Event) -> String {
     match e {
         Event::Claim { subject, owner, lock, previous, .. } => {
-            let mut s = format!("claim {subject} by {} pid {}", owner.instance, owner.pid);
+            let mut s = format!("claim {subject:?} by {} pid {}", owner.instance, owner.pid);
             if let Some(l) = lock {
                 s += &format!(" lock action={} request={}", l.action, l.request);
             }
@@ -414,18 +414,18 @@ fn event_text(e: &Event) -> String {
             }
             s
         }
-        Event::Heartbeat { subject, generation } => format!("heartbeat {subject} gen {generation}"),
-        Event::Release { subject, generation } => format!("release {subject} gen {generation}"),
+        Event::Heartbeat { subject, generation } => format!("heartbeat {subject:?} gen {generation}"),
+        Event::Release { subject, generation } => format!("release {subject:?} gen {generation}"),
         Event::Takeover { subject, expect_generation, expect_heartbeat_ms, owner, reason, .. } => format!(
-            "takeover {subject} gen {expect_generation} (heartbeat {}) by {} pid {}: {reason:?}",
+            "takeover {subject:?} gen {expect_generation} (heartbeat {}) by {} pid {}: {reason:?}",
             format_ms(*expect_heartbeat_ms),
             owner.instance,
             owner.pid
         ),
-        Event::RotateFence { subject, generation } => format!("rotate-fence {subject} gen {generation}"),
-        Event::Note { subject, generation, text } => format!("note {subject} gen {generation}: {text:?}"),
+        Event::RotateFence { subject, generation } => format!("rotate-fence {subject:?} gen {generation}"),
+        Event::Note { subject, generation, text } => format!("note {subject:?} gen {generation}: {text:?}"),
         Event::FencedAttempts { subject, writer, op, presented, current, count, .. } => {
-            format!("fenced {subject}: {count}x {op} by writer {} presented {presented} current {current}", writer)
+            format!("fenced {subject:?}: {count}x {op} by writer {} presented {presented} current {current}", writer)
         }
         Event::RefusedWrites {
             subject,
@@ -439,13 +439,13 @@ fn event_text(e: &Event) -> String {
             content_head,
             ..
         } => format!(
-            "refused {subject}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
+            "refused {subject:?}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
             crate::format::hex(content_blake3)
         ),
         Event::Refused { subject, code, op, caller, presented, current, count, content, .. } => {
             let presented = presented.map(|g| format!(" presented {g}")).unwrap_or_default();
             let mut s = format!(
-                "refused {subject}: {count}x {op} {code} by {}{presented} current {current}",
+                "refused {subject:?}: {count}x {op} {code} by {}{presented} current {current}",
                 caller_text(caller)
             );
             if let Some(c) = content {
@@ -460,7 +460,7 @@ fn event_text(e: &Event) -> String {
                 (Some(t), None) => format!("start ticks {t}"),
             };
             format!(
-                "death-observed {subject} gen {generation} pid {pid} ({}): {seen}; boot {} pid ns {}",
+                "death-observed {subject:?} gen {generation} pid {pid} ({}): {seen}; boot {} pid ns {}",
                 reason.code(),
                 observed.boot_id,
                 observed.pid_ns
@@ -476,7 +476,7 @@ fn event_text(e: &Event) -> String {
         Event::SpawnRequested { command, owner, leases, .. } => {
             let mut s = format!("spawn-requested {:?} in {}", command.argv, command.cwd);
             if let Some(o) = owner {
-                s += &format!(" owner {}@{}", o.subject, o.generation);
+                s += &format!(" owner {:?}@{}", o.subject, o.generation);
             }
             for l in leases {
                 s += &format!(" lease {}:{}", l.resource, l.mode.as_str());
@@ -487,13 +487,13 @@ fn event_text(e: &Event) -> String {
             format!("process-started {process} pid {command_pid} runner pid {}", runner.pid)
         }
         Event::ProcessCancelRequested { process, by } => match by {
-            Some(o) => format!("process-cancel {process} by {}@{}", o.subject, o.generation),
+            Some(o) => format!("process-cancel {process} by {:?}@{}", o.subject, o.generation),
             None => format!("process-cancel {process}"),
         },
         Event::ProcessEnded { process, end } => format!("process-ended {process} {}", end.status().as_str()),
         Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
             format!(
-                "lease-acquire {resource} {} owner {}@{} ttl {ttl_ms} ms",
+                "lease-acquire {resource} {} owner {:?}@{} ttl {ttl_ms} ms",
                 mode.as_str(),
                 owner.subject,
                 owner.generation
@@ -501,7 +501,7 @@ fn event_text(e: &Event) -> String {
         }
         Event::Cutover { home, reason, settled, more } => {
             let mut s = format!(
-                "cutover of {}@{} ({reason}): {} request(s) settled",
+                "cutover of {:?}@{} ({reason}): {} request(s) settled",
                 home.subject,
                 home.generation,
                 settled.len() as u64 + more
@@ -698,7 +698,7 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
         match &s.owner {
             Some(o) => writeln!(
                 out,
-                "  {name}  gen {}  owner {} pid {} since seq {}  heartbeat {}  stale after {} ms{}",
+                "  {name:?}  gen {}  owner {} pid {} since seq {}  heartbeat {}  stale after {} ms{}",
                 s.generation,
                 o.identity.instance,
                 o.identity.pid,
@@ -707,7 +707,7 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
                 o.stale_after_ms,
                 o.lock.as_ref().map(|l| format!("  lock {}/{}", l.action, l.request)).unwrap_or_default()
             )?,
-            None => writeln!(out, "  {name}  gen {}  free", s.generation)?,
+            None => writeln!(out, "  {name:?}  gen {}  free", s.generation)?,
         }
         if s.fenced_attempts + s.late_notes > 0 {
             writeln!(out, "      fenced attempts {}  late notes {}", s.fenced_attempts, s.late_notes)?;

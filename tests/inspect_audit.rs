@@ -588,3 +588,110 @@ fn verify_and_dump_are_quiet_on_stderr_when_it_is_not_a_terminal() {
         assert_eq!((out.status.code(), out.stderr.len()), (Some(0), 0), "{args:?}");
     }
 }
+
+/// The HTML's skeleton: each opening tag with its class, indented by depth (text,
+/// other attributes and values left out), so a change of structure shows in review.
+fn skeleton(html: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0usize;
+    let mut rest = html;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').unwrap();
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        if let Some(closing) = tag.strip_prefix('/') {
+            let _ = closing;
+            depth = depth.saturating_sub(1);
+            continue;
+        }
+        let name = tag.split_whitespace().next().unwrap_or("").trim_end_matches('/');
+        // Rows and cells repeat with the data: the structure is their first one.
+        let class = tag.split("class=\"").nth(1).and_then(|c| c.split('"').next()).unwrap_or("");
+        let line = format!(
+            "{}{name}{}",
+            "  ".repeat(depth),
+            if class.is_empty() { String::new() } else { format!(".{class}") }
+        );
+        if !out.ends_with(&format!("{line}\n")) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        if !tag.ends_with('/') && !matches!(name, "meta" | "br") {
+            depth += 1;
+        }
+    }
+    out
+}
+
+/// Proves: the HTML audit is the page an incident review is held over, and its
+/// structure is pinned: a summary first (subjects and verdicts, record range,
+/// chain head and the command that pins it), then per subject a timeline over time
+/// with an axis and a legend where every mark has a `<title>`, the tenures as a
+/// table, each cutover as a panel with what was in flight, and refused and late
+/// attempts grouped by caller.
+#[test]
+fn html_audit_has_a_summary_timelines_tenure_tables_cutover_panels_and_callers() {
+    let f: std::collections::HashMap<_, _> = fixtures().into_iter().collect();
+    for name in ["stale-takeover", "lease-pending-across-cutover"] {
+        let dir = f[name].to_str().unwrap();
+        let (code, html) = run(&["audit", dir, "--format", "html"]);
+        assert_eq!(code, 0, "{name}");
+        let summary = html.find("id=\"summary\"").expect("a summary");
+        let first_subject = html.find("class=\"subject\"").expect("a subject section");
+        assert!(summary < first_subject, "{name}: the summary comes first");
+        let json: serde_json::Value = serde_json::from_str(&run(&["audit", dir, "--format", "json"]).1).unwrap();
+        let head = json["chain_head"].as_str().unwrap();
+        let last = json["last_seq"].as_u64().unwrap();
+        assert!(
+            html.contains(&format!("fencelog inspect verify {dir} --expect-head {last}:{head}")),
+            "{name}: the pin"
+        );
+        for class in ["axis", "legend", "tenures", "cutover-panel", "in-flight"] {
+            assert!(html.contains(&format!("class=\"{class}\"")), "{name}: {class}");
+        }
+        // Every mark on a timeline says what, when, who and which sequence.
+        for mark in
+            ["<g class=\"tenure\"", "<path class=\"cutover\"", "<rect class=\"refused\"", "<circle class=\"late\""]
+        {
+            for (i, _) in html.match_indices(mark) {
+                let end = html[i..].find("</title>").map(|e| i + e).expect("a title");
+                let open = html[i..end].find("<title>").expect("a title");
+                assert!(html[i + open..end].contains("seq"), "{name}: {mark} has a title naming its sequence");
+            }
+        }
+        let tenure_rows =
+            json["subjects"].as_array().unwrap().iter().map(|s| s["tenures"].as_array().unwrap().len()).sum::<usize>();
+        assert_eq!(html.matches("class=\"tenure-row\"").count(), tenure_rows, "{name}");
+        insta::assert_snapshot!(format!("audit_html_skeleton__{name}"), skeleton(&html));
+    }
+    let f = &f["stale-takeover"];
+    let (_, html) = run(&["audit", f.to_str().unwrap(), "--format", "html"]);
+    assert!(
+        html.contains("class=\"callers\"") && html.contains("class=\"refused\"") && html.contains("class=\"late\"")
+    );
+}
+
+/// Proves: everything the log's writers chose — subjects, notes, holders, reasons
+/// — is escaped in the HTML report: a subject named like markup stays text.
+#[test]
+fn html_audit_escapes_what_writers_wrote() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    let fl = |args: &[&str]| Command::new(FENCELOG).args(args).env("FENCELOG_DIR", &dir).output().unwrap();
+    assert!(fl(&["init"]).status.success());
+    let me = std::process::id().to_string();
+    let evil = "<img src=x onerror=alert(1)>&\"'";
+    assert!(fl(&["claim", "--subject", evil, "--pid", &me]).status.success());
+    assert!(
+        !fl(&["note", "--subject", evil, "--generation", "9", "--text", "</pre><script>x</script>"]).status.success()
+    );
+    let (code, html) = run(&["audit", dir.to_str().unwrap(), "--format", "html"]);
+    assert_eq!(code, 0);
+    assert!(!html.contains("<img") && !html.contains("<script"), "{html}");
+    assert!(html.contains("&lt;img src=x onerror=alert(1)&gt;&amp;"), "the name is shown, escaped");
+    well_formed(&html).unwrap();
+}

@@ -1,6 +1,6 @@
 //! Contested refusals leave a trace, through the CLI: which codes are recorded,
 //! who asked (the process that ran the CLI, and `--instance`), coalescing per
-//! (subject, code, caller) per second across separate processes, and the audit's
+//! (subject, code, operation, caller) per second across separate processes, and the audit's
 //! grouping by caller.
 
 mod common;
@@ -152,7 +152,7 @@ fn contested_refusals_are_recorded_per_caller_and_polling_is_not() {
         ("db/plain".into(), "TAKEOVER_ACTIVE_REFUSED".into(), Some(a.into())),
         ("db/plain".into(), "TAKEOVER_ACTIVE_REFUSED".into(), Some(b.into())),
     ];
-    assert_eq!(got, want, "one record per (subject, code, caller); polling not recorded");
+    assert_eq!(got, want, "one record per (subject, code, operation, caller); polling not recorded");
 
     // The audit groups the attempts on db/plain by caller.
     let out = Command::new(FENCELOG).args(["audit", "--format", "json", dir.to_str().unwrap()]).output().unwrap();

@@ -156,7 +156,7 @@ struct LedgerState {
     head: ChainLink,
     /// Records and payload bytes applied since the last snapshot.
     since_snapshot: (u64, u64),
-    /// Coalescing of recorded refusals by (subject, code, caller).
+    /// Coalescing of recorded refusals by (subject, code, operation, caller).
     fenced: HashMap<String, FencedWindow>,
     /// The snapshot being written off the append path; once it is written, its
     /// checkpoint record goes into the next commit group.
@@ -173,7 +173,7 @@ struct LedgerState {
 /// sequence is always the engine's `last_seq`).
 type Inner = Core<LedgerState>;
 
-/// Refused attempts of one (subject, code, caller), since the last record of
+/// Refused attempts of one (subject, code, operation, caller), since the last record of
 /// them this writer wrote.
 struct FencedWindow {
     /// When this writer last wrote a record of them (0: never).
@@ -513,7 +513,7 @@ impl Ledger {
     }
 
     /// Keep a compact record of a refused attempt that is kept as evidence: at
-    /// most one per (subject, code, caller) per window — across processes, by the
+    /// most one per (subject, code, operation, caller) per window — across processes, by the
     /// `Refused` records already in the log. Repeats within the window are counted
     /// and written with the next record, or on `close`, by the writer whose record
     /// opened the window; a writer that finds the window opened by another
@@ -533,19 +533,19 @@ impl Ledger {
         let code = refusal.code();
         let attempted = txn.events.iter().find(|e| e.subject() == Some(subject.as_str()));
         let op = attempted.map_or("?", Event::kind);
-        let key = format!("{subject}\u{0}{code}\u{0}{}", caller.key());
+        let key = crate::model::refusal_window_key(&subject, code, op, caller);
         if inner.fenced.len() >= WINDOWS_TRACKED_MAX && !inner.fenced.contains_key(&key) {
             inner.fenced.retain(|_, f| f.pending > 0);
         }
         let window_ms = self.opts.fenced_audit_window_ms;
-        let recorded_ms = inner.projection.refusal_recorded_ms(&subject, code, caller);
+        let recorded_ms = inner.projection.refusal_recorded_ms(&key);
         let w = inner.fenced.entry(key.clone()).or_insert_with(|| FencedWindow {
             last_written_ms: 0,
             pending: 0,
             first_pending_ms: now_ms,
             subject: subject.clone(),
             code,
-            op: String::new(),
+            op: op.to_owned(),
             caller: caller.clone(),
             presented,
             current,
@@ -556,7 +556,7 @@ impl Ledger {
             w.first_pending_ms = now_ms;
         }
         w.pending += 1;
-        (w.op, w.presented, w.current, w.retired) = (op.to_owned(), presented, current, retired);
+        (w.presented, w.current, w.retired) = (presented, current, retired);
         // What the first refused data write of the window tried to write.
         if let (Some(Event::Note { text, .. }), None) = (attempted, &w.content) {
             w.content = Some(RefusedContent::of(text));
@@ -696,8 +696,8 @@ impl Ledger {
                 .fenced
                 .iter()
                 .filter(|(_, f)| f.pending > 0)
-                .filter(|(_, f)| {
-                    let other = inner.projection.refusal_recorded_ms(&f.subject, f.code, &f.caller);
+                .filter(|(key, f)| {
+                    let other = inner.projection.refusal_recorded_ms(key);
                     let opened_by_another =
                         other.is_some_and(|ms| ms != f.last_written_ms && now_ms.saturating_sub(ms) < window_ms);
                     !opened_by_another

@@ -12,8 +12,9 @@ mod types;
 pub use codec::{CodecError, decode_txn, encode_txn};
 pub use process::*;
 pub use projection::{
-    Checked, Lease, LeaseState, Outcome, Owner, Projection, REQUESTS_RETAINED, RequestEntry, Resource, Subject,
-    TERMINAL_LEASES_RETAINED, TenureEnd, TenureEndHow,
+    Checked, Lease, LeaseState, Outcome, Owner, Projection, REFUSAL_WINDOWS_MAX, REFUSAL_WINDOWS_RETAIN_MS,
+    REQUESTS_RETAINED, RequestEntry, Resource, Subject, TERMINAL_LEASES_RETAINED, TenureEnd, TenureEndHow,
+    refusal_window_key,
 };
 pub use refusal::{Blocker, Refusal, Retired};
 pub use types::*;

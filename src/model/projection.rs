@@ -343,7 +343,7 @@ pub struct Projection {
     pub anomalies: u64,
     /// Committed records whose payload did not decode.
     pub undecodable: u64,
-    /// When the last `Refused` record of each (subject, code, caller) was written
+    /// When the last `Refused` record of each (subject, code, operation, caller) was written
     /// (its `last_ms`), for coalescing across processes; entries older than
     /// [`REFUSAL_WINDOWS_RETAIN_MS`] go, and at most [`REFUSAL_WINDOWS_MAX`] stay.
     /// (Last in the struct: a snapshot written before it existed fails to decode
@@ -353,12 +353,14 @@ pub struct Projection {
 
 /// How long the projection remembers when a refusal was last recorded.
 pub const REFUSAL_WINDOWS_RETAIN_MS: u64 = 60_000;
-/// Most (subject, code, caller) refusal windows remembered.
+/// Most (subject, code, operation, caller) refusal windows remembered.
 pub const REFUSAL_WINDOWS_MAX: usize = 4096;
 
-/// The coalescing key of a refusal record.
-fn refusal_window_key(subject: &str, code: &str, caller: &super::CallerId) -> String {
-    format!("{subject}\u{0}{code}\u{0}{}", caller.key())
+/// The coalescing key of a refusal record: subject, code, refused operation and
+/// caller (a refused note never hides in a window of refused heartbeats: what it
+/// tried to write is kept).
+pub fn refusal_window_key(subject: &str, code: &str, op: &str, caller: &super::CallerId) -> String {
+    format!("{subject}\u{0}{code}\u{0}{op}\u{0}{}", caller.key())
 }
 
 fn refuse<T>(r: Refusal) -> Result<T, Refusal> {
@@ -370,10 +372,10 @@ impl Projection {
         self.subjects.get(name)
     }
 
-    /// When a `Refused` record for (subject, code, caller) was last written, if
-    /// within the retained past.
-    pub fn refusal_recorded_ms(&self, subject: &str, code: &str, caller: &super::CallerId) -> Option<u64> {
-        self.refusal_windows.get(&refusal_window_key(subject, code, caller)).copied()
+    /// When the last `Refused` record under `key` ([`refusal_window_key`]) was
+    /// written, if within the retained past.
+    pub fn refusal_recorded_ms(&self, key: &str) -> Option<u64> {
+        self.refusal_windows.get(key).copied()
     }
 
     /// Validate `txn` as the record at `seq`, computing what it would do.
@@ -941,13 +943,13 @@ impl Projection {
                 let s = self.subjects.get_mut(subject).expect("checked");
                 if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
             }
-            (Event::Refused { subject, code, caller, count, last_ms, .. }, _) => {
+            (Event::Refused { subject, code, op, caller, count, last_ms, .. }, _) => {
                 if matches!(code.as_str(), "FENCED" | "NOT_ACTIVE")
                     && let Some(s) = self.subjects.get_mut(subject)
                 {
                     s.fenced_attempts += count;
                 }
-                self.refusal_windows.insert(refusal_window_key(subject, code, caller), *last_ms);
+                self.refusal_windows.insert(refusal_window_key(subject, code, op, caller), *last_ms);
                 let horizon = now_ms.saturating_sub(REFUSAL_WINDOWS_RETAIN_MS);
                 if self.refusal_windows.len() > REFUSAL_WINDOWS_MAX / 2 {
                     self.refusal_windows.retain(|_, ms| *ms >= horizon);

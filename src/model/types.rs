@@ -392,7 +392,7 @@ pub enum Event {
         observed: Observed,
     },
     /// Refused attempts of one caller with one code on one subject, coalesced: at
-    /// most one record per (subject, code, caller) per window (a second), across
+    /// most one record per (subject, code, operation, caller) per window (a second), across
     /// processes. `count` is the attempts its writer saw in the window; `first_ms`
     /// / `last_ms` bound them. Evidence, never a decision; a subject that never
     /// existed gets no entry from it.

@@ -92,7 +92,7 @@ pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Opti
     let body = match format {
         Format::Text => fencelog::audit::text(&report),
         Format::Json => serde_json::to_string_pretty(&report).expect("report serializes") + "\n",
-        Format::Html => fencelog::audit::html(&report),
+        Format::Html => fencelog::audit::html(&report, &dir.display().to_string()),
     };
     match out {
         Some(path) => {

@@ -421,13 +421,15 @@ fn a_tampered_snapshot_is_not_adopted_and_verify_reports_it() {
     assert!(l.open_report().snapshot_seq.is_some(), "{:?}", l.open_report());
     drop(l);
     assert_eq!(fl(dir, &["inspect", "verify", dir.to_str().unwrap()]).0, 0);
-    // Forge: generation 1 → 5, re-encode, recompute the CRC.
+    // Forge: generation 1 → 5, re-encode (keeping this build's schema tag, so it is
+    // a snapshot this build would read), recompute the CRC.
     let bytes = fs::read(&path).unwrap();
     let (head, body) = bytes.split_at(60);
+    let (tag, body) = body.split_at(fencelog::ledger::snapshot::SCHEMA_PREFIX_BYTES);
     let (mut p, _): (fencelog::model::Projection, usize) =
         bincode::serde::decode_from_slice(body, bincode::config::standard()).unwrap();
     p.subjects.get_mut("home/a").unwrap().generation = 5;
-    let body = bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap();
+    let body = [tag.to_vec(), bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap()].concat();
     let mut forged = head[..48].to_vec();
     forged.extend_from_slice(&(body.len() as u64).to_le_bytes());
     forged.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());

@@ -482,6 +482,17 @@ fn snapshots_are_triggered_by_bytes_as_well_as_by_records() {
         for i in 0..40 {
             l.submit(None, claim_txn(format!("bytes/{i}/{}", "x".repeat(200)))).unwrap();
         }
+        // A snapshot is written off the append path and vouched for by a checkpoint
+        // in a later group: on a busy disk it may still be in flight after the 40th
+        // claim. Go on claiming (bounded) until a checkpoint is in the log.
+        let checkpointed =
+            |d: &Path| txns(d).iter().any(|(_, t)| t.events.iter().any(|e| matches!(e, Event::Checkpoint { .. })));
+        let mut extra = 0;
+        while every_bytes != u64::MAX && !checkpointed(d.path()) && extra < 250 {
+            std::thread::sleep(Duration::from_millis(20));
+            l.submit(None, claim_txn(format!("bytes/extra/{extra}"))).unwrap();
+            extra += 1;
+        }
         drop(l); // no close: only background snapshots exist
         let snaps = std::fs::read_dir(d.path().join("snapshots")).unwrap().count();
         let reopened = Ledger::open(d.path(), LedgerOptions::default()).unwrap();

@@ -167,6 +167,17 @@ fn read(path: &Path, keep: bool) -> Result<(SnapshotMeta, Option<Vec<u8>>), Stri
     Ok((meta, kept))
 }
 
+/// The first `n` bytes of a snapshot file's body (what its owner's schema tag is
+/// in), without reading the rest.
+pub fn body_prefix(path: &Path, n: usize) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let (f, len) = super::dir::open_regular(path, SNAPSHOT_BYTES_MAX, 0).map_err(|e| e.to_string())?;
+    let n = n.min(len.saturating_sub(HEADER_BYTES as u64) as usize);
+    let mut prefix = vec![0u8; n];
+    f.read_exact_at(&mut prefix, HEADER_BYTES as u64).map_err(|e| e.to_string())?;
+    Ok(prefix)
+}
+
 /// A snapshot file's own account of itself (streamed; the body is not held).
 pub fn peek(path: &Path) -> Result<SnapshotMeta, String> {
     read(path, false).map(|(m, _)| m)

@@ -17,7 +17,7 @@ use fencelog::storage::LogOptions;
 use uuid::Uuid;
 
 const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "clean",
     "torn-tail",
     "mid-log-corruption",
@@ -27,6 +27,7 @@ const SCENARIOS: [&str; 9] = [
     "dead-owner-claim",
     "lease-pending-across-cutover",
     "multi-segment",
+    "contested-refusals",
 ];
 
 fn root() -> PathBuf {
@@ -208,6 +209,76 @@ fn gen_stale_takeover(dir: &Path) {
     w.finish();
 }
 
+/// Refusals kept as evidence with their callers, and a claim over a dead owner with
+/// what was observed (the record kinds of format 2's ledger: `refused`,
+/// `death_observed`, identities with a pid namespace).
+fn gen_contested(dir: &Path) {
+    use fencelog::model::{CallerId, Observed};
+    let w = World::new(dir, 64 << 20);
+    let (a, b, c) = (w.writer(1), w.writer(2), w.writer(3));
+    let in_ns = |n: u8| Identity { pid_ns: 4_026_531_836, ..who(n) };
+    let caller = |n: u8, instance: Option<u128>| CallerId {
+        pid: 5100 + n as u32,
+        start_ticks: 95_000 + n as u64,
+        exe: "inode:65024:1234:1048576:1767225600000000000".into(),
+        pid_ns: 4_026_531_836,
+        instance: instance.map(Uuid::from_u128),
+    };
+    let e =
+        Event::Claim { subject: "svc/c".into(), owner: in_ns(1), stale_after_ms: 60_000, lock: None, previous: None };
+    a.submit(None, txn(vec![e])).unwrap();
+    a.submit(None, txn(vec![hb("svc/c", 1)])).unwrap();
+    b.submit(None, |p, time_ms, writer| {
+        let previous = p.dead_owner("svc/c", DeathReason::ProcessDead);
+        let claim =
+            Event::Claim { subject: "svc/c".into(), owner: in_ns(2), stale_after_ms: 60_000, lock: None, previous };
+        let seen = Event::DeathObserved {
+            subject: "svc/c".into(),
+            generation: 1,
+            pid: 4101,
+            reason: DeathReason::ProcessDead,
+            observed: Observed {
+                boot_id: "00000000-0000-4000-8000-00000000b007".into(),
+                pid_ns: 4_026_531_836,
+                start_ticks: None,
+                exe: None,
+            },
+        };
+        Ok(Txn { request: None, time_ms, writer, conditions: vec![], events: vec![claim, seen] })
+    })
+    .unwrap();
+    // The first owner's process, still around in the story, keeps writing.
+    for _ in 0..3 {
+        let r = a.submit_as(&caller(1, Some(0xA1)), None, txn(vec![hb("svc/c", 1)]));
+        assert!(matches!(r, Err(fencelog::ledger::LedgerError::Refused(Refusal::Fenced { .. }))));
+    }
+    let note = Event::Note { subject: "svc/c".into(), generation: 1, text: "late write from the old owner".into() };
+    assert!(a.submit_as(&caller(1, Some(0xA1)), None, txn(vec![note])).is_err());
+    // A lock claim over a holder that carries no lock intent, and a takeover that
+    // names what it did not see.
+    let lock = Event::Claim {
+        subject: "svc/c".into(),
+        owner: in_ns(3),
+        stale_after_ms: 60_000,
+        lock: Some(fencelog::model::LockIntent { action: "migrate".into(), request: "m-1".into() }),
+        previous: None,
+    };
+    assert!(c.submit_as(&caller(3, None), None, txn(vec![lock])).is_err());
+    let race = Event::Takeover {
+        subject: "svc/c".into(),
+        expect_generation: 1,
+        expect_heartbeat_ms: 1,
+        owner: in_ns(3),
+        stale_after_ms: 60_000,
+        reason: "stale".into(),
+    };
+    assert!(c.submit_as(&caller(3, None), None, txn(vec![race])).is_err());
+    a.close().unwrap();
+    b.close().unwrap();
+    c.close().unwrap();
+    w.finish();
+}
+
 fn gen_dead_owner(dir: &Path) {
     let w = World::new(dir, 64 << 20);
     let (a, b) = (w.writer(1), w.writer(2));
@@ -285,6 +356,7 @@ fn generate(name: &str, dir: &Path) {
         "dead-owner-claim" => gen_dead_owner(dir),
         "lease-pending-across-cutover" => gen_lease_pending(dir),
         "multi-segment" => gen_multi_segment(dir),
+        "contested-refusals" => gen_contested(dir),
         _ => unreachable!(),
     }
 }
@@ -293,10 +365,12 @@ fn fixtures() -> Vec<(String, PathBuf)> {
     // Tests run in parallel: regenerate once, before anyone reads.
     static REGEN: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     REGEN.get_or_init(|| {
-        if std::env::var("FENCELOG_REGEN_GOLDEN").is_ok_and(|v| v == "1") {
-            for name in SCENARIOS {
-                generate(name, &root().join(name));
-            }
+        // `1` makes every fixture again; a scenario's name makes only that one (a
+        // fixture written by an earlier build must stay as that build wrote it).
+        match std::env::var("FENCELOG_REGEN_GOLDEN").as_deref() {
+            Ok("1") => SCENARIOS.iter().for_each(|name| generate(name, &root().join(name))),
+            Ok(name) if SCENARIOS.contains(&name) => generate(name, &root().join(name)),
+            _ => {}
         }
     });
     SCENARIOS

@@ -195,6 +195,21 @@ fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
         (409, Some("FENCED"), Some(409), Some(9))
     );
     assert!(f["type"].is_string() && f["title"].is_string() && f["detail"].is_string(), "{f}");
+    // A refused client is on record as a remote caller, by the instance it named.
+    let instance = "00000000-0000-4000-8000-0000000000c1";
+    let (s, _) = d.post("/v1/heartbeat", json!({"subject": "a", "generation": 9, "instance": instance}));
+    assert_eq!(s, 409);
+    let out = Command::new(FENCELOG).args(["inspect", "dump", "--json", dir.to_str().unwrap()]).output().unwrap();
+    let callers: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .flat_map(|r| r["events"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["kind"] == "refused" && e["code"] == "FENCED")
+        .map(|e| e["caller"].clone())
+        .collect();
+    assert_eq!(callers.len(), 2, "one record per caller: {callers:?}");
+    assert_eq!((callers[0]["pid"].as_u64(), callers[0]["exe"].as_str()), (Some(0), Some("remote")), "{callers:?}");
+    assert_eq!(callers[1]["instance"], instance, "{callers:?}");
     let (s, n) = d.post("/v1/note", json!({"subject": "a", "generation": 1, "text": "hello"}));
     assert_eq!((s, n["kind"].as_str()), (200, Some("noted")));
     let (s, r) = d.post("/v1/rotate-fence", json!({"subject": "a", "generation": 1}));

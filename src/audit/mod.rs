@@ -72,6 +72,10 @@ pub struct Tenure {
     pub heartbeats: u64,
     pub last_heartbeat_seq: u64,
     pub last_heartbeat_ms: u64,
+    /// Refused attempts made against this tenure's generation (from the records
+    /// that kept them), and late records under it.
+    pub refused_attempts: u64,
+    pub late_records: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -480,6 +484,8 @@ pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
                 heartbeats: 0,
                 last_heartbeat_seq: seq,
                 last_heartbeat_ms: ms,
+                refused_attempts: 0,
+                late_records: 0,
             };
             match (e, o) {
                 (_, Outcome::Claimed { generation, owner, retired: Some(r), .. }) => {
@@ -724,6 +730,12 @@ impl Work {
     fn finish(mut self, end: &Projection) -> Option<SubjectStory> {
         let mut story = self.story.take()?;
         story.attempts_by_caller = by_caller(&story.fenced_attempts);
+        for t in &mut story.tenures {
+            t.refused_attempts =
+                story.fenced_attempts.iter().filter(|f| f.generation == t.generation).map(|f| f.count).sum();
+            t.late_records =
+                story.late_records.iter().filter(|l| l.presented_generation == t.generation).count() as u64;
+        }
         for (c, leases) in story.cutovers.iter_mut().zip(&self.cutover_leases) {
             c.leases_live = leases
                 .iter()

@@ -88,6 +88,13 @@ fn story_text(s: &SubjectStory, out: &mut String) {
         let _ = writeln!(out, "    began seq {} at {}: {}", t.began_seq, format_ms(t.began_ms), began(&t.began));
         let _ = writeln!(out, "    heartbeats {}, last {}", t.heartbeats, format_ms(t.last_heartbeat_ms));
         let _ = writeln!(out, "    ended: {}", ended(t));
+        if t.refused_attempts + t.late_records > 0 {
+            let _ = writeln!(
+                out,
+                "    against this tenure: {} refused attempt(s) recorded, {} late record(s)",
+                t.refused_attempts, t.late_records
+            );
+        }
     }
     for c in &s.cutovers {
         let _ = writeln!(
@@ -359,7 +366,7 @@ fn owner_cell(o: &crate::model::Identity) -> String {
 }
 
 fn tenures_table(s: &SubjectStory, h: &mut String) {
-    h.push_str("<h3>Tenures</h3>\n<table class=\"tenures\"><thead><tr><th>generation</th><th>owner</th><th>began</th><th>ended</th><th>cut-off</th><th>heartbeats</th></tr></thead><tbody>\n");
+    h.push_str("<h3>Tenures</h3>\n<table class=\"tenures\"><thead><tr><th>generation</th><th>owner</th><th>began</th><th>ended</th><th>cut-off</th><th>heartbeats</th><th>refused / late against it</th></tr></thead><tbody>\n");
     for t in &s.tenures {
         let cut_off = match &t.ended {
             Ended::Retired { cut_off_seq, .. } => format!("seq {cut_off_seq}"),
@@ -367,14 +374,16 @@ fn tenures_table(s: &SubjectStory, h: &mut String) {
         };
         let _ = writeln!(
             h,
-            "<tr class=\"tenure-row\" data-generation=\"{}\"><td>{}</td><td>{}</td>{}{}{}{}</tr>",
+            "<tr class=\"tenure-row\" data-generation=\"{}\"><td>{}</td><td>{}</td>{}{}{}{}<td>{} / {}</td></tr>",
             t.generation,
             t.generation,
             owner_cell(&t.owner),
             td(&format!("seq {} at {}: {}", t.began_seq, format_ms(t.began_ms), began(&t.began))),
             td(&ended(t)),
             td(&cut_off),
-            td(&format!("{} (last {})", t.heartbeats, format_ms(t.last_heartbeat_ms)))
+            td(&format!("{} (last {})", t.heartbeats, format_ms(t.last_heartbeat_ms))),
+            t.refused_attempts,
+            t.late_records
         );
     }
     h.push_str("</tbody></table>\n");

@@ -703,3 +703,130 @@ fn an_oversized_body_is_refused_before_the_client_is_told_to_continue() {
     drop(c);
     assert_eq!(d.term(), Some(0));
 }
+
+/// Reads until the server closes the connection; `None` if it is still open at
+/// the deadline.
+fn closed_within(s: &mut (impl Read + ?Sized), bound: Duration, set_timeout: impl Fn(Duration)) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + bound;
+    let mut got = vec![];
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        set_timeout(Duration::from_millis(200));
+        match s.read(&mut buf) {
+            Ok(0) => return Some(got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Some(got), // reset by the server: closed too
+        }
+    }
+    None
+}
+
+/// Proves: a client that sends half its headers and stalls, and a kept-alive
+/// connection left idle after its request, are closed once the header-read
+/// timeout passes (here 300 ms; the bound checked is 10 s), so slow or idle
+/// clients give their slots back; a client that sends its request in time is
+/// served as before.
+#[test]
+fn slow_header_and_idle_connections_are_closed_after_the_header_read_timeout() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &["--header-read-timeout-ms", "300"]);
+    let mut slow = std::net::TcpStream::connect(&d.addr).unwrap();
+    use std::io::Write;
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let c = slow.try_clone().unwrap();
+    let got = closed_within(&mut slow, Duration::from_secs(10), |t| c.set_read_timeout(Some(t)).unwrap());
+    assert!(got.is_some(), "a connection with half its headers stayed open");
+
+    let mut idle = std::net::TcpStream::connect(&d.addr).unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let c = idle.try_clone().unwrap();
+    let got = closed_within(&mut idle, Duration::from_secs(10), |t| c.set_read_timeout(Some(t)).unwrap())
+        .expect("an idle kept-alive connection stayed open");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "it was served first: {text}");
+
+    let (s, _) = d.get("/v1/head");
+    assert_eq!(s, 200, "clients that keep to the timeout are served");
+    let out = Command::new(FENCELOG)
+        .args(["serve", "--dir", dir.to_str().unwrap(), "--header-read-timeout-ms", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "out of bounds: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(d.term(), Some(0));
+}
+
+/// One HTTP/1.1 request over a Unix socket (Connection: close): status and JSON.
+fn unix_call(path: &Path, token: &str, method: &str, route: &str, body: Option<Value>) -> (u16, Value) {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {route} HTTP/1.1\r\nHost: fencelog\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let json = out.split("\r\n\r\n").nth(1).and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// Proves: with `--unix PATH` the daemon also listens on a Unix socket (mode 0600,
+/// named in the ready line, removed at exit) whose callers are known by the pid
+/// the kernel gives: a claim without `pid` is held for the calling process itself
+/// (a local owner, judged on its identity — not a remote one), and a refusal kept
+/// as evidence names that process; the token is still required.
+#[test]
+fn a_unix_socket_caller_is_known_by_its_pid() {
+    use std::os::unix::fs::PermissionsExt;
+    let (t, dir) = log_dir();
+    let sock = t.path().join("fencelog.sock");
+    let d = Daemon::start(&dir, &["--unix", sock.to_str().unwrap()]);
+    assert_eq!(d.ready["unix"], sock.to_str().unwrap(), "{}", d.ready);
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    let (s, _) = unix_call(&sock, "wrong-token-wrong-token", "GET", "/v1/head", None);
+    assert_eq!(s, 401, "the token is still required");
+    let (s, c) = unix_call(&sock, &d.token, "POST", "/v1/claim", Some(json!({"subject": "local/a"})));
+    assert_eq!(s, 200, "{c}");
+    let me = std::process::id();
+    assert_eq!(c["owner"]["pid"].as_u64(), Some(u64::from(me)), "held for the calling process: {c}");
+    assert_ne!(c["owner"]["exe"], "remote", "{c}");
+    let (s, st) = unix_call(&sock, &d.token, "GET", "/v1/state?subject=local/a", None);
+    assert_eq!((s, st["subjects"][0]["status"].as_str()), (200, Some("active")), "{st}");
+    let (s, e) =
+        unix_call(&sock, &d.token, "POST", "/v1/heartbeat", Some(json!({"subject": "local/a", "generation": 7})));
+    assert_eq!((s, e["code"].as_str()), (409, Some("FENCED")), "{e}");
+    // Over TCP the same claim would be a remote owner.
+    let (s, r) = d.post("/v1/claim", json!({"subject": "remote/a"}));
+    assert_eq!((s, r["owner"]["pid"].as_u64(), r["owner"]["exe"].as_str()), (200, Some(0), Some("remote")), "{r}");
+    assert_eq!(d.term(), Some(0));
+    assert!(!sock.exists(), "the socket is removed at exit");
+    let out = Command::new(FENCELOG).args(["inspect", "dump", "--json", dir.to_str().unwrap()]).output().unwrap();
+    let refused: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .flat_map(|r| r["events"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["kind"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["caller"]["pid"].as_u64(), Some(u64::from(me)), "the refused caller is this process");
+}
+
+/// Proves: `--unix` never removes what is not its own: a path that is a regular
+/// file is refused (exit 2) and left as it was — before the log is touched.
+#[test]
+fn a_unix_socket_path_that_is_not_a_socket_is_refused_and_left_alone() {
+    let (t, dir) = log_dir();
+    let path = t.path().join("not-a-socket");
+    std::fs::write(&path, b"keep me").unwrap();
+    let out = Command::new(FENCELOG)
+        .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0", "--unix", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
+    assert!(!dir.exists(), "refused before the log was created or its home claimed");
+}

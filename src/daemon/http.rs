@@ -287,9 +287,9 @@ async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
 pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/claim", post(claim))
-        .route("/v1/heartbeat", post(|s, h, b| generation(s, h, b, GenerationOp::Heartbeat)))
-        .route("/v1/release", post(|s, h, b| generation(s, h, b, GenerationOp::Release)))
-        .route("/v1/rotate-fence", post(|s, h, b| generation(s, h, b, GenerationOp::RotateFence)))
+        .route("/v1/heartbeat", post(|s, p, h, b| generation(s, p, h, b, GenerationOp::Heartbeat)))
+        .route("/v1/release", post(|s, p, h, b| generation(s, p, h, b, GenerationOp::Release)))
+        .route("/v1/rotate-fence", post(|s, p, h, b| generation(s, p, h, b, GenerationOp::RotateFence)))
         .route("/v1/takeover", post(takeover))
         .route("/v1/note", post(note))
         .route("/v1/lease/acquire", post(lease_acquire))
@@ -480,33 +480,61 @@ fn to_value<T: serde::Serialize>(r: Result<T, OpError>) -> Result<Value, OpError
 /// remote owner (instance only, never provably dead).
 const REMOTE: Caller = Caller { default_pid: None, remote: true };
 
-async fn claim(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "claim", h, b, |app: &App, r: ops::ClaimRequest| {
+/// The process at the other end of a Unix-socket connection, by the kernel's
+/// peer credentials (`SO_PEERCRED`): a caller on this host, known by its pid.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    pub pid: u32,
+}
+
+/// Who calls: over TCP a remote caller; over the Unix socket the peer process
+/// (a claim without `pid` is then held for it, and can be proven dead).
+fn caller(peer: Option<axum::Extension<Peer>>) -> Caller {
+    match peer {
+        Some(axum::Extension(p)) => Caller { default_pid: Some(p.pid), remote: false },
+        None => REMOTE,
+    }
+}
+
+async fn claim(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
+    let who = caller(peer);
+    mutate(app, "claim", h, b, move |app: &App, r: ops::ClaimRequest| {
         ops::valid(&r.subject)?;
-        to_value(ops::claim(&app.ledger, &r, REMOTE))
+        to_value(ops::claim(&app.ledger, &r, who))
     })
     .await
 }
 
-async fn generation(State(app): State<Arc<App>>, h: HeaderMap, b: Body, op: GenerationOp) -> Response {
+async fn generation(
+    State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<Peer>>,
+    h: HeaderMap,
+    b: Body,
+    op: GenerationOp,
+) -> Response {
+    let who = caller(peer);
     let name = match op {
         GenerationOp::Heartbeat => "heartbeat",
         GenerationOp::Release => "release",
         GenerationOp::RotateFence => "rotate-fence",
     };
     mutate(app, name, h, b, move |app: &App, r: ops::GenerationRequest| {
-        to_value(ops::generation(&app.ledger, op, &r, REMOTE))
+        to_value(ops::generation(&app.ledger, op, &r, who))
     })
     .await
 }
 
-async fn takeover(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "takeover", h, b, |app: &App, r: ops::TakeoverRequest| to_value(ops::takeover(&app.ledger, &r, REMOTE)))
-        .await
+async fn takeover(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
+    let who = caller(peer);
+    mutate(app, "takeover", h, b, move |app: &App, r: ops::TakeoverRequest| {
+        to_value(ops::takeover(&app.ledger, &r, who))
+    })
+    .await
 }
 
-async fn note(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "note", h, b, |app: &App, r: ops::NoteRequest| to_value(ops::note(&app.ledger, &r, REMOTE))).await
+async fn note(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
+    let who = caller(peer);
+    mutate(app, "note", h, b, move |app: &App, r: ops::NoteRequest| to_value(ops::note(&app.ledger, &r, who))).await
 }
 
 async fn lease_acquire(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
@@ -834,12 +862,12 @@ pub(crate) struct CappedListener {
     pub slots: Arc<tokio::sync::Semaphore>,
 }
 
-pub(crate) struct CappedIo {
-    io: tokio::net::TcpStream,
+pub(crate) struct CappedIo<S> {
+    io: S,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
-impl tokio::io::AsyncRead for CappedIo {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for CappedIo<S> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -849,7 +877,7 @@ impl tokio::io::AsyncRead for CappedIo {
     }
 }
 
-impl tokio::io::AsyncWrite for CappedIo {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for CappedIo<S> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -871,17 +899,15 @@ impl tokio::io::AsyncWrite for CappedIo {
     }
 }
 
-impl axum::serve::Listener for CappedListener {
-    type Io = CappedIo;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+impl CappedListener {
+    /// The next connection, once one of the slots is free.
+    async fn accept(&self) -> CappedIo<tokio::net::TcpStream> {
         let slot = Arc::clone(&self.slots).acquire_owned().await.expect("the semaphore is never closed");
         loop {
             match self.inner.accept().await {
-                Ok((io, addr)) => {
+                Ok((io, _)) => {
                     let _ = io.set_nodelay(true);
-                    return (CappedIo { io, _slot: slot }, addr);
+                    return CappedIo { io, _slot: slot };
                 }
                 // Out of descriptors or similar: wait a little, never spin.
                 Err(e) => {
@@ -891,8 +917,111 @@ impl axum::serve::Listener for CappedListener {
             }
         }
     }
+}
 
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
+/// The Unix-socket listener: it shares the connection slots with TCP, and each of
+/// its connections carries the peer's credentials.
+pub(crate) struct UnixCapped {
+    pub inner: tokio::net::UnixListener,
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl UnixCapped {
+    async fn accept(&self) -> (CappedIo<tokio::net::UnixStream>, Option<Peer>) {
+        let slot = Arc::clone(&self.slots).acquire_owned().await.expect("the semaphore is never closed");
+        loop {
+            match self.inner.accept().await {
+                Ok((io, _)) => {
+                    let peer = io.peer_cred().ok().and_then(|c| {
+                        let pid = u32::try_from(c.pid()?).ok()?;
+                        Some(Peer { pid })
+                    });
+                    return (CappedIo { io, _slot: slot }, peer);
+                }
+                Err(e) => {
+                    tracing::warn!("accept (unix): {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
     }
+}
+
+/// The daemon's connection loop: HTTP/1.1 on every accepted connection, with
+/// hyper's header-read timeout (`header_read`): a client has that long to send a
+/// request's headers — on a new connection, and between requests on a kept-alive
+/// one (hyper starts the timer when it waits for a request head), so idle and
+/// slow-header connections are closed and their slots freed. On `shutdown` it
+/// stops accepting, lets every connection finish its request (graceful), and
+/// returns once all are closed.
+pub(crate) async fn serve(
+    tcp: CappedListener,
+    unix: Option<UnixCapped>,
+    router: Router,
+    header_read: Duration,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    // Every connection task holds a clone of `alive`; `closed()` resolves once
+    // all are dropped.
+    let (alive, _) = tokio::sync::watch::channel(());
+    let mut stop = shutdown.clone();
+    loop {
+        let unix_accept = async {
+            match &unix {
+                Some(u) => u.accept().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            io = tcp.accept() => {
+                connection(io, router.clone(), header_read, shutdown.clone(), alive.subscribe());
+            }
+            (io, peer) = unix_accept => {
+                let svc = match peer {
+                    Some(p) => router.clone().layer(axum::Extension(p)),
+                    // A peer the kernel does not name is served as a remote caller.
+                    None => router.clone(),
+                };
+                connection(io, svc, header_read, shutdown.clone(), alive.subscribe());
+            }
+            _ = stop.wait_for(|d| *d) => break,
+        }
+    }
+    drop(tcp);
+    drop(unix);
+    alive.closed().await;
+}
+
+fn connection<I>(
+    io: I,
+    svc: Router,
+    header_read: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    alive: tokio::sync::watch::Receiver<()>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let svc = hyper_util::service::TowerToHyperService::new(svc);
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_read).keep_alive(true);
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+        let mut conn = std::pin::pin!(conn);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!("connection: {e}");
+                    }
+                    break;
+                }
+                _ = shutdown.wait_for(|d| *d), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+        drop(alive);
+    });
 }

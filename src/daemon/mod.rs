@@ -80,6 +80,59 @@ pub struct ServeOptions {
     pub self_exe: PathBuf,
     /// Staleness of the home claim (heartbeats every quarter of it).
     pub home_stale_after_ms: u64,
+    /// Also listen on this Unix socket (mode 0600): its peers are callers on this
+    /// host, known by the pid the kernel gives (`SO_PEERCRED`).
+    pub unix: Option<PathBuf>,
+    /// How long a client has to send a request's headers, on a new connection and
+    /// between requests on a kept-alive one.
+    pub header_read_timeout_ms: u64,
+}
+
+/// Default of [`ServeOptions::header_read_timeout_ms`].
+pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Bounds of [`ServeOptions::header_read_timeout_ms`].
+pub const HEADER_READ_TIMEOUT_MS_MIN: u64 = 100;
+pub const HEADER_READ_TIMEOUT_MS_MAX: u64 = 600_000;
+
+/// Bind the Unix socket at `path`, mode 0600. A socket file left by a daemon that
+/// is gone (nothing accepts on it) is replaced; a live one, or a path that is not a
+/// socket, is refused — nothing else is ever removed.
+fn unix_path_usable(path: &Path) -> Result<(), OpError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => Err(OpError::Usage {
+            code: "INVALID_OPTION",
+            message: format!("--unix {}: exists and is not a socket; not replaced", path.display()),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The identity of a socket file this daemon bound (device, inode): at exit it
+/// removes the path only if it is still that file (a successor may have bound its
+/// own there during a handover).
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, OpError> {
+    use std::os::unix::fs::PermissionsExt;
+    let usage = |message: String| OpError::Usage { code: "INVALID_OPTION", message };
+    unix_path_usable(path)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+            return Err(usage(format!("--unix {}: a live server already listens there", path.display())));
+        }
+        Ok(_) => {
+            std::fs::remove_file(path).map_err(|e| io(&format!("removing the stale socket {}", path.display()), e))?
+        }
+        Err(_) => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(|e| io(&format!("binding {}", path.display()), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io(&format!("chmod 600 {}", path.display()), e))?;
+    Ok(listener)
 }
 
 /// The one line printed when ready.
@@ -90,6 +143,9 @@ pub struct Ready {
     pub replayed: u64,
     pub open_ms: u64,
     pub token_file: String,
+    /// The Unix socket, when `--unix` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unix: Option<String>,
 }
 
 /// Shared state of a running daemon.
@@ -250,6 +306,10 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u
 pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     let t0 = Instant::now();
     let fail = |code: u8| move |e: OpError| (code, e);
+    // A --unix path that is not a socket is refused before anything is claimed.
+    if let Some(path) = &o.unix {
+        unix_path_usable(path).map_err(|e| (exit::HOME_HELD, e))?;
+    }
     std::fs::create_dir_all(&o.dir).map_err(|e| (exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
     let dir = std::fs::canonicalize(&o.dir).map_err(|e| (exit::IO, io("log directory", e)))?;
     let ledger = Arc::new(Ledger::open(&dir, LedgerOptions::default()).map_err(|e| {
@@ -277,6 +337,13 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             .await
             .map_err(|e| (exit::IO, io(&format!("binding {}", o.listen), e)))?;
         let addr = listener.local_addr().map_err(|e| (exit::IO, io("local address", e)))?;
+        let unix = match &o.unix {
+            Some(path) => {
+                Some(bind_unix(path).map_err(|e| (if e.exit_code() == 2 { exit::HOME_HELD } else { exit::IO }, e))?)
+            }
+            None => None,
+        };
+        let unix_id = o.unix.as_deref().and_then(file_id);
         std::fs::write(dir.join(ADDR_FILE), addr.to_string()).map_err(|e| (exit::IO, io(ADDR_FILE, e)))?;
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<(String, bool)>(4);
@@ -309,6 +376,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             replayed,
             open_ms: t0.elapsed().as_millis() as u64,
             token_file: token_path.display().to_string(),
+            unix: o.unix.as_ref().map(|p| p.display().to_string()),
         };
         {
             use std::io::Write;
@@ -320,13 +388,12 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         tokio::spawn(signals(cut_tx.clone()));
         tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
         let router = http::router(Arc::clone(&app));
-        let mut done = app.shutdown.subscribe();
-        let listener =
-            http::CappedListener { inner: listener, slots: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)) };
-        let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-            let _ = done.wait_for(|d| *d).await;
-        });
-        let server = tokio::spawn(async move { server.await });
+        let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+        let tcp = http::CappedListener { inner: listener, slots: Arc::clone(&slots) };
+        let unix = unix.map(|inner| http::UnixCapped { inner, slots });
+        let header_read = Duration::from_millis(o.header_read_timeout_ms);
+        let done = app.shutdown.subscribe();
+        let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done));
         let (reason, home_lost) = cut_rx.recv().await.unwrap_or(("channel closed".into(), false));
         let code = cutover(&app, &reason, home_lost).await;
         let _ = app.shutdown.send(true);
@@ -334,6 +401,12 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         // Only if it still names this daemon (a successor may have written its own).
         if std::fs::read_to_string(dir.join(ADDR_FILE)).is_ok_and(|a| a.trim() == addr.to_string()) {
             let _ = std::fs::remove_file(dir.join(ADDR_FILE));
+        }
+        if let Some(path) = &o.unix
+            && unix_id.is_some()
+            && file_id(path) == unix_id
+        {
+            let _ = std::fs::remove_file(path);
         }
         Ok(code)
     })

@@ -209,6 +209,15 @@ pub(crate) enum Cmd {
         /// Staleness of the home claim; heartbeats every quarter of it.
         #[arg(long, default_value_t = fencelog::daemon::HOME_STALE_AFTER_MS, hide = true)]
         home_stale_after_ms: u64,
+        /// Also listen on this Unix socket (mode 0600). Its callers are processes on
+        /// this host, known by the pid the kernel gives: a claim without --pid is held
+        /// for the calling process.
+        #[arg(long)]
+        unix: Option<PathBuf>,
+        /// How long a client has to send a request's headers (on a new connection, and
+        /// between requests on a kept-alive one) before the connection is closed.
+        #[arg(long, default_value_t = fencelog::daemon::HEADER_READ_TIMEOUT_MS_DEFAULT)]
+        header_read_timeout_ms: u64,
     },
     /// Run a command under supervision: its intent, start and exit are records, its
     /// leases are held until it ends, and with a request id it runs at most once.

@@ -98,7 +98,25 @@ fn run(cmd: cli::Cmd) -> Printed {
             demo::demo(dir.path(), records, appenders, payload_bytes)
         }
         cmd @ (Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
-        Cmd::Serve { dir, listen, home, drain_grace_ms, handover, home_stale_after_ms } => {
+        Cmd::Serve {
+            dir,
+            listen,
+            home,
+            drain_grace_ms,
+            handover,
+            home_stale_after_ms,
+            unix,
+            header_read_timeout_ms,
+        } => {
+            use fencelog::daemon::{HEADER_READ_TIMEOUT_MS_MAX, HEADER_READ_TIMEOUT_MS_MIN};
+            if !(HEADER_READ_TIMEOUT_MS_MIN..=HEADER_READ_TIMEOUT_MS_MAX).contains(&header_read_timeout_ms) {
+                return Err(OpError::Usage {
+                    code: "INVALID_INPUT",
+                    message: format!(
+                        "--header-read-timeout-ms is {HEADER_READ_TIMEOUT_MS_MIN}..={HEADER_READ_TIMEOUT_MS_MAX}"
+                    ),
+                });
+            }
             let token_file = dir.token_file.clone();
             fencelog::ops::valid(&home)?;
             let self_exe =
@@ -112,6 +130,8 @@ fn run(cmd: cli::Cmd) -> Printed {
                 handover,
                 self_exe,
                 home_stale_after_ms,
+                unix,
+                header_read_timeout_ms,
             };
             match fencelog::daemon::serve(o) {
                 Ok(code) => Ok((Value::Null, code)),

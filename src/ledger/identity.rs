@@ -7,15 +7,40 @@ use std::fs;
 use crate::model::{CallerId, DeathReason, Identity, Observed};
 
 /// This machine's boot id.
+/// Empty if it cannot be read (see [`read_boot_id`]).
 pub fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default()
+    read_boot_id().unwrap_or_default()
+}
+
+/// This machine's boot id, or `None` if it cannot be read (then nothing about
+/// another boot can be concluded).
+pub fn read_boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
 }
 
 /// `(state, start_ticks)` from `/proc/<pid>/stat`; `None` if there is no such process.
 fn stat(pid: u32) -> Option<(char, u64)> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_read(pid).ok().flatten()
+}
+
+/// `/proc/<pid>/stat` read: `Ok(None)` when there is no such entry (or it does not
+/// parse), `Err` when it could not be read for another reason (out of descriptors,
+/// an I/O error) — which proves nothing.
+fn stat_read(pid: u32) -> std::io::Result<Option<(char, u64)>> {
+    let s = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        // ESRCH: it exited between the open and the read.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(parse_stat(&s))
+}
+
+fn parse_stat(s: &str) -> Option<(char, u64)> {
     // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
+    let rest = s.get(s.rfind(')')? + 2..)?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let state = fields.first()?.chars().next()?;
     let start = fields.get(19)?.parse().ok()?; // field 22 overall
@@ -89,12 +114,15 @@ pub fn process_group_members(pgid: u32) -> Vec<u32> {
 }
 
 /// Identity evidence of a running process, or `None` if it does not exist.
+/// (An identity is never recorded without a boot id: one read as empty would
+/// later look like another boot, and a live owner like a dead one.)
 pub fn probe(pid: u32, instance: uuid::Uuid) -> Option<Identity> {
     let (state, start_ticks) = stat(pid)?;
     if matches!(state, 'Z' | 'X') {
         return None;
     }
-    Some(Identity { instance, pid, start_ticks, boot_id: boot_id(), pid_ns: pid_ns(), exe: exe_fingerprint(pid) })
+    let boot_id = read_boot_id()?;
+    Some(Identity { instance, pid, start_ticks, boot_id, pid_ns: pid_ns(), exe: exe_fingerprint(pid) })
 }
 
 /// The identity of an owner on another host (a daemon's client without a pid):
@@ -132,6 +160,9 @@ pub enum UnknownReason {
     /// The pid exists but `/proc` does not show it to us (`hidepid`, or another
     /// user's process): `kill(pid, 0)` says EPERM, not ESRCH.
     Hidden,
+    /// `/proc` could not be read (out of descriptors, an I/O error): nothing is
+    /// concluded from a failed read.
+    Unreadable,
 }
 
 impl UnknownReason {
@@ -140,6 +171,7 @@ impl UnknownReason {
             UnknownReason::Remote => "remote",
             UnknownReason::OtherPidNamespace => "other_pid_namespace",
             UnknownReason::Hidden => "hidden",
+            UnknownReason::Unreadable => "unreadable",
         }
     }
 }
@@ -184,15 +216,17 @@ pub fn liveness(id: &Identity) -> Liveness {
     if id.pid == 0 {
         return Liveness::Unknown(UnknownReason::Remote);
     }
-    let mut observed = Observed { boot_id: boot_id(), pid_ns: pid_ns(), start_ticks: None, exe: None };
+    let Some(boot_id) = read_boot_id() else { return Liveness::Unknown(UnknownReason::Unreadable) };
+    let mut observed = Observed { boot_id, pid_ns: pid_ns(), start_ticks: None, exe: None };
     let dead = |reason, observed| Liveness::Dead { reason, observed };
-    if observed.boot_id != id.boot_id {
+    if !id.boot_id.is_empty() && observed.boot_id != id.boot_id {
         return dead(DeathReason::BootChanged, observed);
     }
     if id.pid_ns != 0 && observed.pid_ns != 0 && id.pid_ns != observed.pid_ns {
         return Liveness::Unknown(UnknownReason::OtherPidNamespace);
     }
-    let Some((state, start)) = stat(id.pid) else {
+    let Ok(stat) = stat_read(id.pid) else { return Liveness::Unknown(UnknownReason::Unreadable) };
+    let Some((state, start)) = stat else {
         return match signal_probe(id.pid) {
             Probe::NoSuchProcess => dead(DeathReason::ProcessDead, observed),
             Probe::Exists => Liveness::Unknown(UnknownReason::Hidden),
@@ -239,4 +273,53 @@ pub fn death_of(id: &Identity) -> Option<DeathReason> {
 /// The parent of the calling process (the CLI's default owner).
 pub fn parent_pid() -> u32 {
     std::os::unix::process::parent_id()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> Identity {
+        probe(std::process::id(), uuid::Uuid::from_u128(1)).expect("this process")
+    }
+
+    /// Proves: the order of the checks, on this process's own identity: alive as
+    /// probed; another boot is dead with this boot observed; a pid from another pid
+    /// namespace is unknown, never dead (even with a reused-looking start time); no
+    /// pid is remote; another start time is dead, with the start time observed.
+    #[test]
+    fn liveness_checks_in_their_documented_order() {
+        assert_eq!(liveness(&me()), Liveness::Alive);
+        let other_boot = Identity { boot_id: "another-boot".into(), ..me() };
+        match liveness(&other_boot) {
+            Liveness::Dead { reason: DeathReason::BootChanged, observed } => {
+                assert_eq!(Some(observed.boot_id), read_boot_id());
+                assert_eq!(observed.start_ticks, None, "nothing of another boot is looked at");
+            }
+            other => panic!("{other:?}"),
+        }
+        let other_ns = Identity { pid_ns: pid_ns() + 1, start_ticks: 1, ..me() };
+        assert_eq!(liveness(&other_ns), Liveness::Unknown(UnknownReason::OtherPidNamespace));
+        assert_eq!(liveness(&remote(uuid::Uuid::nil())), Liveness::Unknown(UnknownReason::Remote));
+        let reused = Identity { start_ticks: me().start_ticks + 1, ..me() };
+        match liveness(&reused) {
+            Liveness::Dead { reason: DeathReason::StartTimeChanged, observed } => {
+                assert_eq!(observed.start_ticks, Some(me().start_ticks));
+            }
+            other => panic!("{other:?}"),
+        }
+        let exec_elsewhere = Identity { exe: "inode:1:2:3:4".into(), ..me() };
+        assert_eq!(liveness(&exec_elsewhere).death(), Some(DeathReason::ExeChanged));
+        // An identity recorded with no boot id (never written now) is not judged
+        // on it.
+        assert_eq!(liveness(&Identity { boot_id: String::new(), ..me() }), Liveness::Alive);
+    }
+
+    /// Proves: a `/proc/<pid>/stat` line that ends early is no process, never a panic.
+    #[test]
+    fn a_short_stat_line_parses_to_nothing() {
+        assert_eq!(parse_stat("1 (x)"), None);
+        assert_eq!(parse_stat("1 (x) S"), None);
+        assert_eq!(parse_stat(""), None);
+    }
 }

@@ -514,8 +514,8 @@ pub struct SubjectState {
     pub stale_after_ms: Option<u64>,
     pub status: Status,
     /// Why: the death reason (`process_dead`, `start_time_changed`, `boot_changed`,
-    /// `exe_changed`), why liveness is unknown (`hidden`, `other_pid_namespace`),
-    /// or `heartbeat_stale`.
+    /// `exe_changed`), why liveness is unknown (`hidden`, `other_pid_namespace`,
+    /// `unreadable`), or `heartbeat_stale`.
     pub status_reason: Option<&'static str>,
     pub ended: Vec<TenureEnd>,
     pub fenced_attempts: u64,

@@ -473,7 +473,9 @@ pub struct CancelResponse {
 /// that group are the command's.)
 pub fn command_group_alive(p: &Process) -> bool {
     let Some(s) = &p.started else { return false };
-    if identity::boot_id() != s.runner.boot_id {
+    // Another boot: nothing of it runs. (A boot id that cannot be read proves
+    // nothing; the checks below decide.)
+    if identity::read_boot_id().is_some_and(|b| b != s.runner.boot_id) {
         return false;
     }
     match identity::start_ticks(s.command_pid) {

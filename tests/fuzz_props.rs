@@ -19,7 +19,6 @@ fn who(n: u8) -> Identity {
         pid: n as u32,
         start_ticks: 1,
         boot_id: "b".into(),
-        pid_ns: 0,
         exe: "e".into(),
     }
 }

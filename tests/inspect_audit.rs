@@ -42,7 +42,6 @@ fn who(n: u8) -> Identity {
         pid: 4100 + n as u32,
         start_ticks: 90_000 + n as u64,
         boot_id: "00000000-0000-4000-8000-00000000b007".into(),
-        pid_ns: 0,
         exe: "/usr/local/bin/controller:1048576:1767225600".into(),
     }
 }
@@ -216,22 +215,21 @@ fn gen_contested(dir: &Path) {
     use fencelog::model::{CallerId, Observed};
     let w = World::new(dir, 64 << 20);
     let (a, b, c) = (w.writer(1), w.writer(2), w.writer(3));
-    let in_ns = |n: u8| Identity { pid_ns: 4_026_531_836, ..who(n) };
+    let ns = || Event::OwnerPidNamespace { subject: "svc/c".into(), pid_ns: 4_026_531_836 };
     let caller = |n: u8, instance: Option<u128>| CallerId {
         pid: 5100 + n as u32,
         start_ticks: 95_000 + n as u64,
-        exe: "inode:65024:1234:1048576:1767225600000000000".into(),
+        exe: "inode:65024:1234".into(),
         pid_ns: 4_026_531_836,
         instance: instance.map(Uuid::from_u128),
     };
-    let e =
-        Event::Claim { subject: "svc/c".into(), owner: in_ns(1), stale_after_ms: 60_000, lock: None, previous: None };
-    a.submit(None, txn(vec![e])).unwrap();
+    let e = Event::Claim { subject: "svc/c".into(), owner: who(1), stale_after_ms: 60_000, lock: None, previous: None };
+    a.submit(None, txn(vec![e, ns()])).unwrap();
     a.submit(None, txn(vec![hb("svc/c", 1)])).unwrap();
     b.submit(None, |p, time_ms, writer| {
         let previous = p.dead_owner("svc/c", DeathReason::ProcessDead);
         let claim =
-            Event::Claim { subject: "svc/c".into(), owner: in_ns(2), stale_after_ms: 60_000, lock: None, previous };
+            Event::Claim { subject: "svc/c".into(), owner: who(2), stale_after_ms: 60_000, lock: None, previous };
         let seen = Event::DeathObserved {
             subject: "svc/c".into(),
             generation: 1,
@@ -244,7 +242,7 @@ fn gen_contested(dir: &Path) {
                 exe: None,
             },
         };
-        Ok(Txn { request: None, time_ms, writer, conditions: vec![], events: vec![claim, seen] })
+        Ok(Txn { request: None, time_ms, writer, conditions: vec![], events: vec![claim, ns(), seen] })
     })
     .unwrap();
     // The first owner's process, still around in the story, keeps writing.
@@ -258,7 +256,7 @@ fn gen_contested(dir: &Path) {
     // names what it did not see.
     let lock = Event::Claim {
         subject: "svc/c".into(),
-        owner: in_ns(3),
+        owner: who(3),
         stale_after_ms: 60_000,
         lock: Some(fencelog::model::LockIntent { action: "migrate".into(), request: "m-1".into() }),
         previous: None,
@@ -268,7 +266,7 @@ fn gen_contested(dir: &Path) {
         subject: "svc/c".into(),
         expect_generation: 1,
         expect_heartbeat_ms: 1,
-        owner: in_ns(3),
+        owner: who(3),
         stale_after_ms: 60_000,
         reason: "stale".into(),
     };
@@ -754,7 +752,8 @@ fn html_audit_has_a_summary_timelines_tenure_tables_cutover_panels_and_callers()
 #[test]
 fn html_audit_escapes_what_writers_wrote() {
     let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("log");
+    // A directory a shell would split or redirect: the pin command quotes it.
+    let dir = t.path().join("it's a <log>");
     let fl = |args: &[&str]| Command::new(FENCELOG).args(args).env("FENCELOG_DIR", &dir).output().unwrap();
     assert!(fl(&["init"]).status.success());
     let me = std::process::id().to_string();
@@ -767,5 +766,11 @@ fn html_audit_escapes_what_writers_wrote() {
     assert_eq!(code, 0);
     assert!(!html.contains("<img") && !html.contains("<script"), "{html}");
     assert!(html.contains("&lt;img src=x onerror=alert(1)&gt;&amp;"), "the name is shown, escaped");
+    let quoted = format!("'{}'", dir.display().to_string().replace('\'', "'\\''"));
+    let pin = format!(
+        "fencelog inspect verify {} --expect-head",
+        quoted.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('\'', "&#39;")
+    );
+    assert!(html.contains(&pin), "the pin command is one shell word: {pin}");
     well_formed(&html).unwrap();
 }

@@ -67,7 +67,7 @@ fn a_claim_over_a_killed_owner_records_what_it_observed() {
     assert_eq!(code, 0, "{c}");
     let s = subject_state(&dir, "svc/a");
     assert_eq!((s["status"].as_str(), s["status_reason"].as_str()), (Some("active"), None), "{s}");
-    assert_eq!(s["owner"]["pid_ns"], our_pid_ns(), "the pid's namespace is recorded: {s}");
+    assert_eq!(s["owner_pid_ns"], our_pid_ns(), "the pid's namespace is recorded: {s}");
 
     owner.kill().unwrap();
     owner.wait().unwrap();
@@ -82,9 +82,14 @@ fn a_claim_over_a_killed_owner_records_what_it_observed() {
     let records = dump(&dir);
     let claim = records.iter().find(|r| r["seq"] == c["seq"]).expect("the claim's record");
     let events = claim["events"].as_array().unwrap();
-    assert_eq!(events.len(), 2, "the claim and what it observed, in one record: {claim}");
-    assert_eq!(events[0]["kind"], "claim");
-    let seen = &events[1];
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["claim", "owner_pid_namespace", "death_observed"],
+        "the claim, its owner's pid namespace and what it observed, in one record: {claim}"
+    );
+    assert_eq!(events[1]["pid_ns"], our_pid_ns(), "{claim}");
+    let seen = &events[2];
     assert_eq!(seen["kind"], "death_observed", "{claim}");
     assert_eq!((seen["generation"].as_u64(), seen["pid"].as_u64()), (Some(1), Some(u64::from(owner.id()))), "{seen}");
     assert_eq!(seen["observed"]["start_ticks"], Value::Null, "no such process: {seen}");
@@ -185,13 +190,13 @@ fn an_owner_in_another_pid_namespace_is_unknown_never_dead() {
     let owner = loop {
         let s = subject_state(&dir, "svc/ns");
         if s["owner"].is_object() {
-            break s["owner"].clone();
+            break s;
         }
         assert!(Instant::now() < deadline, "the claim inside the namespace never landed");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_ne!(owner["pid_ns"], our_pid_ns(), "recorded in its own namespace: {owner}");
-    assert_ne!(owner["pid_ns"], 0, "{owner}");
+    assert_ne!(owner["owner_pid_ns"], our_pid_ns(), "recorded in its own namespace: {owner}");
+    assert_ne!(owner["owner_pid_ns"], 0, "{owner}");
     std::thread::sleep(Duration::from_millis(20));
 
     let me = std::process::id().to_string();
@@ -206,4 +211,26 @@ fn an_owner_in_another_pid_namespace_is_unknown_never_dead() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(ns.id() as i32, libc::SIGKILL) };
     ns.wait().unwrap();
+}
+
+/// Proves: touching a running binary (its mtime changes, its image does not) does
+/// not make its live owner dead: a second claim is refused `ALREADY_ACTIVE`.
+#[test]
+fn touching_a_running_binary_does_not_make_its_owner_dead() {
+    let (t, dir) = new_log();
+    let bin = t.path().join("sleep-copy");
+    std::fs::copy("/bin/sleep", &bin).unwrap();
+    let mut owner = Command::new(&bin).arg("60").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let (code, c) = fl(&dir, &["claim", "--subject", "svc/t", "--pid", &owner.id().to_string()]);
+    assert_eq!(code, 0, "{c}");
+    let status = Command::new("touch").args(["-d", "2020-01-01"]).arg(&bin).status().unwrap();
+    assert!(status.success());
+    let s = subject_state(&dir, "svc/t");
+    assert_eq!(s["status"], "active", "{s}");
+    let me = std::process::id().to_string();
+    let (code, e) = fl(&dir, &["claim", "--subject", "svc/t", "--pid", &me]);
+    assert_eq!((code, code_of(&e)), (3, "ALREADY_ACTIVE"), "a live owner is not dead: {e}");
+    owner.kill().unwrap();
+    owner.wait().unwrap();
 }

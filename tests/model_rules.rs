@@ -10,7 +10,6 @@ fn who(n: u8) -> Identity {
         pid: 1000 + n as u32,
         start_ticks: 555,
         boot_id: "boot-a".into(),
-        pid_ns: 0,
         exe: "/usr/bin/daemon:1:2".into(),
     }
 }

@@ -176,3 +176,22 @@ fn contested_refusals_are_recorded_per_caller_and_polling_is_not() {
     let line = format!("refused caller pid {} ", std::process::id());
     assert!(text.contains(&line) && text.contains(&format!("instance {a}")), "{text}");
 }
+
+/// Proves: a lease acquired or a command run on behalf of a fenced owner is refused
+/// `FENCED` but not kept as a refusal record (the lease table's and the
+/// supervisor's business; `docs/STATE-MACHINE.md`): ten of them write nothing.
+#[test]
+fn refused_owner_leases_are_answered_but_not_recorded() {
+    let (_t, dir) = new_log();
+    let me = std::process::id().to_string();
+    assert_eq!(fl(&dir, &["claim", "--subject", "svc/l", "--pid", &me]).0, 0);
+    assert_eq!(fl(&dir, &["rotate-fence", "--subject", "svc/l", "--generation", "1"]).0, 0);
+    for _ in 0..10 {
+        let (code, e) = fl(
+            &dir,
+            &["lease", "acquire", "--resource", "db", "--mode", "write", "--owner", "svc/l", "--generation", "1"],
+        );
+        assert_eq!((code, code_of(&e)), (3, "FENCED"), "{e}");
+    }
+    assert!(refused(&dir).is_empty(), "{:?}", refused(&dir));
+}

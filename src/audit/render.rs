@@ -342,6 +342,14 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
     g
 }
 
+/// `s` as one shell word: as it is when it is plain, else in single quotes.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c)) {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 /// The last time a subject's story mentions.
 fn last_time(s: &SubjectStory) -> Option<u64> {
     let tenures = s.tenures.iter().flat_map(|t| [Some(t.last_heartbeat_ms), t.ended_ms]).flatten();
@@ -355,10 +363,9 @@ fn td(s: &str) -> String {
 
 fn owner_cell(o: &crate::model::Identity) -> String {
     format!(
-        "pid {} start {} pid-ns {}<br/><small>instance {}<br/>boot {}<br/>image {}</small>",
+        "pid {} start {}<br/><small>instance {}<br/>boot {}<br/>image {}</small>",
         o.pid,
         o.start_ticks,
-        o.pid_ns,
         esc(&o.instance.to_string()),
         esc(&o.boot_id),
         esc(&o.exe)
@@ -546,7 +553,7 @@ pub fn html(r: &Report, dir: &str) -> String {
         let _ = writeln!(
             h,
             "<tr><th>pin this history</th><td><code>fencelog inspect verify {} --expect-head {seq}:{}</code><br/><small>fails later if the log no longer holds this head</small></td></tr>",
-            esc(dir),
+            esc(&shell_quote(dir)),
             esc(&r.chain_head)
         );
     }

@@ -446,6 +446,7 @@ fn event_text(e: &Event) -> String {
             "refused {subject:?}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
             crate::format::hex(content_blake3)
         ),
+        Event::OwnerPidNamespace { subject, pid_ns } => format!("owner-pid-namespace {subject:?} {pid_ns}"),
         Event::Refused { subject, code, op, caller, presented, current, count, content, .. } => {
             let presented = presented.map(|g| format!(" presented {g}")).unwrap_or_default();
             let mut s = format!(

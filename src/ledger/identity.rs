@@ -50,21 +50,17 @@ fn parse_stat(s: &str) -> Option<(char, u64)> {
 /// Prefix of an executable fingerprint by the running image's file identity.
 const EXE_INODE_PREFIX: &str = "inode:";
 
-/// Executable fingerprint: `inode:DEV:INO:SIZE:MTIME_NS` of the image the process
-/// is running (`/proc/<pid>/exe` followed to the file itself). That file stays what
-/// it was when the binary is replaced or deleted on disk, as a package upgrade does:
-/// only an `exec` into another program changes it. `unknown` when it cannot be read
-/// (another user's process, for one who is not root).
+/// Executable fingerprint: `inode:DEV:INO` of the image the process is running
+/// (`/proc/<pid>/exe` followed to the file itself). That file stays what it was when
+/// the binary is replaced or deleted on disk, as a package upgrade does: only an
+/// `exec` into another program changes it. (Not its mtime: `touch` changes that
+/// under a running process. Not its size: a running image cannot be written.)
+/// `unknown` when it cannot be read (another user's process, for one who is not
+/// root).
 fn exe_fingerprint(pid: u32) -> String {
     use std::os::unix::fs::MetadataExt;
     match fs::metadata(format!("/proc/{pid}/exe")) {
-        Ok(m) => format!(
-            "{EXE_INODE_PREFIX}{}:{}:{}:{}",
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec())
-        ),
+        Ok(m) => format!("{EXE_INODE_PREFIX}{}:{}", m.dev(), m.ino()),
         Err(_) => "unknown".into(),
     }
 }
@@ -122,14 +118,14 @@ pub fn probe(pid: u32, instance: uuid::Uuid) -> Option<Identity> {
         return None;
     }
     let boot_id = read_boot_id()?;
-    Some(Identity { instance, pid, start_ticks, boot_id, pid_ns: pid_ns(), exe: exe_fingerprint(pid) })
+    Some(Identity { instance, pid, start_ticks, boot_id, exe: exe_fingerprint(pid) })
 }
 
 /// The identity of an owner on another host (a daemon's client without a pid):
 /// only its instance is known. Its liveness is judged by heartbeat staleness
 /// alone: it is never provably dead, so only a takeover replaces it.
 pub fn remote(instance: uuid::Uuid) -> Identity {
-    Identity { instance, pid: 0, start_ticks: 0, boot_id: String::new(), pid_ns: 0, exe: "remote".into() }
+    Identity { instance, pid: 0, start_ticks: 0, boot_id: String::new(), exe: "remote".into() }
 }
 
 /// A caller's identity evidence: process `pid` as probed now (what is left of it
@@ -197,7 +193,8 @@ impl Liveness {
     }
 }
 
-/// Judge a recorded identity now. The checks, in this order; the first that
+/// Judge a recorded identity now (`pid_ns_recorded`: the pid namespace it was seen
+/// in, 0 if not recorded). The checks, in this order; the first that
 /// decides is reported:
 /// 1. no pid (an owner on another host) → unknown (`remote`);
 /// 2. this machine's boot id differs → dead (`boot_changed`): no process survives
@@ -212,7 +209,7 @@ impl Liveness {
 /// 7. another running image → dead (`exe_changed`: an `exec` into another program;
 ///    a binary replaced on disk is the same image);
 /// 8. otherwise alive.
-pub fn liveness(id: &Identity) -> Liveness {
+pub fn liveness(id: &Identity, pid_ns_recorded: u64) -> Liveness {
     if id.pid == 0 {
         return Liveness::Unknown(UnknownReason::Remote);
     }
@@ -222,7 +219,7 @@ pub fn liveness(id: &Identity) -> Liveness {
     if !id.boot_id.is_empty() && observed.boot_id != id.boot_id {
         return dead(DeathReason::BootChanged, observed);
     }
-    if id.pid_ns != 0 && observed.pid_ns != 0 && id.pid_ns != observed.pid_ns {
+    if pid_ns_recorded != 0 && observed.pid_ns != 0 && pid_ns_recorded != observed.pid_ns {
         return Liveness::Unknown(UnknownReason::OtherPidNamespace);
     }
     let Ok(stat) = stat_read(id.pid) else { return Liveness::Unknown(UnknownReason::Unreadable) };
@@ -267,7 +264,7 @@ fn signal_probe(pid: u32) -> Probe {
 /// `None` if the identity is that of a live process — or one whose liveness
 /// cannot be judged here (never provably dead); else the first failed check.
 pub fn death_of(id: &Identity) -> Option<DeathReason> {
-    liveness(id).death()
+    liveness(id, 0).death()
 }
 
 /// The parent of the calling process (the CLI's default owner).
@@ -289,30 +286,30 @@ mod tests {
     /// pid is remote; another start time is dead, with the start time observed.
     #[test]
     fn liveness_checks_in_their_documented_order() {
-        assert_eq!(liveness(&me()), Liveness::Alive);
+        assert_eq!(liveness(&me(), pid_ns()), Liveness::Alive);
         let other_boot = Identity { boot_id: "another-boot".into(), ..me() };
-        match liveness(&other_boot) {
+        match liveness(&other_boot, pid_ns()) {
             Liveness::Dead { reason: DeathReason::BootChanged, observed } => {
                 assert_eq!(Some(observed.boot_id), read_boot_id());
                 assert_eq!(observed.start_ticks, None, "nothing of another boot is looked at");
             }
             other => panic!("{other:?}"),
         }
-        let other_ns = Identity { pid_ns: pid_ns() + 1, start_ticks: 1, ..me() };
-        assert_eq!(liveness(&other_ns), Liveness::Unknown(UnknownReason::OtherPidNamespace));
-        assert_eq!(liveness(&remote(uuid::Uuid::nil())), Liveness::Unknown(UnknownReason::Remote));
+        let reused_looking = Identity { start_ticks: 1, ..me() };
+        assert_eq!(liveness(&reused_looking, pid_ns() + 1), Liveness::Unknown(UnknownReason::OtherPidNamespace));
+        assert_eq!(liveness(&remote(uuid::Uuid::nil()), 0), Liveness::Unknown(UnknownReason::Remote));
         let reused = Identity { start_ticks: me().start_ticks + 1, ..me() };
-        match liveness(&reused) {
+        match liveness(&reused, 0) {
             Liveness::Dead { reason: DeathReason::StartTimeChanged, observed } => {
                 assert_eq!(observed.start_ticks, Some(me().start_ticks));
             }
             other => panic!("{other:?}"),
         }
-        let exec_elsewhere = Identity { exe: "inode:1:2:3:4".into(), ..me() };
-        assert_eq!(liveness(&exec_elsewhere).death(), Some(DeathReason::ExeChanged));
+        let exec_elsewhere = Identity { exe: "inode:1:2".into(), ..me() };
+        assert_eq!(liveness(&exec_elsewhere, 0).death(), Some(DeathReason::ExeChanged));
         // An identity recorded with no boot id (never written now) is not judged
         // on it.
-        assert_eq!(liveness(&Identity { boot_id: String::new(), ..me() }), Liveness::Alive);
+        assert_eq!(liveness(&Identity { boot_id: String::new(), ..me() }, 0), Liveness::Alive);
     }
 
     /// Proves: a `/proc/<pid>/stat` line that ends early is no process, never a panic.

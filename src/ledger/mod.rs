@@ -217,6 +217,12 @@ fn recorded(r: &Refusal, txn: &Txn) -> Option<(String, Option<u64>, u64, Option<
         Refusal::TakeoverActiveRefused { subject, generation, .. } => (subject, Some(*generation), *generation, None),
         _ => return None,
     };
+    // Only the refusal of an event on that subject (a heartbeat, a note, a claim, a
+    // takeover): a lease or a spawn on behalf of a fenced owner is the supervisor's
+    // and the lease table's business, not kept.
+    if !txn.events.iter().any(|e| e.subject() == Some(subject.as_str())) {
+        return None;
+    }
     debug_assert!(crate::model::RECORDED_REFUSALS.contains(&r.code()));
     Some((subject.clone(), presented, current, retired))
 }
@@ -561,7 +567,9 @@ impl Ledger {
         if let (Some(Event::Note { text, .. }), None) = (attempted, &w.content) {
             w.content = Some(RefusedContent::of(text));
         }
-        let within = |ms: u64| ms != 0 && now_ms.saturating_sub(ms) < window_ms;
+        // A record stamped ahead of this clock (a clock stepped back, a skewed
+        // writer) opens no window here: the bound must not become a blackout.
+        let within = |ms: u64| ms != 0 && ms <= now_ms && now_ms - ms < window_ms;
         if within(w.last_written_ms) || recorded_ms.is_some_and(within) {
             return Ok(());
         }
@@ -699,7 +707,7 @@ impl Ledger {
                 .filter(|(key, f)| {
                     let other = inner.projection.refusal_recorded_ms(key);
                     let opened_by_another =
-                        other.is_some_and(|ms| ms != f.last_written_ms && now_ms.saturating_sub(ms) < window_ms);
+                        other.is_some_and(|ms| ms != f.last_written_ms && ms <= now_ms && now_ms - ms < window_ms);
                     !opened_by_another
                 })
                 .map(|(k, _)| k.clone())

@@ -104,14 +104,7 @@ mod tests {
     }
 
     fn id() -> Identity {
-        Identity {
-            instance: uuid::Uuid::from_u128(1),
-            pid: 2,
-            start_ticks: 3,
-            boot_id: "b".into(),
-            pid_ns: 0,
-            exe: "e".into(),
-        }
+        Identity { instance: uuid::Uuid::from_u128(1), pid: 2, start_ticks: 3, boot_id: "b".into(), exe: "e".into() }
     }
 
     fn end(how: TenureEndHow) -> TenureEnd {

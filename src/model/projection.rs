@@ -35,6 +35,8 @@ pub fn process_holder(process: u64) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Owner {
     pub identity: Identity,
+    /// The pid namespace the owner's pid was seen in (0: not recorded).
+    pub pid_ns: u64,
     pub since_seq: u64,
     pub claimed_ms: u64,
     pub heartbeat_ms: u64,
@@ -46,6 +48,7 @@ impl Owner {
     fn new(identity: &Identity, seq: u64, now_ms: u64, stale_after_ms: u64, lock: Option<LockIntent>) -> Owner {
         Owner {
             identity: identity.clone(),
+            pid_ns: 0,
             since_seq: seq,
             claimed_ms: now_ms,
             heartbeat_ms: now_ms,
@@ -301,7 +304,12 @@ impl Outcome {
 
     /// Outcomes that change nothing: a transaction made only of them is not written.
     fn is_noop(&self) -> bool {
-        matches!(self, Outcome::LockReused { .. } | Outcome::LeaseAlreadyEnded { .. })
+        // Evidence rides with a decision: alone (beside a reused lock, say) it is
+        // not worth a record.
+        matches!(
+            self,
+            Outcome::LockReused { .. } | Outcome::LeaseAlreadyEnded { .. } | Outcome::EvidenceRecorded { .. }
+        )
     }
 }
 
@@ -414,6 +422,7 @@ impl Projection {
                 Event::LeaseRelease { lease, .. } => vec![format!("lease:{lease}")],
                 Event::Checkpoint { snapshot_seq, .. } => vec![format!("checkpoint:{snapshot_seq}")],
                 Event::DeathObserved { subject, .. } => vec![format!("evidence:{subject}")],
+                Event::OwnerPidNamespace { subject, .. } => vec![format!("pid-namespace:{subject}")],
                 Event::SpawnRequested { leases, .. } => std::iter::once("spawn".to_owned())
                     .chain(leases.iter().map(|l| format!("resource:{}", l.resource)))
                     .collect(),
@@ -669,6 +678,7 @@ impl Projection {
                 }
                 Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
             }
+            Event::OwnerPidNamespace { subject, .. } => Ok(Outcome::EvidenceRecorded { subject: subject.clone() }),
             Event::Refused { subject, code, op, caller, count, content, .. } => {
                 validate_text("code", code)?;
                 validate_text("op", op)?;
@@ -942,6 +952,12 @@ impl Projection {
             (Event::Note { subject, .. }, Outcome::Noted { authoritative, .. }) => {
                 let s = self.subjects.get_mut(subject).expect("checked");
                 if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
+            }
+            (Event::OwnerPidNamespace { subject, pid_ns }, _) => {
+                // After the claim or takeover before it in the transaction.
+                if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
+                    o.pid_ns = *pid_ns;
+                }
             }
             (Event::Refused { subject, code, op, caller, count, last_ms, .. }, _) => {
                 if matches!(code.as_str(), "FENCED" | "NOT_ACTIVE")

@@ -14,12 +14,11 @@ pub const TXN_EVENTS_MAX: usize = 64;
 pub const TXN_CONDITIONS_MAX: usize = 64;
 
 /// Identity evidence of an owner process. Liveness is judged on all of it: a pid
-/// alone says nothing once it has been reused.
-///
-/// In a record (bincode) it keeps the five fields it always had: `pid_ns` travels
-/// inside `boot_id` as `BOOT_ID/pidns:INODE` (identities recorded before it was
-/// kept have no suffix, and `pid_ns` 0: unknown). In JSON it is a field of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// alone says nothing once it has been reused. (Its five fields are what every
+/// build records and reads; the pid namespace the pid was seen in travels as an
+/// event of its own, [`Event::OwnerPidNamespace`], so that a build that does not
+/// know it stops at the record instead of misjudging the owner.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
     pub instance: uuid::Uuid,
     pub pid: u32,
@@ -27,90 +26,10 @@ pub struct Identity {
     pub start_ticks: u64,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
-    /// Inode of the pid namespace `pid` was seen in (`/proc/self/ns/pid` of the
-    /// process that probed it); 0 when not known. A pid from another namespace
-    /// names another process: it is never judged here.
-    pub pid_ns: u64,
-    /// Fingerprint of the running image: `inode:DEV:INO[:SIZE:MTIME_NS]` of the file
-    /// behind `/proc/<pid>/exe` (which survives an upgrade on disk), `unknown` when
+    /// Fingerprint of the running image: `inode:DEV:INO` of the file behind
+    /// `/proc/<pid>/exe` (which survives an upgrade on disk), `unknown` when
     /// unreadable, `remote` for an owner on another host.
     pub exe: String,
-}
-
-/// The five fields an identity has in a record.
-#[derive(Serialize, Deserialize)]
-struct IdentityWire {
-    instance: uuid::Uuid,
-    pid: u32,
-    start_ticks: u64,
-    boot_id: String,
-    exe: String,
-}
-
-/// An identity as JSON shows it.
-#[derive(Serialize, Deserialize)]
-struct IdentityJson {
-    instance: uuid::Uuid,
-    pid: u32,
-    start_ticks: u64,
-    boot_id: String,
-    #[serde(default)]
-    pid_ns: u64,
-    exe: String,
-}
-
-/// How `pid_ns` rides in a record's `boot_id`.
-const PID_NS_MARK: &str = "/pidns:";
-
-impl Serialize for Identity {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if s.is_human_readable() {
-            return IdentityJson {
-                instance: self.instance,
-                pid: self.pid,
-                start_ticks: self.start_ticks,
-                boot_id: self.boot_id.clone(),
-                pid_ns: self.pid_ns,
-                exe: self.exe.clone(),
-            }
-            .serialize(s);
-        }
-        let boot_id = if self.pid_ns == 0 {
-            self.boot_id.clone()
-        } else {
-            format!("{}{PID_NS_MARK}{}", self.boot_id, self.pid_ns)
-        };
-        IdentityWire {
-            instance: self.instance,
-            pid: self.pid,
-            start_ticks: self.start_ticks,
-            boot_id,
-            exe: self.exe.clone(),
-        }
-        .serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Identity {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        if d.is_human_readable() {
-            let j = IdentityJson::deserialize(d)?;
-            return Ok(Identity {
-                instance: j.instance,
-                pid: j.pid,
-                start_ticks: j.start_ticks,
-                boot_id: j.boot_id,
-                pid_ns: j.pid_ns,
-                exe: j.exe,
-            });
-        }
-        let w = IdentityWire::deserialize(d)?;
-        let (boot_id, pid_ns) = match w.boot_id.rsplit_once(PID_NS_MARK) {
-            Some((boot, ns)) if let Ok(ns) = ns.parse::<u64>() => (boot.to_owned(), ns),
-            _ => (w.boot_id, 0),
-        };
-        Ok(Identity { instance: w.instance, pid: w.pid, start_ticks: w.start_ticks, boot_id, pid_ns, exe: w.exe })
-    }
 }
 
 /// Why an owner is provably dead; the first failing check is reported.
@@ -415,6 +334,13 @@ pub enum Event {
         /// For a refused data write: what the first of the window tried to write.
         content: Option<RefusedContent>,
     },
+    /// The pid namespace (inode of the prober's `/proc/self/ns/pid`) the owner a
+    /// claim or takeover of the same transaction installs was seen in: a pid from
+    /// another namespace is never judged as if it were ours.
+    OwnerPidNamespace {
+        subject: String,
+        pid_ns: u64,
+    },
 }
 
 /// How much of a refused data write's content its audit record keeps.
@@ -456,6 +382,7 @@ impl Event {
             Event::RefusedWrites { .. } => "refused_writes",
             Event::DeathObserved { .. } => "death_observed",
             Event::Refused { .. } => "refused",
+            Event::OwnerPidNamespace { .. } => "owner_pid_namespace",
         }
     }
 
@@ -471,7 +398,8 @@ impl Event {
             | Event::FencedAttempts { subject, .. }
             | Event::RefusedWrites { subject, .. }
             | Event::DeathObserved { subject, .. }
-            | Event::Refused { subject, .. } => Some(subject),
+            | Event::Refused { subject, .. }
+            | Event::OwnerPidNamespace { subject, .. } => Some(subject),
             Event::LeaseAcquire { .. }
             | Event::LeaseRelease { .. }
             | Event::Checkpoint { .. }
@@ -529,43 +457,4 @@ pub(crate) fn validate_text(field: &'static str, text: &str) -> Result<(), super
         return Err(super::Refusal::InvalidInput { detail: format!("{field} exceeds {TEXT_BYTES_MAX} bytes") });
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bin<T: Serialize>(v: &T) -> Vec<u8> {
-        bincode::serde::encode_to_vec(v, bincode::config::standard()).unwrap()
-    }
-
-    fn unbin<T: serde::de::DeserializeOwned>(b: &[u8]) -> T {
-        bincode::serde::decode_from_slice(b, bincode::config::standard()).unwrap().0
-    }
-
-    /// Proves: an identity's record form is the five fields it always had: one
-    /// recorded before pid namespaces were kept decodes with `pid_ns` 0 and encodes
-    /// to the same bytes; one with a namespace round-trips, and JSON shows it apart.
-    #[test]
-    fn identities_keep_their_record_form_and_carry_the_pid_namespace_in_the_boot_id() {
-        let old = IdentityWire {
-            instance: uuid::Uuid::from_u128(9),
-            pid: 42,
-            start_ticks: 7,
-            boot_id: "b00t".into(),
-            exe: "inode:1:2".into(),
-        };
-        let old_bytes = bin(&old);
-        let id: Identity = unbin(&old_bytes);
-        assert_eq!((id.pid_ns, id.boot_id.as_str()), (0, "b00t"));
-        assert_eq!(bin(&id), old_bytes, "an old identity re-encodes to its own bytes");
-        let with_ns = Identity { pid_ns: 4026531836, ..id };
-        let bytes = bin(&with_ns);
-        let wire: IdentityWire = unbin(&bytes);
-        assert_eq!(wire.boot_id, "b00t/pidns:4026531836");
-        assert_eq!(unbin::<Identity>(&bytes), with_ns);
-        let json = serde_json::to_value(&with_ns).unwrap();
-        assert_eq!((json["boot_id"].as_str(), json["pid_ns"].as_u64()), (Some("b00t"), Some(4026531836)));
-        assert_eq!(serde_json::from_value::<Identity>(json).unwrap(), with_ns);
-    }
 }

@@ -327,7 +327,9 @@ fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>, caller: Caller) -> Resu
 pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<(crate::model::DeadOwner, Event)> {
     let s = p.subject(subject)?;
     let o = s.owner.as_ref()?;
-    let identity::Liveness::Dead { reason, observed } = identity::liveness(&o.identity) else { return None };
+    let identity::Liveness::Dead { reason, observed } = identity::liveness(&o.identity, o.pid_ns) else {
+        return None;
+    };
     let proof = p.dead_owner(subject, reason)?;
     let seen = Event::DeathObserved {
         subject: subject.to_owned(),
@@ -337,6 +339,13 @@ pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<(crate::mode
         observed,
     };
     Some((proof, seen))
+}
+
+/// The event that records which pid namespace a local owner's pid was seen in
+/// (none for a remote owner, or when this process cannot tell its namespace).
+fn pid_namespace_of(subject: &str, owner: &Identity) -> Option<Event> {
+    let pid_ns = identity::pid_ns();
+    (owner.pid != 0 && pid_ns != 0).then(|| Event::OwnerPidNamespace { subject: subject.to_owned(), pid_ns })
 }
 
 fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
@@ -386,7 +395,8 @@ pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpRe
             lock: lock.clone(),
             previous,
         };
-        Ok(Txn::new(now_ms, writer, std::iter::once(event).chain(seen).collect()))
+        let ns = pid_namespace_of(&req.subject, &me);
+        Ok(Txn::new(now_ms, writer, std::iter::once(event).chain(ns).chain(seen).collect()))
     })?;
     respond(c)
 }
@@ -419,6 +429,7 @@ pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Resul
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let owner = owner(req.pid, req.instance, caller)?;
+    let ns = pid_namespace_of(&req.subject, &owner);
     let event = Event::Takeover {
         subject: req.subject.clone(),
         expect_generation: req.expect_generation,
@@ -427,7 +438,8 @@ pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Resul
         stale_after_ms: req.stale_after_ms,
         reason: req.reason.clone(),
     };
-    respond(ledger.submit_as(&caller.evidence(req.instance), req.tag(), single(vec![event]))?)
+    let events = std::iter::once(event).chain(ns).collect();
+    respond(ledger.submit_as(&caller.evidence(req.instance), req.tag(), single(events))?)
 }
 
 pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {
@@ -486,7 +498,7 @@ pub enum Status {
 /// liveness is unknown, or that its heartbeat is old).
 pub fn status_of(owner: Option<&crate::model::Owner>, now_ms: u64) -> (Status, Option<&'static str>) {
     let Some(o) = owner else { return (Status::Free, None) };
-    let liveness = identity::liveness(&o.identity);
+    let liveness = identity::liveness(&o.identity, o.pid_ns);
     match liveness {
         identity::Liveness::Dead { reason, .. } => (Status::Dead, Some(reason.code())),
         _ if o.is_fresh(now_ms) => (Status::Active, None),
@@ -507,6 +519,8 @@ pub struct SubjectState {
     pub subject: String,
     pub generation: u64,
     pub owner: Option<Identity>,
+    /// The pid namespace the owner's pid was seen in (0: not recorded).
+    pub owner_pid_ns: Option<u64>,
     pub lock: Option<LockIntent>,
     pub heartbeat_ms: Option<u64>,
     /// How old the last heartbeat is, now.
@@ -543,16 +557,18 @@ pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateRe
         .subjects
         .iter()
         .filter(|(name, _)| only.is_none_or(|o| o == name.as_str()))
-        .map(|(name, s)| SubjectState {
+        .map(|(name, s)| (name, s, status_of(s.owner.as_ref(), now_ms)))
+        .map(|(name, s, (status, status_reason))| SubjectState {
             subject: name.clone(),
             generation: s.generation,
             owner: s.owner.as_ref().map(|o| o.identity.clone()),
+            owner_pid_ns: s.owner.as_ref().map(|o| o.pid_ns),
             lock: s.owner.as_ref().and_then(|o| o.lock.clone()),
             heartbeat_ms: s.owner.as_ref().map(|o| o.heartbeat_ms),
             heartbeat_age_ms: s.owner.as_ref().map(|o| now_ms.saturating_sub(o.heartbeat_ms)),
             stale_after_ms: s.owner.as_ref().map(|o| o.stale_after_ms),
-            status: status_of(s.owner.as_ref(), now_ms).0,
-            status_reason: status_of(s.owner.as_ref(), now_ms).1,
+            status,
+            status_reason,
             ended: s.ended.clone(),
             fenced_attempts: s.fenced_attempts,
             late_notes: s.late_notes,

@@ -92,7 +92,11 @@ pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Opti
     let body = match format {
         Format::Text => fencelog::audit::text(&report),
         Format::Json => serde_json::to_string_pretty(&report).expect("report serializes") + "\n",
-        Format::Html => fencelog::audit::html(&report, &dir.display().to_string()),
+        Format::Html => {
+            // The pin command names the log by its absolute path (it is pasted elsewhere).
+            let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            fencelog::audit::html(&report, &abs.display().to_string())
+        }
     };
     match out {
         Some(path) => {

@@ -8,6 +8,7 @@
 //!   benches/setup-etcd.sh                          # once: Debian's etcd-server
 //!   cargo bench --bench serve                      # full run
 //!   cargo bench --bench serve -- --quick --json    # short run, one JSON object
+//!   cargo bench --bench serve -- --rss-only        # the resident-memory figure alone
 //!
 //! Without etcd the bench says so and reports fencelog alone. Files live under
 //! $FENCELOG_BENCH_DIR (default target/bench-tmp).
@@ -277,13 +278,15 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    // Only the resident-memory figure (no throughput rounds, no etcd).
+    let rss_only = args.iter().any(|a| a == "--rss-only");
     let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).unwrap();
     let root = std::path::absolute(root).unwrap();
     let run_for = Duration::from_millis(if quick { 2000 } else { 5000 });
     let tmp = tempfile::Builder::new().prefix("serve").tempdir_in(&root).unwrap();
     let d = start_daemon(&tmp.path().join("log"));
-    let etcd = start_etcd(&tmp.path().join("etcd"));
+    let etcd = if rss_only { Err("--rss-only".to_owned()) } else { start_etcd(&tmp.path().join("etcd")) };
     if let Err(why) = &etcd {
         eprintln!("etcd not measured: {why} (benches/setup-etcd.sh installs it)");
     }
@@ -308,7 +311,7 @@ fn main() {
         lat[lat.len() / 2]
     };
     out.insert("raw_fdatasync_p50_us".into(), json!(raw.round()));
-    for (round, &k) in CLIENTS.iter().enumerate() {
+    for (round, &k) in CLIENTS.iter().enumerate().filter(|_| !rss_only) {
         let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
         let fl_claim = fencelog_claims(&d, k, run_for, round);
         let mut row = json!({"fencelog_heartbeat": fl_hb.json(), "fencelog_claim": fl_claim.json()});

@@ -305,6 +305,7 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u
 /// printed as the CLI prints errors (by the caller) with their exit code.
 pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     let t0 = Instant::now();
+    limit_malloc_arenas();
     let fail = |code: u8| move |e: OpError| (code, e);
     // A --unix path that is not a socket is refused before anything is claimed.
     if let Some(path) = &o.unix {
@@ -411,6 +412,23 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         Ok(code)
     })
 }
+
+/// glibc gives each thread that allocates an arena of its own, up to eight per
+/// core; the daemon's request threads (a blocking pool of a few hundred) then keep
+/// hundreds of MiB of freed memory between them (measured: 506 MiB resident with
+/// 100,000 subjects, 224 MiB with one arena). Two arenas keep the memory; the
+/// allocations that matter are the ledger's, under its own lock anyway.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before any thread
+    // of the daemon is started.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS_MAX);
+    }
+}
+
+/// Most glibc malloc arenas in the daemon (see [`limit_malloc_arenas`]).
+pub const MALLOC_ARENAS_MAX: i32 = 2;
 
 /// systemd's readiness protocol: a datagram to `$NOTIFY_SOCKET` (a path, or `@`
 /// for the abstract namespace), if it is set; otherwise nothing.

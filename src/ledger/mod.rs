@@ -626,10 +626,15 @@ impl Ledger {
         let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
             let body = snapshot::body_of(&p);
-            backend
+            let written = backend
                 .put_snapshot(p.last_seq, &head, &body)
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
-                .ok()
+                .ok();
+            // The copy of the projection and its encoding (together about twice the
+            // state) are freed now: give the pages back rather than keep them.
+            drop((p, body));
+            release_free_memory();
+            written
         });
         match spawned {
             Ok(t) => inner.snapshot_thread = Some(t),
@@ -765,6 +770,15 @@ struct Replayed {
     warnings: Vec<String>,
     /// Records and payload bytes applied after the snapshot.
     applied: (u64, u64),
+}
+
+/// Return freed heap pages to the system (glibc keeps them otherwise).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Replay the log in `dir`: try each snapshot (the newest few, newest first); one

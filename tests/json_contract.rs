@@ -1,18 +1,15 @@
 //! The JSON contract through the CLI: every enum value is snake_case, and every
 //! outcome — `request show` included — is a flat object with `kind`.
 
-use std::path::Path;
+mod common;
+
+use common::fl;
+
 use std::process::Command;
 
 use serde_json::Value;
 
 const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
-
-fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(FENCELOG).args(args).env("FENCELOG_DIR", dir).output().unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v)
-}
 
 /// Every NDJSON line of a read-only command's output.
 fn lines(args: &[&str]) -> Vec<Value> {

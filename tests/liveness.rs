@@ -3,31 +3,17 @@
 //! says which, why, and how old the heartbeat is. Real processes, real `kill -9`,
 //! real namespaces (the namespace tests need root, as `.ci/run` has).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{code_of, fl};
+
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
-
-fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(FENCELOG).args(args).env("FENCELOG_DIR", dir).output().unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v)
-}
-
-fn code_of(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("")
-}
-
-fn new_log() -> (tempfile::TempDir, PathBuf) {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("log");
-    let (code, v) = fl(&dir, &["init"]);
-    assert_eq!(code, 0, "{v}");
-    (t, dir)
-}
 
 fn sleeper() -> Child {
     Command::new("sleep").arg("60").spawn().unwrap()
@@ -60,7 +46,7 @@ fn is_root() -> bool {
 /// in the claim's own record, where `inspect dump` shows it.
 #[test]
 fn a_claim_over_a_killed_owner_records_what_it_observed() {
-    let (_t, dir) = new_log();
+    let (_t, dir) = common::new_cli_log();
     let mut owner = sleeper();
     let pid = owner.id().to_string();
     let (code, c) = fl(&dir, &["claim", "--subject", "svc/a", "--pid", &pid]);
@@ -123,7 +109,7 @@ fn an_owner_hidden_by_hidepid_is_unknown_never_dead() {
         eprintln!("skipped: needs root for a hidepid /proc in a mount namespace");
         return;
     }
-    let (t, dir) = new_log();
+    let (t, dir) = common::new_cli_log();
     let mut owner = sleeper(); // root's: hidden from `nobody` under hidepid
     let pid = owner.id().to_string();
     let status = Command::new("chown").args(["-R", "65534:65534"]).arg(t.path()).status().unwrap();
@@ -170,7 +156,7 @@ fn an_owner_in_another_pid_namespace_is_unknown_never_dead() {
         eprintln!("skipped: needs root for a pid namespace");
         return;
     }
-    let (_t, dir) = new_log();
+    let (_t, dir) = common::new_cli_log();
     let mut ns = Command::new("unshare")
         .args([
             "--pid",
@@ -217,7 +203,7 @@ fn an_owner_in_another_pid_namespace_is_unknown_never_dead() {
 /// not make its live owner dead: a second claim is refused `ALREADY_ACTIVE`.
 #[test]
 fn touching_a_running_binary_does_not_make_its_owner_dead() {
-    let (t, dir) = new_log();
+    let (t, dir) = common::new_cli_log();
     let bin = t.path().join("sleep-copy");
     std::fs::copy("/bin/sleep", &bin).unwrap();
     let mut owner = Command::new(&bin).arg("60").spawn().unwrap();

@@ -417,3 +417,47 @@ fn ended_leases_are_remembered_up_to_the_retention_limit() {
     assert_eq!(ended, fencelog::model::TERMINAL_LEASES_RETAINED);
     assert!(!p.leases.contains_key(&1) && p.leases.contains_key(&(n + 1)));
 }
+
+/// Proves: the projection's memory of refusal windows is bounded: 5,000 callers
+/// refused within a second leave at most `REFUSAL_WINDOWS_MAX` windows (the oldest
+/// go first), and a window older than `REFUSAL_WINDOWS_RETAIN_MS` is forgotten once
+/// more arrive — all from record times alone, so every replay forgets the same.
+#[test]
+fn refusal_windows_are_bounded_in_number_and_age() {
+    let mut m = M::new();
+    let refused = |pid: u32, at_ms: u64| Event::Refused {
+        subject: "s".into(),
+        code: "FENCED".into(),
+        op: "heartbeat".into(),
+        caller: CallerId { pid, start_ticks: 1, exe: "e".into(), pid_ns: 0, instance: None },
+        writer: Uuid::nil(),
+        presented: Some(1),
+        current: 2,
+        retired_cut_off_seq: None,
+        count: 1,
+        first_ms: at_ms,
+        last_ms: at_ms,
+        content: None,
+    };
+    let key = |pid: u32| {
+        refusal_window_key(
+            "s",
+            "FENCED",
+            "heartbeat",
+            &CallerId { pid, start_ticks: 1, exe: "e".into(), pid_ns: 0, instance: None },
+        )
+    };
+    let t0 = 1_000_000u64;
+    m.txn(t0, vec![refused(1, t0)]).unwrap();
+    assert_eq!(m.p.refusal_recorded_ms(&key(1)), Some(t0));
+    // Later than the retention: the first window is gone once more arrive.
+    let t1 = t0 + REFUSAL_WINDOWS_RETAIN_MS + 1;
+    for pid in 2..=5_000u32 {
+        m.txn(t1 + u64::from(pid) / 10, vec![refused(pid, t1 + u64::from(pid) / 10)]).unwrap();
+    }
+    assert_eq!(m.p.refusal_recorded_ms(&key(1)), None, "older than the retention");
+    let kept = (2..=5_000u32).filter(|&p| m.p.refusal_recorded_ms(&key(p)).is_some()).count();
+    assert!(kept <= REFUSAL_WINDOWS_MAX, "{kept} windows kept");
+    assert_eq!(m.p.refusal_recorded_ms(&key(5_000)), Some(t1 + 500), "the newest stays");
+    assert_eq!(m.p.refusal_recorded_ms(&key(2)), None, "the oldest went first");
+}

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::{code_of, fl};
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -13,16 +15,6 @@ use fencelog::model::{Event, decode_txn};
 use serde_json::Value;
 
 const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
-
-fn fl(dir: &Path, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(FENCELOG).args(args).env("FENCELOG_DIR", dir).output().unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v)
-}
-
-fn code_of(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("")
-}
 
 /// Every `Refused` event in the log, with its record's sequence.
 fn refused(dir: &Path) -> Vec<(u64, Event)> {
@@ -33,20 +25,13 @@ fn refused(dir: &Path) -> Vec<(u64, Event)> {
         .collect()
 }
 
-fn new_log() -> (tempfile::TempDir, std::path::PathBuf) {
-    let t = tempfile::tempdir().unwrap();
-    let dir = t.path().join("log");
-    assert_eq!(fl(&dir, &["init"]).0, 0);
-    (t, dir)
-}
-
 /// Proves: 20 refused heartbeats from 20 separate CLI processes run by one caller
 /// (this test process) under a fenced generation are answered `FENCED` every
 /// time, but leave at most one record per second they spanned — not 20 — and
 /// each record names the caller: this process's pid, start time and image.
 #[test]
 fn refused_cli_heartbeats_from_one_caller_are_coalesced_across_processes() {
-    let (_t, dir) = new_log();
+    let (_t, dir) = common::new_cli_log();
     let me = std::process::id().to_string();
     assert_eq!(fl(&dir, &["claim", "--subject", "svc/z", "--pid", &me]).0, 0);
     assert_eq!(fl(&dir, &["rotate-fence", "--subject", "svc/z", "--generation", "1"]).0, 0);
@@ -80,7 +65,7 @@ fn refused_cli_heartbeats_from_one_caller_are_coalesced_across_processes() {
 /// is not; and two callers (two instances) are never coalesced into one record.
 #[test]
 fn contested_refusals_are_recorded_per_caller_and_polling_is_not() {
-    let (_t, dir) = new_log();
+    let (_t, dir) = common::new_cli_log();
     let me = std::process::id().to_string();
     let (a, b) = ("00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b");
     // Held without a lock intent: a lock claim over it cannot tell what it does.
@@ -182,7 +167,7 @@ fn contested_refusals_are_recorded_per_caller_and_polling_is_not() {
 /// supervisor's business; `docs/STATE-MACHINE.md`): ten of them write nothing.
 #[test]
 fn refused_owner_leases_are_answered_but_not_recorded() {
-    let (_t, dir) = new_log();
+    let (_t, dir) = common::new_cli_log();
     let me = std::process::id().to_string();
     assert_eq!(fl(&dir, &["claim", "--subject", "svc/l", "--pid", &me]).0, 0);
     assert_eq!(fl(&dir, &["rotate-fence", "--subject", "svc/l", "--generation", "1"]).0, 0);

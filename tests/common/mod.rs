@@ -158,3 +158,28 @@ pub fn record_at(dir: &Path, seq: u64) -> (PathBuf, usize) {
 pub fn offset_of(dir: &Path, seq: u64) -> usize {
     record_at(dir, seq).1
 }
+
+/// `fencelog ARGS` with `FENCELOG_DIR=dir`: (exit code, stdout as JSON, or Null).
+pub fn fl(dir: &Path, args: &[&str]) -> (i32, serde_json::Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencelog"))
+        .args(args)
+        .env("FENCELOG_DIR", dir)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// The error code of a CLI error body (`""` if there is none).
+pub fn code_of(v: &serde_json::Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
+
+/// A log made by `fencelog init` in a fresh temporary directory.
+pub fn new_cli_log() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    let (code, v) = fl(&dir, &["init"]);
+    assert_eq!(code, 0, "{v}");
+    (t, dir)
+}

@@ -6,12 +6,6 @@ use std::fs;
 
 use crate::model::{CallerId, DeathReason, Identity, Observed};
 
-/// This machine's boot id.
-/// Empty if it cannot be read (see [`read_boot_id`]).
-pub fn boot_id() -> String {
-    read_boot_id().unwrap_or_default()
-}
-
 /// This machine's boot id, or `None` if it cannot be read (then nothing about
 /// another boot can be concluded).
 pub fn read_boot_id() -> Option<String> {

@@ -80,38 +80,26 @@ fn contested_refusals_are_recorded_per_caller_and_polling_is_not() {
         fl(&dir, &["claim", "--subject", "db/lock", "--action", "migrate", "--request-id", "m2", "--instance", a]);
     assert_eq!((code, code_of(&e)), (3, "BUSY"), "{e}");
     // A takeover naming what it did not see, and one of a fresh owner.
-    let (code, e) = fl(
-        &dir,
-        &[
+    let takeover = |generation: &str, heartbeat_ms: &str, instance: &str| {
+        let args = [
             "takeover",
             "--subject",
             "db/plain",
             "--expect-generation",
-            "7",
+            generation,
             "--expect-heartbeat-ms",
-            "1",
+            heartbeat_ms,
             "--instance",
-            b,
-        ],
-    );
+            instance,
+        ];
+        fl(&dir, &args)
+    };
+    let (code, e) = takeover("7", "1", b);
     assert_eq!((code, code_of(&e)), (3, "TAKEOVER_RACE"), "{e}");
     let (_, st) = fl(&dir, &["state", "--subject", "db/plain"]);
     let hb = st["subjects"][0]["heartbeat_ms"].as_u64().unwrap().to_string();
     for instance in [a, b] {
-        let (code, e) = fl(
-            &dir,
-            &[
-                "takeover",
-                "--subject",
-                "db/plain",
-                "--expect-generation",
-                "1",
-                "--expect-heartbeat-ms",
-                &hb,
-                "--instance",
-                instance,
-            ],
-        );
+        let (code, e) = takeover("1", &hb, instance);
         assert_eq!((code, code_of(&e)), (3, "TAKEOVER_ACTIVE_REFUSED"), "{e}");
     }
     // Polling by a standby.

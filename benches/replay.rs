@@ -27,6 +27,13 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--cas-child") {
         return cas_child(Path::new(&args[i + 1]), &args[i + 2], args[i + 3].parse().unwrap());
     }
+    if let Some(i) = args.iter().position(|a| a == "--build-only") {
+        // A log to profile a replay on: `--build-only DIR RECORDS`, then
+        // `--replay-child DIR` under a profiler.
+        let bytes = build_log(Path::new(&args[i + 1]), args[i + 2].parse().unwrap());
+        eprintln!("built {} records ({:.0} MB) in {}", args[i + 2], bytes as f64 / 1e6, args[i + 1]);
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
     if args.iter().any(|a| a == "--cas-4-only") {

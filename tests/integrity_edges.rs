@@ -844,19 +844,6 @@ fn a_payload_imitating_frames_at_the_end_of_a_sealed_segment_is_read_correctly()
     assert_eq!((code, v["records"].as_u64()), (0, Some(3)), "{v}");
 }
 
-/// Recompute the checksum of record `seq` after editing the last byte of its
-/// payload (a forger's edit: the frame checks out, the chain does not).
-fn forge_record(dir: &Path, seq: u64) {
-    let (seg, r) = common::record_at(dir, seq);
-    let mut bytes = fs::read(&seg).unwrap();
-    let body_len = u32::from_le_bytes(bytes[r..r + 4].try_into().unwrap()) as usize;
-    let body = r + fencelog::format::FRAME_HEADER_BYTES;
-    bytes[body + body_len - 1] ^= 1;
-    let crc = crc32fast::hash(&bytes[body..body + body_len]);
-    bytes[r + 4..r + 8].copy_from_slice(&crc.to_le_bytes());
-    fs::write(&seg, &bytes).unwrap();
-}
-
 /// Proves: booting from a snapshot, every record the answer rests on is
 /// chain-verified — a forged record after the snapshot is CORRUPTION
 /// (`chain_mismatch`) for reads and writes — while a forged record before it (not
@@ -873,7 +860,7 @@ fn booting_from_a_snapshot_verifies_the_chain_of_every_record_it_applies() {
             l.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![note.clone()]))).unwrap();
         }
         drop(l);
-        forge_record(dir, forged);
+        common::forge_record(dir, forged);
         for args in [vec!["state"], vec!["note", "--subject", "home/a", "--generation", "1", "--text", "t"]] {
             let (code, v) = fl(dir, &args);
             if refused {

@@ -109,12 +109,17 @@ pub fn chain_link(prev: &ChainLink, seq: u64, writer: &[u8; 16], time_ms: u64, p
     *h.finalize().as_bytes()
 }
 
-fn chain_link_of_body(prev: &ChainLink, body: &[u8]) -> ChainLink {
+pub(super) fn chain_link_of_body(prev: &ChainLink, body: &[u8]) -> ChainLink {
     let mut h = blake3::Hasher::new();
     h.update(prev);
     h.update(&body[..LINK_AT]);
     h.update(&body[PAYLOAD_LEN_AT..]);
     *h.finalize().as_bytes()
+}
+
+/// The link a body stores (`body` is at least [`BODY_FIXED_BYTES`] long).
+pub(super) fn stored_link(body: &[u8]) -> ChainLink {
+    body[LINK_AT..LINK_AT + 32].try_into().expect("32 bytes")
 }
 
 /// Append one frame to `out`; returns the new record's chain link.

@@ -2,11 +2,13 @@
 //! clocks, no processes. `log-format/FORMAT.md` is the normative description; the
 //! offsets below mirror its tables (each offset = previous offset + previous width).
 
+mod ahead;
 mod classify;
 mod frame;
 mod scan;
 mod segment;
 
+pub use ahead::LinksAhead;
 pub use classify::{Action, Evidence, SECTOR_BYTES, ZERO_RUN_BYTES_MIN, classify, has_zeroed_sector};
 pub use frame::{
     BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, GENESIS_LINK, RecordBody, RecordRef, chain_link,
@@ -14,7 +16,7 @@ pub use frame::{
 };
 pub use scan::{
     Cursor, Damage, DamageKind, ScanOutcome, all_zero, ends_at_mark, ends_frames, find_next_frame, scan_frames,
-    scan_frames_in, scan_segment_frames, scan_segment_frames_from,
+    scan_frames_in, scan_segment_frames, scan_segment_frames_ahead, scan_segment_frames_from,
 };
 pub use segment::{
     FORMAT_VERSION, FRAMES_END_MARK, Layout, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader,

@@ -2,6 +2,7 @@
 //! hash chain. One scanner serves the writer's recovery, the writer's catch-up and
 //! every reader; the caller decides what a damage means (FORMAT.md §5).
 
+use super::ahead::LinksAhead;
 use super::classify::{Action, Evidence, classify, has_zeroed_sector};
 use super::frame::{BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, RecordRef, decode_frame};
 use super::segment::{FRAMES_END_MARK, Layout};
@@ -158,8 +159,30 @@ pub fn scan_segment_frames_from(
     body_max: u32,
     layout: Layout,
     chain_from: u64,
+    visit: impl FnMut(u64, &RecordRef<'_>),
+) -> ScanOutcome {
+    scan_segment_frames_ahead(buf, start, file_offset, cursor, body_max, layout, chain_from, None, visit)
+}
+
+/// [`scan_segment_frames_from`] taking what `ahead` (built on the same `buf`) has
+/// checked of the chain: the same outcome, with the links checked by other threads.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_segment_frames_ahead(
+    buf: &[u8],
+    start: usize,
+    file_offset: u64,
+    cursor: &mut Cursor,
+    body_max: u32,
+    layout: Layout,
+    chain_from: u64,
+    ahead: Option<&LinksAhead<'_>>,
     mut visit: impl FnMut(u64, &RecordRef<'_>),
 ) -> ScanOutcome {
+    let mut hint = 0;
+    let mut follows = |at: usize, prev: &ChainLink, rec: &RecordRef<'_>| match ahead {
+        Some(a) => a.follows(&mut hint, at, prev, rec),
+        None => rec.link_follows(prev),
+    };
     let mut at = start;
     while at < buf.len() {
         // In a preallocated segment the frames end at the end mark (or, where no
@@ -177,7 +200,7 @@ pub fn scan_segment_frames_from(
             Ok((rec, used)) => {
                 if rec.seq != cursor.next_seq {
                     DamageKind::SequenceMismatch { found: rec.seq }
-                } else if rec.seq >= chain_from && !rec.link_follows(&cursor.prev_link) {
+                } else if rec.seq >= chain_from && !follows(at, &cursor.prev_link, &rec) {
                     DamageKind::ChainMismatch
                 } else {
                     visit(at as u64, &rec);

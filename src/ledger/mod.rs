@@ -932,9 +932,66 @@ fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Re
     Ok(Tail { verdict, reader, records })
 }
 
-/// Apply every record the tailer finds after the projection's last sequence. A
-/// snapshot's own record is re-read to prove the log still holds the snapshot's
-/// chain head; `vouch` looks for the checkpoint of that snapshot.
+/// Records a replay applies on the reading thread before it hands applying to a
+/// second thread (a short tail is not worth a thread).
+const REPLAY_INLINE_RECORDS_MAX: u64 = 4096;
+/// Records handed to the applying thread at a time, and how many such batches may
+/// wait (bounded: a slow apply holds the reader back, never memory).
+const REPLAY_BATCH_RECORDS: usize = 1024;
+const REPLAY_BATCHES_QUEUED_MAX: usize = 4;
+
+/// Verified records on their way to the applying thread: their payloads end to end,
+/// and for each its sequence, chain link and where its payload ends.
+#[derive(Default)]
+struct RecordBatch {
+    payloads: Vec<u8>,
+    records: Vec<(u64, ChainLink, usize)>,
+}
+
+/// Decodes and applies records in order; past an undecodable one it applies
+/// nothing more. (Decoding here, on the thread that applies, keeps each
+/// transaction's allocations on one thread: freed where they were made.)
+struct Applier<'a> {
+    projection: &'a mut Projection,
+    head: ChainLink,
+    applied: (u64, u64),
+    undecodable: Option<LedgerError>,
+}
+
+impl Applier<'_> {
+    fn take(&mut self, seq: u64, link: ChainLink, payload: &[u8]) {
+        if self.undecodable.is_some() {
+            return;
+        }
+        match decode_txn(payload) {
+            Ok(txn) => {
+                let _ = self.projection.apply(seq, &txn);
+            }
+            Err(e) => {
+                self.undecodable = Some(LedgerError::UndecodableRecord { seq, detail: e.detail });
+                return;
+            }
+        }
+        self.applied.0 += 1;
+        self.applied.1 += payload.len() as u64;
+        self.head = link;
+    }
+
+    fn take_batch(&mut self, b: &RecordBatch) {
+        let mut start = 0;
+        for &(seq, link, end) in &b.records {
+            self.take(seq, link, &b.payloads[start..end]);
+            start = end;
+        }
+    }
+}
+
+/// Read, verify and apply every record after the projection's last sequence. The
+/// record at that sequence (if read again) must carry `head`. A long tail is
+/// replayed by two threads: this one reads and verifies (with helpers checking the
+/// chain, storage's `LinksAhead`); a second decodes and applies, in order, what the
+/// first hands it — the projection is touched by one thread only and in sequence
+/// order, so the result is the one thread's result.
 fn apply_tail(
     tailer: &mut dyn RecordReader,
     projection: &mut Projection,
@@ -944,34 +1001,68 @@ fn apply_tail(
     let expect_head = (projection.last_seq, *head);
     let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
     let mut mismatch = None;
-    let mut undecodable = None;
-    tailer.poll(&mut |r| {
-        if undecodable.is_some() {
-            return;
-        }
-        if r.seq <= projection.last_seq {
-            if r.seq == expect_head.0 {
-                head_checked = true;
-                if r.link != expect_head.1 {
-                    mismatch = Some(r.seq);
+    let applier = Applier { projection, head: *head, applied: *applied, undecodable: None };
+    let (polled, applier) = std::thread::scope(|s| {
+        let mut inline = Some(applier);
+        let mut pipe = None;
+        let mut batch = RecordBatch::default();
+        let mut inline_records = 0u64;
+        let polled = tailer.poll(&mut |r| {
+            if r.seq <= expect_head.0 {
+                if r.seq == expect_head.0 {
+                    head_checked = true;
+                    if r.link != expect_head.1 {
+                        mismatch = Some(r.seq);
+                    }
                 }
-            }
-            return;
-        }
-        match decode_txn(r.payload) {
-            Ok(txn) => {
-                let _ = projection.apply(r.seq, &txn);
-            }
-            Err(e) => {
-                undecodable = Some(LedgerError::UndecodableRecord { seq: r.seq, detail: e.detail });
                 return;
             }
-        }
-        applied.0 += 1;
-        applied.1 += r.payload.len() as u64;
-        *head = r.link;
-    })?;
-    if let Some(e) = undecodable {
+            if let Some(a) = inline.as_mut() {
+                a.take(r.seq, r.link, r.payload);
+                inline_records += 1;
+                if inline_records == REPLAY_INLINE_RECORDS_MAX {
+                    let mut a = inline.take().expect("inline");
+                    let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(REPLAY_BATCHES_QUEUED_MAX);
+                    let (spent_tx, spent_rx) = std::sync::mpsc::channel::<RecordBatch>();
+                    let applying = s.spawn(move || {
+                        for b in rx {
+                            a.take_batch(&b);
+                            let _ = spent_tx.send(b); // its buffers are used again
+                        }
+                        a
+                    });
+                    pipe = Some((tx, spent_rx, applying));
+                }
+                return;
+            }
+            batch.payloads.extend_from_slice(r.payload);
+            batch.records.push((r.seq, r.link, batch.payloads.len()));
+            if batch.records.len() == REPLAY_BATCH_RECORDS {
+                let (tx, spent, _) = pipe.as_ref().expect("the applying thread runs");
+                let mut next = spent.try_recv().unwrap_or_default();
+                next.payloads.clear();
+                next.records.clear();
+                // It only stops early by panicking, which the join below reports.
+                let _ = tx.send(std::mem::replace(&mut batch, next));
+            }
+        });
+        let applier = match (inline, pipe) {
+            (Some(a), _) => a,
+            (None, Some((tx, _, applying))) => {
+                if !batch.records.is_empty() {
+                    let _ = tx.send(batch);
+                }
+                drop(tx);
+                applying.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+            (None, None) => unreachable!("the applier is inline or on its thread"),
+        };
+        (polled, applier)
+    });
+    polled?;
+    *head = applier.head;
+    *applied = applier.applied;
+    if let Some(e) = applier.undecodable {
         return Err(e);
     }
     if mismatch.is_some() || !head_checked {

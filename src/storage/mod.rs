@@ -2,6 +2,7 @@
 //! recovery of a torn tail, and verifying readers. It moves opaque payloads; it does
 //! not know what records mean.
 
+mod ahead;
 mod backend;
 pub(crate) mod commit;
 mod dir;

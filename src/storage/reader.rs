@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::ahead::with_links_ahead;
 use super::dir::{list_segments, listing, open_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
     Action, Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, scan_segment_frames_from,
+    SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, scan_segment_frames_ahead,
     segment_file_bytes_max,
 };
 
@@ -200,11 +201,13 @@ pub fn scan_dir(
         let mut at = SEGMENT_HEADER_BYTES;
         loop {
             let mut local = ReadSummary::default();
-            let outcome = scan_segment_frames(bytes, at, 0, &mut c, body_max, header.layout(), |offset, rec| {
-                if rec.seq >= from_seq && !stopped {
-                    count(&mut local, rec);
-                    stopped = !on(ScanItem::Record { rec, segment: path, offset });
-                }
+            let outcome = with_links_ahead(bytes, at, c.prev_link, body_max, |ahead| {
+                scan_segment_frames_ahead(bytes, at, 0, &mut c, body_max, header.layout(), 0, ahead, |offset, rec| {
+                    if rec.seq >= from_seq && !stopped {
+                        count(&mut local, rec);
+                        stopped = !on(ScanItem::Record { rec, segment: path, offset });
+                    }
+                })
             });
             merge(&mut sum, local);
             let d = match outcome {
@@ -491,6 +494,7 @@ impl Tailer {
         // is therefore looked at again, after a pause, before it is believed.
         // The budget is per place: it starts again wherever the reader got further.
         let (mut rereads, mut retrying_at) = (0u32, None::<(u64, u64)>);
+        let mut read_buf = Vec::new();
         'segments: loop {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
@@ -520,8 +524,13 @@ impl Tailer {
                     chunk = chunk.min(TAIL_WINDOW_BYTES);
                 }
                 let (outcome, scanned, marked) = loop {
-                    let mut bytes = vec![0u8; chunk as usize];
-                    match std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, at) {
+                    // One buffer per poll, grown as needed (not one per chunk: a
+                    // fresh one costs a page fault per page).
+                    if read_buf.len() < chunk as usize {
+                        read_buf.resize(chunk as usize, 0);
+                    }
+                    let bytes = &mut read_buf[..chunk as usize];
+                    match std::os::unix::fs::FileExt::read_exact_at(f, bytes, at) {
                         Ok(()) => {}
                         // Shorter than it was a moment ago: cut to its last record
                         // as it was sealed. Look again.
@@ -537,21 +546,16 @@ impl Tailer {
                         Err(e) => return Err(Error::io("read", &path)(e)),
                     }
                     let visit_from = self.visit_from;
-                    let outcome = scan_segment_frames_from(
-                        &bytes,
-                        0,
-                        at,
-                        &mut self.cursor,
-                        self.body_max,
-                        self.layout,
-                        visit_from,
-                        |_, r| {
+                    let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
+                    let bytes = &*bytes;
+                    let outcome = with_links_ahead(bytes, 0, cursor.prev_link, body_max, |ahead| {
+                        scan_segment_frames_ahead(bytes, 0, at, cursor, body_max, layout, visit_from, ahead, |_, r| {
                             if r.seq >= visit_from {
                                 visited += 1;
                                 visit(r);
                             }
-                        },
-                    );
+                        })
+                    });
                     // The frames end at a whole end mark: where a writer left them.
                     let marked = matches!(outcome, ScanOutcome::ZeroTail { offset }
                         if bytes[offset as usize..].starts_with(&FRAMES_END_MARK));

@@ -154,6 +154,19 @@ pub fn record_at(dir: &Path, seq: u64) -> (PathBuf, usize) {
     at.expect("record present")
 }
 
+/// Recompute the checksum of record `seq` after editing the last byte of its
+/// payload (a forger's edit: the frame checks out, the chain does not).
+pub fn forge_record(dir: &Path, seq: u64) {
+    let (seg, r) = record_at(dir, seq);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let body_len = u32::from_le_bytes(bytes[r..r + 4].try_into().unwrap()) as usize;
+    let body = r + fencelog::format::FRAME_HEADER_BYTES;
+    bytes[body + body_len - 1] ^= 1;
+    let crc = crc32fast::hash(&bytes[body..body + body_len]);
+    bytes[r + 4..r + 8].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&seg, &bytes).unwrap();
+}
+
 /// Offset of record `seq` in its segment.
 pub fn offset_of(dir: &Path, seq: u64) -> usize {
     record_at(dir, seq).1

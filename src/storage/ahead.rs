@@ -1,0 +1,44 @@
+//! Threads that check a scan's chain links ahead of it ([`LinksAhead`]), for scans
+//! long enough to be worth them: a verifying read of a whole log, a replay.
+
+use std::sync::OnceLock;
+
+use crate::format::{ChainLink, LinksAhead};
+
+/// A scan of fewer bytes than this checks its links itself.
+pub const LINKS_AHEAD_BYTES_MIN: usize = 1 << 20;
+/// Helper threads per scan, at most (fewer on a machine with fewer cores).
+pub const LINKS_AHEAD_THREADS_MAX: usize = 3;
+
+fn helper_threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cores.saturating_sub(1).min(LINKS_AHEAD_THREADS_MAX)
+    })
+}
+
+/// Run `scan` over `buf[start..]` with the links of its frames checked ahead by
+/// helper threads when the bytes are many and the machine has a core to spare;
+/// `None` otherwise. The helpers stop when `scan` returns.
+pub fn with_links_ahead<R>(
+    buf: &[u8],
+    start: usize,
+    prev: ChainLink,
+    body_max: u32,
+    scan: impl FnOnce(Option<&LinksAhead<'_>>) -> R,
+) -> R {
+    let helpers = helper_threads();
+    if helpers == 0 || buf.len().saturating_sub(start) < LINKS_AHEAD_BYTES_MIN {
+        return scan(None);
+    }
+    let ahead = LinksAhead::new(buf, start, prev, body_max);
+    std::thread::scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|| ahead.work());
+        }
+        let out = scan(Some(&ahead));
+        ahead.stop();
+        out
+    })
+}

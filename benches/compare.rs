@@ -4,6 +4,7 @@
 //!
 //!   cargo bench --bench compare                  # full run, human table
 //!   cargo bench --bench compare -- --quick --json  # short run, one JSON object
+//!   cargo bench --bench compare -- --scan-only      # the verifying scan alone
 //!
 //! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp) so they are on
 //! the disk under test, not a tmpfs.
@@ -45,6 +46,11 @@ fn main() {
         scan_bytes: if quick { 64 << 20 } else { 1 << 30 },
         root,
     };
+    if args.iter().any(|a| a == "--scan-only") {
+        // Only the verifying scan (1 GiB; 64 MiB with --quick).
+        println!("{}", json!({ "machine": machine(), "scan": scan(&cfg) }));
+        return;
+    }
     let mut out = serde_json::Map::new();
     out.insert("machine".into(), machine());
     out.insert("quick".into(), json!(cfg.quick));

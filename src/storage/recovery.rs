@@ -7,13 +7,14 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::Serialize;
 
+use super::ahead::with_links_ahead;
 use super::dir::{create_first_segment, listing, open_regular, segment_path, sync_dir, write_evidence};
 use super::error::{Error, Result};
 use super::history::check_history;
 use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
     Action, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_from,
+    SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_ahead,
 };
 
 /// One repair made while opening, with the evidence file that keeps what was cut.
@@ -299,7 +300,25 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
             VerifyOnOpen::LastSegment => u64::MAX,
         };
         let count = |_: u64, _: &crate::format::RecordRef<'_>| records += 1;
-        match scan_segment_frames_from(bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, layout, chain_from, count) {
+        // Links checked ahead by helper threads only where links are checked at all.
+        let scanned = |ahead: Option<&crate::format::LinksAhead<'_>>| {
+            scan_segment_frames_ahead(
+                bytes,
+                SEGMENT_HEADER_BYTES,
+                0,
+                &mut c,
+                body_max,
+                layout,
+                chain_from,
+                ahead,
+                count,
+            )
+        };
+        let outcome = match chain_from {
+            0 => with_links_ahead(bytes, SEGMENT_HEADER_BYTES, header.prev_link, body_max, scanned),
+            _ => scanned(None),
+        };
+        match outcome {
             ScanOutcome::Clean => {}
             ScanOutcome::ZeroTail { offset } if is_last => len = offset,
             ScanOutcome::ZeroTail { offset } => return Err(sealed_zero_tail(path, offset, c.next_seq)),

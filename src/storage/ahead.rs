@@ -5,8 +5,10 @@ use std::sync::OnceLock;
 
 use crate::format::{ChainLink, LinksAhead};
 
-/// A scan of fewer bytes than this checks its links itself.
+/// A scan of fewer bytes, or fewer frames, than these checks its links itself
+/// (a preallocated segment can be a MiB of zeros after a few frames).
 pub const LINKS_AHEAD_BYTES_MIN: usize = 1 << 20;
+pub const LINKS_AHEAD_FRAMES_MIN: usize = 4096;
 /// Helper threads per scan, at most (fewer on a machine with fewer cores).
 pub const LINKS_AHEAD_THREADS_MAX: usize = 3;
 
@@ -28,11 +30,14 @@ pub fn with_links_ahead<R>(
     body_max: u32,
     scan: impl FnOnce(Option<&LinksAhead<'_>>) -> R,
 ) -> R {
-    let helpers = helper_threads();
-    if helpers == 0 || buf.len().saturating_sub(start) < LINKS_AHEAD_BYTES_MIN {
+    if buf.len().saturating_sub(start) < LINKS_AHEAD_BYTES_MIN {
         return scan(None);
     }
     let ahead = LinksAhead::new(buf, start, prev, body_max);
+    let helpers = helper_threads();
+    if helpers == 0 || ahead.frames() < LINKS_AHEAD_FRAMES_MIN {
+        return scan(None);
+    }
     std::thread::scope(|s| {
         for _ in 0..helpers {
             s.spawn(|| ahead.work());

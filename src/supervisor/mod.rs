@@ -349,18 +349,24 @@ pub fn run_until(
     // A retried request whose first caller never started a runner (it was killed,
     // say) starts one now. Runners race safely: only one `started` record lands.
     let p = find(ledger, process)?;
-    if p.status() == ProcessStatus::Requested
-        && let Err(e) = runner::start_runner(dir, process, self_exe, &env)
-    {
-        // Never started: say so on record (its leases end with it), unless a runner
-        // of another caller got it meanwhile.
-        let detail = format!("cannot start a runner: {e}");
-        let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail: detail.clone() };
-        let _ =
-            ledger.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }])));
-        return Err(OpError::Io { message: format!("process {process}: {detail}") });
+    let mut runner = None;
+    if p.status() == ProcessStatus::Requested {
+        match runner::start_runner(dir, process, self_exe, &env) {
+            Ok(r) => runner = r.exited,
+            Err(e) => {
+                // Never started: say so on record (its leases end with it), unless a
+                // runner of another caller got it meanwhile.
+                let detail = format!("cannot start a runner: {e}");
+                let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail: detail.clone() };
+                let _ = ledger.submit(None, |_, t, w| {
+                    Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
+                });
+                return Err(OpError::Io { message: format!("process {process}: {detail}") });
+            }
+        }
     }
-    let p = wait_for(ledger, process, req.wait_ms, |p| p.status().is_terminal() || abort.load(Ordering::Relaxed))?;
+    let done = |p: &Process| p.status().is_terminal() || abort.load(Ordering::Relaxed);
+    let p = wait_for_runner(ledger, process, req.wait_ms, runner, done)?;
     Ok(ProcessView::of(&p, deduplicated))
 }
 
@@ -380,6 +386,20 @@ const WAIT_NAP_QUICK: Duration = Duration::from_micros(750);
 const WAIT_NAP_MAX: Duration = Duration::from_millis(20);
 
 fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
+    wait_for_runner(ledger, process, wait_ms, None, done)
+}
+
+/// [`wait_for`] that also wakes the moment the runner it started exits (`runner`:
+/// its pidfd) — a runner exits right after its exit record is durable, so a quick
+/// command's answer is read at once, not at the end of a nap. Once it has exited
+/// the wait goes on by naps (a runner that died without its record: recovery's).
+fn wait_for_runner(
+    ledger: &Ledger,
+    process: u64,
+    wait_ms: u64,
+    mut runner: Option<std::os::fd::OwnedFd>,
+    done: impl Fn(&Process) -> bool,
+) -> Result<Process, OpError> {
     // Short naps while a quick command is likely to end (a look at the log costs
     // a one-page read when nothing was appended), then longer ones, up to 20 ms.
     let started = Instant::now();
@@ -391,7 +411,15 @@ fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process)
         if done(&p) || now >= deadline {
             return Ok(p);
         }
-        std::thread::sleep(nap.min(deadline - now));
+        let nap_now = nap.min(deadline - now);
+        match &runner {
+            Some(fd) => {
+                if runner::nap_until_exit(fd, nap_now) {
+                    runner = None;
+                }
+            }
+            None => std::thread::sleep(nap_now),
+        }
         let cap = if started.elapsed() < QUICK_COMMAND_MS { WAIT_NAP_QUICK } else { WAIT_NAP_MAX };
         nap = (nap * 3 / 2).min(cap);
     }

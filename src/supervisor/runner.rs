@@ -435,7 +435,10 @@ impl Capturer {
                     tail.pop_front();
                 }
             }
-            if let Some(f) = file {
+            // Durable before the exit record names its digest (a file nothing was
+            // written to has no data to lose).
+            let kept_any = shared.lock().expect("capture state").capture.bytes_kept > 0;
+            if let Some(f) = file.filter(|_| kept_any) {
                 let _ = f.sync_all();
             }
             shared.lock().expect("capture state").done = true;
@@ -567,10 +570,22 @@ fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> G
     })
 }
 
+/// A runner just started: its pid, and a pidfd that becomes readable when it exits
+/// (none where the kernel has no `pidfd_open`).
+pub struct StartedRunner {
+    pub pid: u32,
+    pub exited: Option<OwnedFd>,
+}
+
 /// Start a runner for `process` in a session of its own, its stderr appended to
 /// the process's `runner.log`, with `env` added to its environment (the command's
 /// `--env` values, which never enter the log). It is reaped on a thread of ours.
-pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<u32> {
+pub fn start_runner(
+    dir: &Path,
+    process: u64,
+    self_exe: &Path,
+    env: &[(String, String)],
+) -> std::io::Result<StartedRunner> {
     use std::os::unix::fs::PermissionsExt;
     let d = private_process_dir(dir, process)?;
     let log = OpenOptions::new()
@@ -617,6 +632,22 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
     }
     let mut child = cmd.spawn()?;
     let pid = child.id();
+    // Opened before the reaper can reap it: the pidfd names this process, never a
+    // later one that reuses the pid.
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative result is a descriptor we now own.
+    let exited = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
     std::thread::spawn(move || child.wait());
-    Ok(pid)
+    Ok(StartedRunner { pid, exited })
+}
+
+/// Sleep up to `nap`, or less if the process behind `pidfd` exits first; true if
+/// it has exited.
+pub fn nap_until_exit(pidfd: &OwnedFd, nap: std::time::Duration) -> bool {
+    let mut fds = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ts = libc::timespec { tv_sec: nap.as_secs() as libc::time_t, tv_nsec: nap.subsec_nanos() as libc::c_long };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let n = unsafe { libc::ppoll(&mut fds, 1, &ts, std::ptr::null()) };
+    n > 0 && fds.revents & libc::POLLIN != 0
 }

@@ -345,6 +345,32 @@ pub fn frames_end(path: &Path) -> Result<u64> {
 /// Largest read the tailer makes at once (a frame is at most 64 MiB + 80 bytes, and
 /// the default record limit is 1 MiB, so a chunk holds many frames).
 const TAIL_READ_BYTES_MAX: u64 = 4 << 20;
+/// A poll's first read; each read that ends clean doubles the next, up to
+/// [`TAIL_READ_BYTES_MAX`] (a short tail in a preallocated segment is not worth a
+/// read of the whole segment: its zeros are checked by [`zeros_in_file`]).
+const TAIL_READ_BYTES_FIRST: u64 = 64 << 10;
+
+/// Are the bytes of `f` in `from..to` all zero? Read in small windows into one
+/// buffer. `Ok(false)` also where the file is shorter than `to` now (a segment
+/// being sealed): the caller then reads the bytes whole, as it would have.
+fn zeros_in_file(f: &fs::File, from: u64, to: u64) -> std::io::Result<bool> {
+    const WINDOW_BYTES: u64 = 64 << 10;
+    let mut buf = vec![0u8; WINDOW_BYTES.min(to.saturating_sub(from)) as usize];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(WINDOW_BYTES) as usize;
+        match std::os::unix::fs::FileExt::read_exact_at(f, &mut buf[..n], at) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        if !crate::format::all_zero(&buf[..n]) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
+}
 
 /// What a tailer or a writer reads at the end of the frames it knows to see
 /// whether anything was appended since.
@@ -495,6 +521,7 @@ impl Tailer {
         // The budget is per place: it starts again wherever the reader got further.
         let (mut rereads, mut retrying_at) = (0u32, None::<(u64, u64)>);
         let mut read_buf = Vec::new();
+        let mut read_window = TAIL_READ_BYTES_FIRST;
         'segments: loop {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
@@ -519,7 +546,7 @@ impl Tailer {
                 // preallocated segment whose zeros were checked to the end once, a
                 // small window is enough to see whether anything was appended.
                 let at = self.offset;
-                let mut chunk = (len - at).min(TAIL_READ_BYTES_MAX);
+                let mut chunk = (len - at).min(read_window);
                 if self.zeros_checked {
                     chunk = chunk.min(TAIL_WINDOW_BYTES);
                 }
@@ -575,6 +602,10 @@ impl Tailer {
                         // Zeros where no end mark is: checked to the end of the file
                         // (they could lie over a record's first bytes).
                         ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !(self.zeros_checked && marked) => {
+                            // Zeros after the chunk too: as if it were read whole.
+                            if zeros_in_file(f, at + chunk, len).map_err(Error::io("read", &path))? {
+                                break (outcome, len - at, marked);
+                            }
                             chunk = len - at
                         }
                         _ => break (outcome, chunk, marked),
@@ -585,7 +616,10 @@ impl Tailer {
                 // over a record's first bytes would pass for the end.
                 self.at_frames_end = false;
                 match outcome {
-                    ScanOutcome::Clean => self.offset += scanned,
+                    ScanOutcome::Clean => {
+                        self.offset += scanned;
+                        read_window = (read_window * 2).min(TAIL_READ_BYTES_MAX);
+                    }
                     // The end of the frames: zeros to the end of the file, or (checked
                     // whole once) the end mark a writer left — appends only ever
                     // overwrite the zeros from there on.
@@ -597,7 +631,11 @@ impl Tailer {
                     }
                     // Zeros to the end of this chunk only: look on from there.
                     ScanOutcome::ZeroTail { offset } => self.offset += offset,
-                    ScanOutcome::Damaged(d) if at + scanned < len && d.offset > 0 => self.offset += d.offset,
+                    // A chunk that cut a frame: read on from that frame.
+                    ScanOutcome::Damaged(d) if at + scanned < len && d.offset > 0 => {
+                        self.offset += d.offset;
+                        read_window = (read_window * 2).min(TAIL_READ_BYTES_MAX);
+                    }
                     // An append in progress, or a torn write the next writer cuts — but
                     // only at the end of the last segment: a later segment means this
                     // one is sealed, and damage in it is corruption.

@@ -580,12 +580,20 @@ pub struct StartedRunner {
 /// Start a runner for `process` in a session of its own, its stderr appended to
 /// the process's `runner.log`, with `env` added to its environment (the command's
 /// `--env` values, which never enter the log). It is reaped on a thread of ours.
+///
+/// Started with `posix_spawn` (the caller is not copied: glibc spawns with
+/// `CLONE_VFORK`), asking for a new session (`POSIX_SPAWN_SETSID`), `/` as its
+/// directory, `/dev/null` as stdin and stdout, and every descriptor from 3 up
+/// closed: a runner holds nothing of its caller's (a pipe a shell waits on, a
+/// daemon's sockets) for the command's lifetime.
 pub fn start_runner(
     dir: &Path,
     process: u64,
     self_exe: &Path,
     env: &[(String, String)],
 ) -> std::io::Result<StartedRunner> {
+    use std::ffi::{CString, OsStr, OsString};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     use std::os::unix::fs::PermissionsExt;
     let d = private_process_dir(dir, process)?;
     let log = OpenOptions::new()
@@ -595,51 +603,91 @@ pub fn start_runner(
         .custom_flags(libc::O_NOFOLLOW)
         .open(d.join("runner.log"))?;
     log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    let mut cmd = Command::new(self_exe);
-    cmd.arg("__runner")
-        .arg("--dir")
-        .arg(dir)
-        .arg("--process")
-        .arg(process.to_string())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        // A runner always works on its directory, never through a daemon.
-        .env_remove("FENCELOG_SERVER")
-        .env_remove("FENCELOG_TOKEN_FILE")
-        .env_remove("FENCELOG_DIR")
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-    // SAFETY: setsid(2) and close_range(2) are async-signal-safe; called in the
-    // child between fork and exec. The runner inherits no descriptor but 0–2: one
-    // the caller's caller left open (a pipe a shell waits on) must not be held for
-    // the command's lifetime.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Marked close-on-exec rather than closed: spawn's own error pipe
-            // must stay open until the exec.
-            const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
-            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) != 0 {
-                for fd in 3..1024 {
-                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-                }
-            }
-            Ok(())
-        });
+    let c = |s: &OsStr| CString::new(s.as_bytes()).map_err(|_| std::io::Error::other("a NUL byte in an argument"));
+    let process_arg = process.to_string();
+    let argv: Vec<CString> = [
+        self_exe.as_os_str(),
+        OsStr::new("__runner"),
+        OsStr::new("--dir"),
+        dir.as_os_str(),
+        OsStr::new("--process"),
+        OsStr::new(&process_arg),
+    ]
+    .into_iter()
+    .map(c)
+    .collect::<std::io::Result<_>>()?;
+    let mut vars: std::collections::BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    vars.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    // A runner always works on its directory, never through a daemon.
+    for k in ["FENCELOG_SERVER", "FENCELOG_TOKEN_FILE", "FENCELOG_DIR"] {
+        vars.remove(OsStr::new(k));
     }
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
+    let envp: Vec<CString> = vars
+        .into_iter()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend(v.into_vec());
+            CString::new(kv).map_err(|_| std::io::Error::other("a NUL byte in the environment"))
+        })
+        .collect::<std::io::Result<_>>()?;
+    let ptrs =
+        |v: &[CString]| v.iter().map(|s| s.as_ptr().cast_mut()).chain([std::ptr::null_mut()]).collect::<Vec<_>>();
+    let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
+    let (dev_null, root) = (c"/dev/null", c"/");
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(rc)) };
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: the attribute and file-action objects are initialised before use and
+    // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
+    // until posix_spawn returns; the arrays end with a null pointer.
+    unsafe {
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut fa))?;
+        if let Err(e) = check(libc::posix_spawnattr_init(&mut attr)) {
+            libc::posix_spawn_file_actions_destroy(&mut fa);
+            return Err(e);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        let mut pipe_only: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigemptyset(&mut pipe_only);
+        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
+        let flags = libc::POSIX_SPAWN_SETSID as i32 | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+        let spawned = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
+            .and_then(|_| check(libc::posix_spawnattr_setsigmask(&mut attr, &empty)))
+            .and_then(|_| check(libc::posix_spawnattr_setsigdefault(&mut attr, &pipe_only)))
+            .and_then(|_| {
+                check(libc::posix_spawn_file_actions_addopen(&mut fa, 0, dev_null.as_ptr(), libc::O_RDONLY, 0))
+            })
+            .and_then(|_| {
+                check(libc::posix_spawn_file_actions_addopen(&mut fa, 1, dev_null.as_ptr(), libc::O_WRONLY, 0))
+            })
+            .and_then(|_| check(libc::posix_spawn_file_actions_adddup2(&mut fa, log.as_raw_fd(), 2)))
+            .and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, root.as_ptr())))
+            .and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, 3)))
+            .and_then(|_| {
+                check(libc::posix_spawn(&mut pid, argv[0].as_ptr(), &fa, &attr, argv_p.as_ptr(), envp_p.as_ptr()))
+            });
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        libc::posix_spawnattr_destroy(&mut attr);
+        spawned?;
+    }
+    drop(log);
     // Opened before the reaper can reap it: the pidfd names this process, never a
     // later one that reuses the pid.
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     // SAFETY: a non-negative result is a descriptor we now own.
     let exited = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
-    std::thread::spawn(move || child.wait());
-    Ok(StartedRunner { pid, exited })
+    std::thread::spawn(move || {
+        let mut status = 0;
+        // SAFETY: waits for our own child; EINTR is retried.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+    });
+    Ok(StartedRunner { pid: pid as u32, exited })
 }
 
 /// Sleep up to `nap`, or less if the process behind `pidfd` exits first; true if

@@ -154,15 +154,21 @@ fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow() 
     let b = Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap();
     let owner = me();
     // Race in batches until the two writers have overtaken each other at least
-    // once (bounded): the test must exercise the path it is about.
+    // once (bounded): the test must exercise the path it is about. The two start
+    // each claim together (a barrier): on a loaded machine, threads left alone
+    // often run their batches one after the other and never race.
     let (mut next, batch) = (0u64, 40u64);
-    while a.head_moved_count() + b.head_moved_count() == 0 && next < 2_000 {
+    let together = std::sync::Barrier::new(2);
+    while a.head_moved_count() + b.head_moved_count() == 0 && next < 20_000 {
         let run = |l: &Ledger| -> Vec<Result<u64, String>> {
             (next..next + batch)
-                .map(|i| match l.submit(None, claim(&format!("x/{i}"), &owner)) {
-                    Ok(c) => Ok(c.seq.unwrap()),
-                    Err(LedgerError::Refused(Refusal::AlreadyActive { generation: 1, .. })) => Err("lost".into()),
-                    Err(e) => panic!("unexpected {e}"),
+                .map(|i| {
+                    together.wait();
+                    match l.submit(None, claim(&format!("x/{i}"), &owner)) {
+                        Ok(c) => Ok(c.seq.unwrap()),
+                        Err(LedgerError::Refused(Refusal::AlreadyActive { generation: 1, .. })) => Err("lost".into()),
+                        Err(e) => panic!("unexpected {e}"),
+                    }
                 })
                 .collect()
         };

@@ -17,6 +17,14 @@ use fencelog::storage::{Log, LogOptions};
 /// three times the records a replay applies before it hands over to a thread.
 const RECORDS: u64 = 12_000;
 
+/// Helper threads start only where a core is spare; on one core these tests check
+/// the one-thread path alone (and say so).
+fn note_cores() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("one core: no helper threads start; only the one-thread path is checked here");
+    }
+}
+
 /// A history of claims, heartbeats, fence rotations and notes over 50 subjects,
 /// written straight to storage; `garbage_at` replaces one record's payload with
 /// bytes that are not a transaction. Returns the transactions in order.
@@ -61,6 +69,7 @@ fn write_history(dir: &Path, garbage_at: Option<u64>) -> Vec<Option<Txn>> {
 /// chain head a verifying scan reports.
 #[test]
 fn a_long_replay_on_two_threads_builds_the_projection_one_thread_builds() {
+    note_cores();
     let d = tempfile::tempdir().unwrap();
     let txns = write_history(d.path(), None);
     let mut expected = Projection::default();
@@ -83,6 +92,7 @@ fn a_long_replay_on_two_threads_builds_the_projection_one_thread_builds() {
 /// to answer from that history (CORRUPTION), through the CLI.
 #[test]
 fn a_forged_record_deep_in_a_long_log_is_found_at_its_sequence_and_offset() {
+    note_cores();
     let d = tempfile::tempdir().unwrap();
     write_history(d.path(), None);
     let forged = 9_001;
@@ -108,6 +118,7 @@ fn a_forged_record_deep_in_a_long_log_is_found_at_its_sequence_and_offset() {
 /// state is answered.
 #[test]
 fn an_undecodable_record_met_by_the_second_thread_is_refused_by_its_sequence() {
+    note_cores();
     let d = tempfile::tempdir().unwrap();
     let bad = 7_777;
     write_history(d.path(), Some(bad));

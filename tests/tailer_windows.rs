@@ -45,8 +45,8 @@ fn a_tailer_reading_in_growing_windows_visits_every_record_once_also_when_append
     assert_eq!(t.poll(|r| seen.push(r.seq)).unwrap(), 20);
     assert!(!t.stopped_at_torn_tail());
     assert_eq!(t.poll(|r| seen.push(r.seq)).unwrap(), 0, "nothing appended");
-    // 3,000 records of ~300 bytes: about 1 MiB, past several windows and into a
-    // second segment.
+    // 3,000 records of ~300 bytes: about 1 MiB, past the first preallocation step
+    // of the segment (read by this tailer in its small windows for appends).
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     let payload = vec![7u8; 200];
     for _ in 0..3 {
@@ -81,4 +81,36 @@ fn a_stray_byte_anywhere_in_the_unused_space_is_seen_past_the_first_window() {
         assert!(!summary.is_intact() && !summary.has_corruption(), "byte {at}: {summary:?}");
         assert_eq!(summary.records, 20, "byte {at}");
     }
+}
+
+/// Proves: a record larger than the first 64 KiB window is read whole by a fresh
+/// tailer, and a record holding a run of zeros where a tailer's small window for
+/// appends ends (as if the frames ended there) is read whole too, not taken for a
+/// torn tail on every poll.
+#[test]
+fn records_larger_than_a_window_and_holding_zeros_are_read_whole() {
+    let d = tempfile::tempdir().unwrap();
+    short_log(d.path(), 3);
+    let mut t = Tailer::new(d.path(), body_max(), 1);
+    assert_eq!(t.poll(|_| {}).unwrap(), 3);
+    // 40 KiB: 8 KiB of 'a', 24 KiB of zeros, 8 KiB of 'b'. The appends window (16
+    // KiB) ends inside the zeros.
+    let mut zeros_inside = vec![b'a'; 8 << 10];
+    zeros_inside.extend(vec![0u8; 24 << 10]);
+    zeros_inside.extend(vec![b'b'; 8 << 10]);
+    let big = vec![b'c'; 200 << 10];
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(&zeros_inside).unwrap();
+    log.append(b"after").unwrap();
+    log.append(&big).unwrap();
+    drop(log);
+    let mut got = vec![];
+    assert_eq!(t.poll(|r| got.push(r.payload.len())).unwrap(), 3, "the appended records");
+    assert_eq!(got, vec![zeros_inside.len(), 5, big.len()]);
+    assert!(!t.stopped_at_torn_tail());
+    // A fresh tailer: its first window (64 KiB) is smaller than the 200 KiB record.
+    let mut fresh = Tailer::new(d.path(), body_max(), 1);
+    let mut all = vec![];
+    assert_eq!(fresh.poll(|r| all.push(r.seq)).unwrap(), 6);
+    assert_eq!(all, (1..=6).collect::<Vec<u64>>());
 }

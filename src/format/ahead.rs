@@ -25,6 +25,10 @@ const FREE: u8 = 0;
 const TAKEN: u8 = 1;
 const DONE: u8 = 2;
 
+/// How many times a scan looks at a block a worker is checking (helping with later
+/// blocks, or yielding, in between) before it checks its frame itself.
+const WAIT_LOOKS_MAX: u32 = 100_000;
+
 const UNKNOWN: u8 = 0;
 const FOLLOWS: u8 = 1;
 const BREAKS: u8 = 2;
@@ -136,7 +140,11 @@ impl<'a> LinksAhead<'a> {
         });
         if same_frame && self.prev_of(i) == *prev {
             let b = i / BLOCK_FRAMES;
-            loop {
+            // A worker checks a block in well under a millisecond; one that has
+            // not finished after this many looks is not waited for.
+            let mut looks_left = WAIT_LOOKS_MAX;
+            while looks_left > 0 {
+                looks_left -= 1;
                 match self.blocks[b].load(Ordering::Acquire) {
                     DONE => {
                         if self.verdicts[i].load(Ordering::Relaxed) == FOLLOWS {

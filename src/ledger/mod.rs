@@ -935,9 +935,13 @@ fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Re
 /// Records a replay applies on the reading thread before it hands applying to a
 /// second thread (a short tail is not worth a thread).
 const REPLAY_INLINE_RECORDS_MAX: u64 = 4096;
-/// Records handed to the applying thread at a time, and how many such batches may
-/// wait (bounded: a slow apply holds the reader back, never memory).
+/// Records handed to the applying thread at a time (at most this many, and sent as
+/// soon as their payloads reach the byte bound), and how many such batches may
+/// wait: a slow apply holds the reader back. In flight at once: the queued
+/// batches, the one being applied and the one being filled, each at most
+/// `REPLAY_BATCH_BYTES_MAX` plus one payload.
 const REPLAY_BATCH_RECORDS: usize = 1024;
+const REPLAY_BATCH_BYTES_MAX: usize = 4 << 20;
 const REPLAY_BATCHES_QUEUED_MAX: usize = 4;
 
 /// Verified records on their way to the applying thread: their payloads end to end,
@@ -1021,25 +1025,40 @@ fn apply_tail(
                 a.take(r.seq, r.link, r.payload);
                 inline_records += 1;
                 if inline_records == REPLAY_INLINE_RECORDS_MAX {
-                    let mut a = inline.take().expect("inline");
                     let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(REPLAY_BATCHES_QUEUED_MAX);
                     let (spent_tx, spent_rx) = std::sync::mpsc::channel::<RecordBatch>();
-                    let applying = s.spawn(move || {
-                        for b in rx {
-                            a.take_batch(&b);
-                            let _ = spent_tx.send(b); // its buffers are used again
+                    let applier = std::sync::Arc::new(std::sync::Mutex::new(inline.take()));
+                    let handed = std::sync::Arc::clone(&applier);
+                    let applying =
+                        std::thread::Builder::new().name("fencelog-replay".into()).spawn_scoped(s, move || {
+                            let mut a = handed.lock().expect("applier").take().expect("handed over");
+                            for b in rx {
+                                a.take_batch(&b);
+                                let _ = spent_tx.send(b); // its buffers are used again
+                            }
+                            a
+                        });
+                    match applying {
+                        Ok(applying) => pipe = Some((tx, spent_rx, applying)),
+                        // No thread to be had (a pid limit): go on applying here.
+                        Err(e) => {
+                            tracing::warn!("replay goes on in one thread: {e}");
+                            inline = applier.lock().expect("applier").take();
                         }
-                        a
-                    });
-                    pipe = Some((tx, spent_rx, applying));
+                    }
                 }
                 return;
             }
             batch.payloads.extend_from_slice(r.payload);
             batch.records.push((r.seq, r.link, batch.payloads.len()));
-            if batch.records.len() == REPLAY_BATCH_RECORDS {
+            if batch.records.len() == REPLAY_BATCH_RECORDS || batch.payloads.len() >= REPLAY_BATCH_BYTES_MAX {
                 let (tx, spent, _) = pipe.as_ref().expect("the applying thread runs");
-                let mut next = spent.try_recv().unwrap_or_default();
+                // A returned batch is used again unless a large payload grew it.
+                let mut next = spent
+                    .try_recv()
+                    .ok()
+                    .filter(|b| b.payloads.capacity() <= 2 * REPLAY_BATCH_BYTES_MAX)
+                    .unwrap_or_default();
                 next.payloads.clear();
                 next.records.clear();
                 // It only stops early by panicking, which the join below reports.

@@ -38,12 +38,21 @@ pub fn with_links_ahead<R>(
     if helpers == 0 || ahead.frames() < LINKS_AHEAD_FRAMES_MIN {
         return scan(None);
     }
-    std::thread::scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|| ahead.work());
+    /// Stops the helpers however the scan ends (a `visit` that panics too).
+    struct StopOnDrop<'a, 'b>(&'a LinksAhead<'b>);
+    impl Drop for StopOnDrop<'_, '_> {
+        fn drop(&mut self) {
+            self.0.stop();
         }
-        let out = scan(Some(&ahead));
-        ahead.stop();
-        out
+    }
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&ahead);
+        for _ in 0..helpers {
+            // No thread to be had (a pid limit): the scan checks what is left.
+            if std::thread::Builder::new().name("fencelog-links".into()).spawn_scoped(s, || ahead.work()).is_err() {
+                break;
+            }
+        }
+        scan(Some(&ahead))
     })
 }

@@ -13,9 +13,9 @@ use super::dir::{list_segments, listing, open_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Action, Cursor, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, decode_frame, hex, scan_segment_frames, scan_segment_frames_ahead,
-    segment_file_bytes_max,
+    Action, BODY_FIXED_BYTES, Cursor, FRAME_HEADER_BYTES, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef,
+    SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError, classify, decode_frame, hex,
+    scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
 };
 
 /// One problem found by a reader.
@@ -575,14 +575,18 @@ impl Tailer {
                     let visit_from = self.visit_from;
                     let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
                     let bytes = &*bytes;
-                    let outcome = with_links_ahead(bytes, 0, cursor.prev_link, body_max, |ahead| {
+                    // Links are checked from `visit_from` on: helpers only where they are.
+                    let (checks_links, prev) = (cursor.next_seq >= visit_from, cursor.prev_link);
+                    let mut scan = |ahead: Option<&crate::format::LinksAhead<'_>>| {
                         scan_segment_frames_ahead(bytes, 0, at, cursor, body_max, layout, visit_from, ahead, |_, r| {
                             if r.seq >= visit_from {
                                 visited += 1;
                                 visit(r);
                             }
                         })
-                    });
+                    };
+                    let outcome =
+                        if checks_links { with_links_ahead(bytes, 0, prev, body_max, scan) } else { scan(None) };
                     // The frames end at a whole end mark: where a writer left them.
                     let marked = matches!(outcome, ScanOutcome::ZeroTail { offset }
                         if bytes[offset as usize..].starts_with(&FRAMES_END_MARK));
@@ -593,10 +597,20 @@ impl Tailer {
                     let settled = self.zeros_checked
                         && bytes.len() >= 2 * PROBE_BYTES
                         && crate::format::all_zero(&bytes[bytes.len() - PROBE_BYTES..]);
+                    // A frame whose length says it ends past this read but within
+                    // the file is read to its end before it is judged, zeros in it
+                    // or not (a record may hold a page of zeros).
+                    let claims_more = bytes.get(..4).is_some_and(|l| {
+                        let body = u64::from(u32::from_le_bytes(l.try_into().expect("4 bytes")));
+                        let end = FRAME_HEADER_BYTES as u64 + body;
+                        (BODY_FIXED_BYTES as u64..=u64::from(body_max)).contains(&body)
+                            && end > chunk
+                            && at + end <= len
+                    });
                     match outcome {
                         // Twice the read, up to the rest of the file (a record larger
                         // than the window needs no read of all the zeros after it).
-                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len && !settled => {
+                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len && (!settled || claims_more) => {
                             chunk = (chunk * 2).min(len - at)
                         }
                         // Zeros where no end mark is: checked to the end of the file

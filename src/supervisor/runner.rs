@@ -435,10 +435,10 @@ impl Capturer {
                     tail.pop_front();
                 }
             }
-            // Durable before the exit record names its digest (a file nothing was
-            // written to has no data to lose).
-            let kept_any = shared.lock().expect("capture state").capture.bytes_kept > 0;
-            if let Some(f) = file.filter(|_| kept_any) {
+            // Durable before the exit record names its digest — an empty file too:
+            // its fsync is what makes its creation (and the renaming aside of
+            // whatever had its name) durable.
+            if let Some(f) = file {
                 let _ = f.sync_all();
             }
             shared.lock().expect("capture state").done = true;

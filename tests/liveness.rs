@@ -206,7 +206,7 @@ fn touching_a_running_binary_does_not_make_its_owner_dead() {
     let (t, dir) = common::new_cli_log();
     let bin = t.path().join("sleep-copy");
     std::fs::copy("/bin/sleep", &bin).unwrap();
-    let mut owner = Command::new(&bin).arg("60").spawn().unwrap();
+    let mut owner = common::retry_busy(|| Command::new(&bin).arg("60").spawn());
     std::thread::sleep(Duration::from_millis(50));
     let (code, c) = fl(&dir, &["claim", "--subject", "svc/t", "--pid", &owner.id().to_string()]);
     assert_eq!(code, 0, "{c}");

@@ -728,11 +728,9 @@ fn a_binary_replaced_on_disk_does_not_make_a_live_runner_or_owner_dead() {
     let (t, dir) = new_log();
     let bin = t.path().join("fencelog-copy");
     fs::copy(FENCELOG, &bin).unwrap();
-    let out = Command::new(&bin)
-        .args(["run", "--wait-ms", "0", "--", "sleep", "1"])
-        .env("FENCELOG_DIR", &dir)
-        .output()
-        .unwrap();
+    let out = common::retry_busy(|| {
+        Command::new(&bin).args(["run", "--wait-ms", "0", "--", "sleep", "1"]).env("FENCELOG_DIR", &dir).output()
+    });
     assert!(out.status.success());
     until(&dir, 1, "running", |v| v["status"] == "running");
     let fresh = t.path().join("fencelog-copy.new");
@@ -745,7 +743,7 @@ fn a_binary_replaced_on_disk_does_not_make_a_live_runner_or_owner_dead() {
 
     let sleep = t.path().join("sleep-copy");
     fs::copy("/bin/sleep", &sleep).unwrap();
-    let mut owner = Command::new(&sleep).arg("30").spawn().unwrap();
+    let mut owner = common::retry_busy(|| Command::new(&sleep).arg("30").spawn());
     std::thread::sleep(Duration::from_millis(50));
     let (code, c) = fl(&dir, &["claim", "--subject", "upgraded", "--pid", &owner.id().to_string()]);
     assert_eq!(code, 0, "{c}");

@@ -196,3 +196,18 @@ pub fn new_cli_log() -> (tempfile::TempDir, PathBuf) {
     assert_eq!(code, 0, "{v}");
     (t, dir)
 }
+
+/// Run `cmd` to completion or spawn it, retrying while the kernel says "text file
+/// busy": a binary this test just copied may still be open for writing in a child
+/// that another test's thread forked at that moment (it closes at that child's exec).
+pub fn retry_busy<T>(mut f: impl FnMut() -> std::io::Result<T>) -> T {
+    for _ in 0..50 {
+        match f() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
+    f().unwrap()
+}

@@ -835,7 +835,7 @@ fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> {
         match tail.records.take() {
             Some(records) => {
                 for (seq, txn, link, bytes) in records {
-                    let _ = r.projection.apply(seq, &txn);
+                    r.projection.apply_replayed(seq, &txn);
                     r.head = link;
                     r.applied.0 += 1;
                     r.applied.1 += bytes;
@@ -968,9 +968,7 @@ impl Applier<'_> {
             return;
         }
         match decode_txn(payload) {
-            Ok(txn) => {
-                let _ = self.projection.apply(seq, &txn);
-            }
+            Ok(txn) => self.projection.apply_replayed(seq, &txn),
             Err(e) => {
                 self.undecodable = Some(LedgerError::UndecodableRecord { seq, detail: e.detail });
                 return;

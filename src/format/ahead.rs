@@ -172,17 +172,9 @@ impl<'a> LinksAhead<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::scan::tests::log_of as frames;
     use super::*;
-    use crate::format::{GENESIS_LINK, decode_frame, encode_frame};
-
-    fn frames(n: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut prev = GENESIS_LINK;
-        for seq in 1..=n {
-            prev = encode_frame(&mut out, &prev, seq, &[7; 16], seq * 10, format!("payload {seq}").as_bytes());
-        }
-        out
-    }
+    use crate::format::{GENESIS_LINK, decode_frame};
 
     fn verdicts(buf: &[u8], workers: usize) -> Vec<bool> {
         let ahead = LinksAhead::new(buf, 0, GENESIS_LINK, 1 << 20);

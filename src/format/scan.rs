@@ -388,11 +388,12 @@ pub fn find_next_frame(buf: &[u8], from: usize, body_max: u32, min_seq: u64) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::frame::{GENESIS_LINK, encode_frame};
     use super::*;
 
-    fn log_of(n: u64) -> Vec<u8> {
+    /// `n` records, sequence 1 on, linked from the genesis link.
+    pub(in crate::format) fn log_of(n: u64) -> Vec<u8> {
         let mut out = Vec::new();
         let mut link = GENESIS_LINK;
         for seq in 1..=n {

@@ -352,7 +352,7 @@ pub fn run_until(
     let mut runner = None;
     if p.status() == ProcessStatus::Requested {
         match runner::start_runner(dir, process, self_exe, &env) {
-            Ok(r) => runner = r.exited,
+            Ok(exited) => runner = exited,
             Err(e) => {
                 // Never started: say so on record (its leases end with it), unless a
                 // runner of another caller got it meanwhile.

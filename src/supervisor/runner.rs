@@ -570,16 +570,11 @@ fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> G
     })
 }
 
-/// A runner just started: its pid, and a pidfd that becomes readable when it exits
-/// (none where the kernel has no `pidfd_open`).
-pub struct StartedRunner {
-    pub pid: u32,
-    pub exited: Option<OwnedFd>,
-}
-
 /// Start a runner for `process` in a session of its own, its stderr appended to
 /// the process's `runner.log`, with `env` added to its environment (the command's
 /// `--env` values, which never enter the log). It is reaped on a thread of ours.
+/// Returns a pidfd of it that becomes readable when it exits (none where the kernel
+/// has no `pidfd_open`).
 ///
 /// Started with `posix_spawn` (the caller is not copied: glibc spawns with
 /// `CLONE_VFORK`), asking for a new session (`POSIX_SPAWN_SETSID`), `/` as its
@@ -591,7 +586,7 @@ pub fn start_runner(
     process: u64,
     self_exe: &Path,
     env: &[(String, String)],
-) -> std::io::Result<StartedRunner> {
+) -> std::io::Result<Option<OwnedFd>> {
     use std::ffi::{CString, OsStr, OsString};
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     use std::os::unix::fs::PermissionsExt;
@@ -687,7 +682,7 @@ pub fn start_runner(
             && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
         {}
     });
-    Ok(StartedRunner { pid: pid as u32, exited })
+    Ok(exited)
 }
 
 /// Sleep up to `nap`, or less if the process behind `pidfd` exits first; true if

@@ -9,6 +9,7 @@
 //!   cargo bench --bench serve                      # full run
 //!   cargo bench --bench serve -- --quick --json    # short run, one JSON object
 //!   cargo bench --bench serve -- --rss-only        # the resident-memory figure alone
+//!   cargo bench --bench serve -- --clients 64 --no-etcd   # one row, fencelog alone, no RSS
 //!
 //! Without etcd the bench says so and reports fencelog alone. Files live under
 //! $FENCELOG_BENCH_DIR (default target/bench-tmp).
@@ -17,7 +18,6 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -63,44 +63,184 @@ impl Figures {
     }
 }
 
-/// `clients` threads, each preparing once (`prep(i)` → its state) and then
-/// running `op(&agent, &mut state, n)` until `run_for` passed.
+/// One keep-alive HTTP/1.1 connection of the load generator: the request is
+/// written in one piece and the answer read by its `Content-Length` (or chunks),
+/// so the clients spend little of the two cores they share with the server. Both
+/// servers (fencelog and etcd) are measured through it.
+struct Conn {
+    addr: std::net::SocketAddr,
+    stream: Option<tokio::net::TcpStream>,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Conn {
+    fn new(addr: std::net::SocketAddr) -> Conn {
+        Conn { addr, stream: None, buf: Vec::with_capacity(8192), out: Vec::with_capacity(1024) }
+    }
+
+    /// POST `body` to `path`: the status and the body, or an error (the connection
+    /// is then dropped and made again on the next call).
+    async fn post(&mut self, path: &str, auth: Option<&str>, body: &str) -> Result<(u16, Vec<u8>), String> {
+        let r = self.exchange(path, auth, body).await;
+        if r.is_err() {
+            self.stream = None;
+        }
+        r
+    }
+
+    async fn exchange(&mut self, path: &str, auth: Option<&str>, body: &str) -> Result<(u16, Vec<u8>), String> {
+        use std::io::Write;
+        use tokio::io::AsyncWriteExt;
+        if self.stream.is_none() {
+            let s = tokio::net::TcpStream::connect(self.addr).await.map_err(|e| e.to_string())?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            self.stream = Some(s);
+            self.buf.clear();
+        }
+        let stream = self.stream.as_mut().expect("connected");
+        self.out.clear();
+        write!(self.out, "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n", self.addr)
+            .expect("to a Vec");
+        if let Some(a) = auth {
+            write!(self.out, "Authorization: {a}\r\n").expect("to a Vec");
+        }
+        write!(self.out, "Content-Length: {}\r\n\r\n{body}", body.len()).expect("to a Vec");
+        stream.write_all(&self.out).await.map_err(|e| e.to_string())?;
+        // The head.
+        let head_end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if self.buf.len() > 64 * 1024 {
+                return Err("an answer's head over 64 KiB".into());
+            }
+            read_more(stream, &mut self.buf).await?;
+        };
+        let head = std::str::from_utf8(&self.buf[..head_end]).map_err(|e| e.to_string())?.to_owned();
+        self.buf.drain(..head_end);
+        let status: u16 =
+            head.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("no status in {head:?}"))?;
+        let header = |name: &str| {
+            head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            })
+        };
+        let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let body = if let Some(n) = header("content-length") {
+            let n: usize = n.parse().map_err(|_| format!("Content-Length {n:?}"))?;
+            while self.buf.len() < n {
+                read_more(stream, &mut self.buf).await?;
+            }
+            self.buf.drain(..n).collect()
+        } else if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+            let mut body = Vec::new();
+            loop {
+                let line_end = loop {
+                    if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                        break i;
+                    }
+                    read_more(stream, &mut self.buf).await?;
+                };
+                let size = std::str::from_utf8(&self.buf[..line_end]).map_err(|e| e.to_string())?;
+                let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+                    .map_err(|_| format!("chunk size {size:?}"))?;
+                while self.buf.len() < line_end + 2 + size + 2 {
+                    read_more(stream, &mut self.buf).await?;
+                }
+                body.extend_from_slice(&self.buf[line_end + 2..line_end + 2 + size]);
+                self.buf.drain(..line_end + 2 + size + 2);
+                if size == 0 {
+                    break body;
+                }
+            }
+        } else {
+            return Err(format!("an answer with neither Content-Length nor chunks: {head:?}"));
+        };
+        if close {
+            self.stream = None;
+        }
+        Ok((status, body))
+    }
+}
+
+async fn read_more(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 16 * 1024];
+    match stream.read(&mut chunk).await {
+        Ok(0) => Err("the server closed the connection".into()),
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Where a load goes: the server's address, the route, the `Authorization` value.
+struct Target {
+    addr: std::net::SocketAddr,
+    path: String,
+    auth: Option<String>,
+}
+
+impl Target {
+    fn new(base_url: &str, path: &str, auth: Option<&str>) -> Target {
+        let hostport = base_url.strip_prefix("http://").expect("an http:// URL");
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport).expect("address").next().expect("an address");
+        Target { addr, path: path.to_owned(), auth: auth.map(str::to_owned) }
+    }
+}
+
+/// `clients` keep-alive connections, each with one request outstanding at a time,
+/// driven by one thread (like `wrk -t1`): each client is prepared once (`prep(i)`
+/// → its state, over ureq, untimed), then sends `body(state, n)` and judges the
+/// answer with `check(state, status, body)` until `run_for` passed.
 fn load<S: Send + 'static>(
     clients: usize,
     run_for: Duration,
-    prep: impl Fn(&ureq::Agent, usize) -> S + Send + Sync + 'static,
-    op: impl Fn(&ureq::Agent, &mut S, u64) -> bool + Send + Sync + 'static,
+    target: Target,
+    prep: impl Fn(&ureq::Agent, usize) -> S,
+    body: impl Fn(&mut S, u64) -> String + Send + Sync + 'static,
+    check: impl Fn(&mut S, u16, &[u8]) -> bool + Send + Sync + 'static,
 ) -> Figures {
-    let (prep, op) = (Arc::new(prep), Arc::new(op));
-    let go = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = (0..clients)
-        .map(|i| {
-            let (prep, op, go) = (Arc::clone(&prep), Arc::clone(&op), Arc::clone(&go));
-            std::thread::spawn(move || {
-                let a = agent();
-                let mut state = prep(&a, i);
-                while !go.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                let start = Instant::now();
-                let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0u64);
-                while start.elapsed() < run_for {
-                    let t = Instant::now();
-                    if !op(&a, &mut state, n) {
-                        errors += 1;
+    let a = agent();
+    let states: Vec<S> = (0..clients).map(|i| prep(&a, i)).collect();
+    let (body, check, target) = (Arc::new(body), Arc::new(check), Arc::new(target));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let results = rt.block_on(async move {
+        let start = Instant::now();
+        let tasks: Vec<_> = states
+            .into_iter()
+            .map(|mut state| {
+                let (body, check, target) = (Arc::clone(&body), Arc::clone(&check), Arc::clone(&target));
+                tokio::spawn(async move {
+                    let mut conn = Conn::new(target.addr);
+                    let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0u64);
+                    while start.elapsed() < run_for {
+                        let b = body(&mut state, n);
+                        let t = Instant::now();
+                        let ok = match conn.post(&target.path, target.auth.as_deref(), &b).await {
+                            Ok((status, out)) => check(&mut state, status, &out),
+                            Err(_) => false,
+                        };
+                        lat.push(t.elapsed().as_secs_f64() * 1e6);
+                        errors += u64::from(!ok);
+                        n += 1;
                     }
-                    lat.push(t.elapsed().as_secs_f64() * 1e6);
-                    n += 1;
-                }
-                (lat, errors, start.elapsed())
+                    (lat, errors, start.elapsed())
+                })
             })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    go.store(true, Ordering::Release);
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("a client task"));
+        }
+        results
+    });
     let (mut all, mut errors, mut longest) = (Vec::new(), 0, Duration::ZERO);
-    for t in threads {
-        let (lat, e, took) = t.join().unwrap();
+    for (lat, e, took) in results {
         all.extend(lat);
         errors += e;
         longest = longest.max(took);
@@ -151,11 +291,11 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn fencelog_heartbeats(d: &Daemon, clients: usize, run_for: Duration, round: usize) -> Figures {
-    let (claim, hb, auth) = (format!("{}/v1/claim", d.url), format!("{}/v1/heartbeat", d.url), d.auth.clone());
-    let auth2 = auth.clone();
+    let (claim, auth) = (format!("{}/v1/claim", d.url), d.auth.clone());
     load(
         clients,
         run_for,
+        Target::new(&d.url, "/v1/heartbeat", Some(&d.auth)),
         move |a, i| {
             let subject = format!("hb/{round}/{clients}/{i}");
             let (s, body) = post(a, &claim, Some(&auth), &json!({"subject": subject}).to_string());
@@ -163,23 +303,19 @@ fn fencelog_heartbeats(d: &Daemon, clients: usize, run_for: Duration, round: usi
             let g: Value = serde_json::from_str(&body).unwrap();
             (subject, g["generation"].as_u64().unwrap())
         },
-        move |a, (subject, generation), _| {
-            let body = json!({"subject": subject, "generation": generation}).to_string();
-            post(a, &hb, Some(&auth2), &body).0 == 200
-        },
+        |(subject, generation), _| json!({"subject": subject, "generation": generation}).to_string(),
+        |_, status, _| status == 200,
     )
 }
 
 fn fencelog_claims(d: &Daemon, clients: usize, run_for: Duration, round: usize) -> Figures {
-    let (claim, auth) = (format!("{}/v1/claim", d.url), d.auth.clone());
     load(
         clients,
         run_for,
-        move |_, i| i,
-        move |a, i, n| {
-            let body = json!({"subject": format!("claim/{round}/{clients}/{i}/{n}")}).to_string();
-            post(a, &claim, Some(&auth), &body).0 == 200
-        },
+        Target::new(&d.url, "/v1/claim", Some(&d.auth)),
+        |_, i| i,
+        move |i, n| json!({"subject": format!("claim/{round}/{clients}/{i}/{n}")}).to_string(),
+        |_, status, _| status == 200,
     )
 }
 
@@ -205,10 +341,10 @@ fn b64(s: &str) -> String {
 /// one this client wrote last (compare-and-put), one member, through the gateway.
 fn etcd_heartbeats(endpoint: &str, clients: usize, run_for: Duration, round: usize) -> Figures {
     let url = format!("{endpoint}/v3/kv/txn");
-    let url2 = url.clone();
     load(
         clients,
         run_for,
+        Target::new(endpoint, "/v3/kv/txn", None),
         move |a, i| {
             let key = b64(&format!("hb/{round}/{clients}/{i}"));
             let body = json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": "0"}],
@@ -218,12 +354,14 @@ fn etcd_heartbeats(endpoint: &str, clients: usize, run_for: Duration, round: usi
             let v: Value = serde_json::from_str(&out).unwrap();
             (key, v["header"]["revision"].as_str().unwrap_or("0").to_owned())
         },
-        move |a, (key, rev), _| {
-            let body = json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": rev}],
-                "success": [{"request_put": {"key": key, "value": b64("1")}}]});
-            let (s, out) = post(a, &url2, None, &body.to_string());
-            let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-            if s == 200 && v["succeeded"] == true {
+        |(key, rev), _| {
+            json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": rev}],
+                "success": [{"request_put": {"key": key, "value": b64("1")}}]})
+            .to_string()
+        },
+        |(_, rev), status, out| {
+            let v: Value = serde_json::from_slice(out).unwrap_or(Value::Null);
+            if status == 200 && v["succeeded"] == true {
                 *rev = v["header"]["revision"].as_str().unwrap_or("0").to_owned();
                 true
             } else {
@@ -234,17 +372,19 @@ fn etcd_heartbeats(endpoint: &str, clients: usize, run_for: Duration, round: usi
 }
 
 fn etcd_claims(endpoint: &str, clients: usize, run_for: Duration, round: usize) -> Figures {
-    let url = format!("{endpoint}/v3/kv/txn");
     load(
         clients,
         run_for,
-        move |_, i| i,
-        move |a, i, n| {
+        Target::new(endpoint, "/v3/kv/txn", None),
+        |_, i| i,
+        move |i, n| {
             let key = b64(&format!("claim/{round}/{clients}/{i}/{n}"));
-            let body = json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": "0"}],
-                "success": [{"request_put": {"key": key, "value": b64("owner")}}]});
-            let (s, out) = post(a, &url, None, &body.to_string());
-            s == 200 && serde_json::from_str::<Value>(&out).map(|v| v["succeeded"] == true).unwrap_or(false)
+            json!({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": b64("owner")}}]})
+            .to_string()
+        },
+        |_, status, out| {
+            status == 200 && serde_json::from_slice::<Value>(out).map(|v| v["succeeded"] == true).unwrap_or(false)
         },
     )
 }
@@ -280,13 +420,28 @@ fn main() {
     let as_json = args.iter().any(|a| a == "--json");
     // Only the resident-memory figure (no throughput rounds, no etcd).
     let rss_only = args.iter().any(|a| a == "--rss-only");
+    // `--clients 1,64`: only these rows; `--no-etcd`: fencelog alone (both for
+    // profiling one figure; the figures come from a run without them).
+    let clients: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--clients")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(|n| n.parse().expect("--clients takes numbers, e.g. 1,64")).collect())
+        .unwrap_or_else(|| CLIENTS.to_vec());
+    let no_etcd = args.iter().any(|a| a == "--no-etcd");
     let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).unwrap();
     let root = std::path::absolute(root).unwrap();
     let run_for = Duration::from_millis(if quick { 2000 } else { 5000 });
     let tmp = tempfile::Builder::new().prefix("serve").tempdir_in(&root).unwrap();
     let d = start_daemon(&tmp.path().join("log"));
-    let etcd = if rss_only { Err("--rss-only".to_owned()) } else { start_etcd(&tmp.path().join("etcd")) };
+    let etcd = if rss_only {
+        Err("--rss-only".to_owned())
+    } else if no_etcd {
+        Err("--no-etcd".to_owned())
+    } else {
+        start_etcd(&tmp.path().join("etcd"))
+    };
     if let Err(why) = &etcd {
         eprintln!("etcd not measured: {why} (benches/setup-etcd.sh installs it)");
     }
@@ -311,7 +466,7 @@ fn main() {
         lat[lat.len() / 2]
     };
     out.insert("raw_fdatasync_p50_us".into(), json!(raw.round()));
-    for (round, &k) in CLIENTS.iter().enumerate().filter(|_| !rss_only) {
+    for (round, &k) in clients.iter().enumerate().filter(|_| !rss_only) {
         let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
         let fl_claim = fencelog_claims(&d, k, run_for, round);
         let mut row = json!({"fencelog_heartbeat": fl_hb.json(), "fencelog_claim": fl_claim.json()});
@@ -326,8 +481,13 @@ fn main() {
         out.insert(format!("clients_{k}"), row);
     }
     // Resident memory of a fresh daemon once 100,000 subjects (20,000 with
-    // --quick) were claimed by 16 clients.
+    // --quick) were claimed by 16 clients. Not with `--clients` (one figure).
     drop(d);
+    if args.iter().any(|a| a == "--clients") {
+        let out = Value::Object(out);
+        println!("{}", if as_json { out.to_string() } else { serde_json::to_string_pretty(&out).unwrap() });
+        return;
+    }
     let d = start_daemon(&tmp.path().join("log-rss"));
     let subjects = if quick { 20_000 } else { 100_000 };
     let (claim, auth) = (format!("{}/v1/claim", d.url), d.auth.clone());

@@ -27,7 +27,7 @@ pub mod identity;
 pub mod snapshot;
 
 use crate::storage::Exclusive;
-use crate::storage::commit::{Admission, CommitError, Core, GroupCommit, GroupLimits, Hooks};
+use crate::storage::commit::{Admission, AsyncCommit, CommitError, Core, GroupCommit, GroupLimits, Hooks};
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
 use std::collections::HashMap;
@@ -439,6 +439,65 @@ impl Ledger {
         self.commit_with(Admission::Callers, |inner| self.check_and_queue(inner, caller, request.clone(), &mut build))
     }
 
+    /// [`submit_as`](Self::submit_as) for an async caller (the daemon): when a
+    /// commit group is open, the transaction is built and judged on the caller's
+    /// own thread and its answer awaited without holding a thread; when none is,
+    /// the caller leads one on the runtime's blocking pool. Same judgement, same
+    /// answers. `caller: None` is this ledger's own process (as `submit`).
+    ///
+    /// Dropping the future after the transaction was queued does not withdraw it
+    /// (see `GroupCommit::commit_async`): run it in a task of its own when every
+    /// answer must be heard.
+    pub async fn submit_as_async(
+        self: &Arc<Self>,
+        caller: Option<CallerId>,
+        request: Option<(String, [u8; 32])>,
+        mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static,
+    ) -> Result<Committed, LedgerError> {
+        let turn = {
+            let who = caller.as_ref().unwrap_or(&self.me);
+            let mut act = |inner: &mut Inner| self.check_and_queue(inner, who, request.clone(), &mut build);
+            self.group.commit_async::<_, LedgerError>(Admission::Callers, &mut act).await
+        };
+        let settled = match turn {
+            AsyncCommit::Done(r) => r,
+            AsyncCommit::Lead => {
+                // Withdrawn however the blocking task ends — also if it never runs
+                // (a runtime shutting down drops it).
+                struct Pending(Option<Arc<Ledger>>);
+                impl Drop for Pending {
+                    fn drop(&mut self) {
+                        if let Some(ledger) = self.0.take() {
+                            ledger.group.async_lead_withdrawn();
+                        }
+                    }
+                }
+                let mut pending = Pending(Some(Arc::clone(self)));
+                let led = tokio::task::spawn_blocking(move || {
+                    let ledger = pending.0.take().expect("taken once");
+                    let who = caller.unwrap_or_else(|| ledger.me.clone());
+                    ledger.group.commit_async_lead(&*ledger, Admission::Callers, |inner| {
+                        ledger.check_and_queue(inner, &who, request.clone(), &mut build)
+                    })
+                })
+                .await;
+                match led {
+                    Ok(r) => r,
+                    Err(e) if e.is_panic() => {
+                        return Err(LedgerError::Storage(storage::Error::Poisoned {
+                            cause: "the thread leading an async commit panicked".into(),
+                        }));
+                    }
+                    Err(_) => return Err(LedgerError::Storage(storage::Error::Closed)),
+                }
+            }
+        };
+        match settled {
+            Ok(settled) => settled.answer,
+            Err(e) => Err(Self::commit_error(e)),
+        }
+    }
+
     /// [`submit`](Self::submit) for the ledger's owner's own last words: admitted
     /// even while draining (a daemon's cutover record and the release of its home).
     pub fn submit_internal(
@@ -733,10 +792,16 @@ impl Ledger {
     ) -> Result<T, LedgerError> {
         match self.group.commit(self, admission, act) {
             Ok(settled) => settled.answer,
-            Err(CommitError::Storage(e)) => Err(LedgerError::Storage(e)),
-            Err(CommitError::Hook(e)) => Err(e),
-            Err(CommitError::Draining) => Err(LedgerError::Draining),
-            Err(CommitError::HeadMovedTooOften { retries }) => Err(LedgerError::HeadMovedTooOften { retries }),
+            Err(e) => Err(Self::commit_error(e)),
+        }
+    }
+
+    fn commit_error(e: CommitError<LedgerError>) -> LedgerError {
+        match e {
+            CommitError::Storage(e) => LedgerError::Storage(e),
+            CommitError::Hook(e) => e,
+            CommitError::Draining => LedgerError::Draining,
+            CommitError::HeadMovedTooOften { retries } => LedgerError::HeadMovedTooOften { retries },
         }
     }
 

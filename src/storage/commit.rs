@@ -367,6 +367,16 @@ pub enum AsyncTurn {
     Lead(Vec<Vec<u8>>),
 }
 
+/// What an async judged commit found ([`GroupCommit::commit_async`]).
+pub enum AsyncCommit<T, E> {
+    /// Judged in an open group (or refused before): the answer, settled.
+    Done(Result<Settled<T>, CommitError<E>>),
+    /// No group was open: the caller must commit on a thread that may block, with
+    /// [`GroupCommit::commit_async_lead`] — or call
+    /// [`GroupCommit::async_lead_withdrawn`] if that thread will never run.
+    Lead,
+}
+
 /// An async caller counted among those waiting for room in the queue until it
 /// stops waiting — also if its future is dropped.
 struct RoomWait<'a, S>(&'a GroupCommit<S>);
@@ -884,6 +894,99 @@ impl<S> GroupCommit<S> {
         if std::mem::take(&mut core.async_lead_pending) {
             drop(core);
             self.changed_async.notify_waiters();
+        }
+    }
+
+    /// [`commit`](Self::commit) for an async caller (the daemon's requests): `act`
+    /// is judged under the engine's mutex on the caller's own thread when a group
+    /// is open, and the caller waits for its records without holding a thread.
+    /// When no group is open it is made leader ([`AsyncCommit::Lead`]): it must
+    /// then run the same `act` through [`commit_async_lead`](Self::commit_async_lead)
+    /// on a thread that may block (or call
+    /// [`async_lead_withdrawn`](Self::async_lead_withdrawn) if that thread will
+    /// never run). `act` may run more than once, as with `commit`.
+    ///
+    /// Dropping this future after `act` queued its records does not withdraw them:
+    /// they are committed with their group (the answer is then lost, as for a
+    /// client that hung up); a caller that must hear every answer runs it in a task
+    /// of its own.
+    pub async fn commit_async<T, E>(
+        &self,
+        admission: Admission,
+        act: &mut (dyn FnMut(&mut Core<S>) -> (T, u64) + Send),
+    ) -> AsyncCommit<T, E> {
+        let arrived = Instant::now();
+        let mut retries = 0;
+        loop {
+            let notified = self.changed_async.notified();
+            tokio::pin!(notified);
+            let mut waits_for_room = false;
+            let judged = {
+                let mut core = self.lock();
+                if let Err(e) = core.poison_check() {
+                    return AsyncCommit::Done(Err(CommitError::Storage(e)));
+                }
+                if core.draining && admission == Admission::Callers {
+                    return AsyncCommit::Done(Err(CommitError::Draining));
+                }
+                if let Some(e) = core.lead_failed_since(arrived) {
+                    return AsyncCommit::Done(Err(CommitError::Storage(e)));
+                }
+                let blocked = core.readers_waiting > 0;
+                match core.phase {
+                    Phase::Idle if !blocked && !core.async_lead_pending => {
+                        core.async_lead_pending = true;
+                        return AsyncCommit::Lead;
+                    }
+                    Phase::Open if !blocked && core.queued.len() < self.limits.queued_records_max => {
+                        let (answer, covers) = match self.guarded(&mut core, act) {
+                            Ok(done) => done,
+                            Err(panic) => {
+                                drop(core);
+                                std::panic::resume_unwind(panic);
+                            }
+                        };
+                        if core.durable_seq >= covers {
+                            return AsyncCommit::Done(Ok(Settled { answer, link: None }));
+                        }
+                        if let Err(e) = core.poison_check() {
+                            return AsyncCommit::Done(Err(CommitError::Storage(e)));
+                        }
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        core.waiters.entry(covers).or_default().push(Slot::Task(tx));
+                        Some((rx, answer))
+                    }
+                    _ => {
+                        // Registered before the lock is let go: no wake-up is lost.
+                        notified.as_mut().enable();
+                        waits_for_room = core.phase == Phase::Open && !blocked;
+                        if waits_for_room {
+                            core.room_waiting += 1;
+                        }
+                        None
+                    }
+                }
+            };
+            let Some((rx, answer)) = judged else {
+                let _room = waits_for_room.then(|| RoomWait(self));
+                notified.await;
+                continue;
+            };
+            let failed = |cause| AsyncCommit::Done(Err(CommitError::Storage(Error::Poisoned { cause })));
+            match rx.await {
+                Ok(Signal::Durable(link)) => return AsyncCommit::Done(Ok(Settled { answer, link })),
+                Ok(Signal::Retry) => {
+                    retries += 1;
+                    if retries >= HEAD_MOVED_RETRIES_MAX {
+                        return AsyncCommit::Done(Err(CommitError::HeadMovedTooOften {
+                            retries: HEAD_MOVED_RETRIES_MAX,
+                        }));
+                    }
+                    tracing::debug!("judging again: another writer appended first");
+                }
+                Ok(Signal::Failed(cause)) => return failed(cause),
+                Err(_) => return AsyncCommit::Done(Err(CommitError::Storage(Error::Closed))),
+            }
         }
     }
 

@@ -374,14 +374,16 @@ fn settlement(op: &str, r: &Result<Value, OpError>) -> (String, Option<u64>) {
     }
 }
 
-/// Admit a mutation, run it on a blocking thread through the shared operations,
-/// and answer. The request id is the `Idempotency-Key` header, else the body's
-/// `request_id`, else one made here (returned in the header and the body), so a
-/// client that lost the answer can ask `GET /v1/requests/{id}`.
-async fn mutate<T, F>(app: Arc<App>, op: &'static str, headers: HeaderMap, body: Body, f: F) -> Response
+/// Admit a mutation, run it through the shared operations in a task of its own
+/// (it runs to its end even if the client hangs up), and answer. The request id is
+/// the `Idempotency-Key` header, else the body's `request_id`, else one made here
+/// (returned in the header and the body), so a client that lost the answer can ask
+/// `GET /v1/requests/{id}`.
+async fn mutate<T, F, Fut>(app: Arc<App>, op: &'static str, headers: HeaderMap, body: Body, f: F) -> Response
 where
     T: DeserializeOwned + Send + 'static,
-    F: FnOnce(&App, T) -> Result<Value, OpError> + Send + 'static,
+    F: FnOnce(Arc<App>, T) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Value, OpError>> + Send + 'static,
 {
     if !app.admitting.load(Ordering::SeqCst) {
         return not_admitting();
@@ -435,9 +437,9 @@ where
     let worker = Arc::clone(&app);
     // The permit goes with the work: a client that hangs up does not free its
     // slot while its operation still runs.
-    let r = tokio::task::spawn_blocking(move || {
+    let r = tokio::spawn(async move {
         let _permit = permit;
-        f(&worker, req)
+        f(worker, req).await
     })
     .await
     .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }));
@@ -498,9 +500,8 @@ fn caller(peer: Option<axum::Extension<Peer>>) -> Caller {
 
 async fn claim(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
-    mutate(app, "claim", h, b, move |app: &App, r: ops::ClaimRequest| {
-        ops::valid(&r.subject)?;
-        to_value(ops::claim(&app.ledger, &r, who))
+    mutate(app, "claim", h, b, move |app, r: ops::ClaimRequest| async move {
+        to_value(ops::plan_claim(&r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
@@ -518,47 +519,55 @@ async fn generation(
         GenerationOp::Release => "release",
         GenerationOp::RotateFence => "rotate-fence",
     };
-    mutate(app, name, h, b, move |app: &App, r: ops::GenerationRequest| {
-        to_value(ops::generation(&app.ledger, op, &r, who))
+    mutate(app, name, h, b, move |app, r: ops::GenerationRequest| async move {
+        to_value(ops::plan_generation(op, &r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
 
 async fn takeover(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
-    mutate(app, "takeover", h, b, move |app: &App, r: ops::TakeoverRequest| {
-        to_value(ops::takeover(&app.ledger, &r, who))
+    mutate(app, "takeover", h, b, move |app, r: ops::TakeoverRequest| async move {
+        to_value(ops::plan_takeover(&r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
 
 async fn note(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
-    mutate(app, "note", h, b, move |app: &App, r: ops::NoteRequest| to_value(ops::note(&app.ledger, &r, who))).await
+    mutate(app, "note", h, b, move |app, r: ops::NoteRequest| async move {
+        to_value(ops::plan_note(&r, who)?.submit_async(&app.ledger).await)
+    })
+    .await
 }
 
 async fn lease_acquire(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "lease-acquire", h, b, |app: &App, r: ops::LeaseAcquireRequest| {
-        to_value(ops::lease_acquire(&app.ledger, &r))
+    mutate(app, "lease-acquire", h, b, |app, r: ops::LeaseAcquireRequest| async move {
+        to_value(ops::plan_lease_acquire(&r)?.submit_async(&app.ledger).await)
     })
     .await
 }
 
 async fn lease_release(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "lease-release", h, b, |app: &App, r: ops::LeaseReleaseRequest| {
-        to_value(ops::lease_release(&app.ledger, &r))
+    mutate(app, "lease-release", h, b, |app, r: ops::LeaseReleaseRequest| async move {
+        to_value(ops::plan_lease_release(&r)?.submit_async(&app.ledger).await)
     })
     .await
 }
 
 async fn run(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
-    mutate(app, "run", h, b, |app: &App, r: supervisor::RunRequest| {
+    mutate(app, "run", h, b, |app, r: supervisor::RunRequest| async move {
         if r.wait_ms > HTTP_WAIT_MS_MAX {
             return Err(OpError::Refused(Refusal::InvalidInput {
                 detail: format!("wait_ms is at most {HTTP_WAIT_MS_MAX} over HTTP"),
             }));
         }
-        to_value(supervisor::run_until(&app.ledger, &app.dir, &r, &app.self_exe, &app.abort_waits))
+        // Starting a runner and waiting for its answer blocks: a thread of its own.
+        tokio::task::spawn_blocking(move || {
+            to_value(supervisor::run_until(&app.ledger, &app.dir, &r, &app.self_exe, &app.abort_waits))
+        })
+        .await
+        .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }))
     })
     .await
 }

@@ -344,12 +344,50 @@ pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<(crate::mode
 /// The event that records which pid namespace a local owner's pid was seen in
 /// (none for a remote owner, or when this process cannot tell its namespace).
 fn pid_namespace_of(subject: &str, owner: &Identity) -> Option<Event> {
+    if owner.pid == 0 {
+        return None;
+    }
     let pid_ns = identity::pid_ns();
-    (owner.pid != 0 && pid_ns != 0).then(|| Event::OwnerPidNamespace { subject: subject.to_owned(), pid_ns })
+    (pid_ns != 0).then(|| Event::OwnerPidNamespace { subject: subject.to_owned(), pid_ns })
 }
 
-fn single(events: Vec<Event>) -> impl Fn(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> {
+fn single(events: Vec<Event>) -> impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static {
     move |_p, now_ms, writer| Ok(Txn::new(now_ms, writer, events.clone()))
+}
+
+/// The transaction builder of a planned operation (it may run more than once).
+type Build = Box<dyn FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send>;
+
+/// One operation checked and ready to submit: who asks (`None`: this process),
+/// its request tag and its transaction builder. The CLI submits it on its own
+/// thread ([`Planned::submit`]); the daemon awaits it ([`Planned::submit_async`]):
+/// one code path, two ways to wait.
+pub struct Planned {
+    caller: Option<crate::model::CallerId>,
+    tag: Option<(String, [u8; 32])>,
+    build: Build,
+}
+
+impl Planned {
+    fn new(
+        caller: Option<crate::model::CallerId>,
+        tag: Option<(String, [u8; 32])>,
+        build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static,
+    ) -> Planned {
+        Planned { caller, tag, build: Box::new(build) }
+    }
+
+    pub fn submit(self, ledger: &Ledger) -> Result<OpResponse, OpError> {
+        let c = match &self.caller {
+            Some(who) => ledger.submit_as(who, self.tag, self.build)?,
+            None => ledger.submit(self.tag, self.build)?,
+        };
+        respond(c)
+    }
+
+    pub async fn submit_async(self, ledger: &std::sync::Arc<Ledger>) -> Result<OpResponse, OpError> {
+        respond(ledger.submit_as_async(self.caller, self.tag, self.build).await?)
+    }
 }
 
 /// An empty request id is no request id at all: refused, as invalid input.
@@ -375,6 +413,10 @@ fn respond(c: Committed) -> Result<OpResponse, OpError> {
 }
 
 pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    plan_claim(req, caller)?.submit(ledger)
+}
+
+pub fn plan_claim(req: &ClaimRequest, caller: Caller) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     if req.action.is_some() && req.request_id.is_none() {
@@ -385,20 +427,15 @@ pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpRe
     let me = owner(req.pid, req.instance, caller)?;
     let lock =
         req.action.clone().map(|action| LockIntent { action, request: req.request_id.clone().unwrap_or_default() });
-    let c = ledger.submit_as(&caller.evidence(req.instance), req.tag(), |p, now_ms, writer| {
+    let (subject, stale_after_ms) = (req.subject.clone(), req.stale_after_ms);
+    let ns = pid_namespace_of(&subject, &me);
+    Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), move |p, now_ms, writer| {
         // Liveness is judged here, on identity, and enters the log as evidence.
-        let (previous, seen) = dead_owner_evidence(p, &req.subject).unzip();
-        let event = Event::Claim {
-            subject: req.subject.clone(),
-            owner: me.clone(),
-            stale_after_ms: req.stale_after_ms,
-            lock: lock.clone(),
-            previous,
-        };
-        let ns = pid_namespace_of(&req.subject, &me);
-        Ok(Txn::new(now_ms, writer, std::iter::once(event).chain(ns).chain(seen).collect()))
-    })?;
-    respond(c)
+        let (previous, seen) = dead_owner_evidence(p, &subject).unzip();
+        let event =
+            Event::Claim { subject: subject.clone(), owner: me.clone(), stale_after_ms, lock: lock.clone(), previous };
+        Ok(Txn::new(now_ms, writer, std::iter::once(event).chain(ns.clone()).chain(seen).collect()))
+    }))
 }
 
 pub fn generation(
@@ -407,6 +444,10 @@ pub fn generation(
     req: &GenerationRequest,
     caller: Caller,
 ) -> Result<OpResponse, OpError> {
+    plan_generation(op, req, caller)?.submit(ledger)
+}
+
+pub fn plan_generation(op: GenerationOp, req: &GenerationRequest, caller: Caller) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let (subject, generation) = (req.subject.clone(), req.generation);
@@ -415,17 +456,25 @@ pub fn generation(
         GenerationOp::Release => Event::Release { subject, generation },
         GenerationOp::RotateFence => Event::RotateFence { subject, generation },
     };
-    respond(ledger.submit_as(&caller.evidence(req.instance), Generation(op, req).tag(), single(vec![event]))?)
+    Ok(Planned::new(Some(caller.evidence(req.instance)), Generation(op, req).tag(), single(vec![event])))
 }
 
 pub fn note(ledger: &Ledger, req: &NoteRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    plan_note(req, caller)?.submit(ledger)
+}
+
+pub fn plan_note(req: &NoteRequest, caller: Caller) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let event = Event::Note { subject: req.subject.clone(), generation: req.generation, text: req.text.clone() };
-    respond(ledger.submit_as(&caller.evidence(req.instance), req.tag(), single(vec![event]))?)
+    Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), single(vec![event])))
 }
 
 pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<OpResponse, OpError> {
+    plan_takeover(req, caller)?.submit(ledger)
+}
+
+pub fn plan_takeover(req: &TakeoverRequest, caller: Caller) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let owner = owner(req.pid, req.instance, caller)?;
@@ -439,10 +488,14 @@ pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Resul
         reason: req.reason.clone(),
     };
     let events = std::iter::once(event).chain(ns).collect();
-    respond(ledger.submit_as(&caller.evidence(req.instance), req.tag(), single(events))?)
+    Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), single(events)))
 }
 
 pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {
+    plan_lease_acquire(req)?.submit(ledger)
+}
+
+pub fn plan_lease_acquire(req: &LeaseAcquireRequest) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     if req.ttl_ms == 0 || req.ttl_ms > LEASE_TTL_MS_MAX {
         return Err(OpError::Refused(Refusal::InvalidInput {
@@ -470,12 +523,16 @@ pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpRes
         (Some(_), Some(_)) => return invalid("a lease is held by a holder or by an owner, not both"),
         _ => return invalid("owner and generation go together"),
     };
-    respond(ledger.submit(req.tag(), single(vec![event]))?)
+    Ok(Planned::new(None, req.tag(), single(vec![event])))
 }
 
 pub fn lease_release(ledger: &Ledger, req: &LeaseReleaseRequest) -> Result<OpResponse, OpError> {
+    plan_lease_release(req)?.submit(ledger)
+}
+
+pub fn plan_lease_release(req: &LeaseReleaseRequest) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
-    respond(ledger.submit(req.tag(), single(vec![Event::LeaseRelease { lease: req.lease, token: req.token }]))?)
+    Ok(Planned::new(None, req.tag(), single(vec![Event::LeaseRelease { lease: req.lease, token: req.token }])))
 }
 
 /// How an owner looks now.

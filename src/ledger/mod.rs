@@ -48,7 +48,12 @@ use crate::storage::{self, FileBackend, LogBackend, LogOptions, OpenReport, Reco
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
     pub log: LogOptions,
-    /// Write a snapshot after this many records applied since the last one.
+    /// Write a snapshot after this many records applied since the last one — or
+    /// after as many records as the state has entries (subjects, requests
+    /// remembered, processes, leases), if that is more: a snapshot copies the whole
+    /// state under the commit lock, so its cost per record stays bounded however
+    /// large the state grows, and a replay after it never reads more records than
+    /// the snapshot holds entries.
     pub snapshot_every_records: u64,
     /// … or after this many record bytes (payloads) applied since the last one,
     /// whichever comes first.
@@ -665,7 +670,8 @@ impl Ledger {
 
     fn maybe_snapshot(&self, inner: &mut Inner) {
         let (records, bytes) = inner.since_snapshot;
-        if records < self.opts.snapshot_every_records && bytes < self.opts.snapshot_every_bytes {
+        let every_records = self.opts.snapshot_every_records.max(inner.projection.entries());
+        if records < every_records && bytes < self.opts.snapshot_every_bytes {
             return;
         }
         // Only durable state: another leader may already be writing a group (the

@@ -359,6 +359,15 @@ pub struct Projection {
     refusal_windows: BTreeMap<String, u64>,
 }
 
+impl Projection {
+    /// Entries of the state a snapshot copies: subjects, resources, leases,
+    /// requests remembered and processes.
+    pub fn entries(&self) -> u64 {
+        (self.subjects.len() + self.resources.len() + self.leases.len() + self.requests.len() + self.processes.len())
+            as u64
+    }
+}
+
 /// How long the projection remembers when a refusal was last recorded.
 pub const REFUSAL_WINDOWS_RETAIN_MS: u64 = 60_000;
 /// Most (subject, code, operation, caller) refusal windows remembered.

@@ -5,8 +5,8 @@
 use std::process::Command;
 
 /// Proves: `cargo build --lib --no-default-features` succeeds, and the dependency
-/// tree of that build has no clap, indicatif, tracing-subscriber, ureq or axum, and
-/// no tokio `rt-multi-thread`.
+/// tree of that build has no clap, indicatif, tracing-subscriber, ureq, axum or
+/// mimalloc, and no tokio `rt-multi-thread`.
 #[test]
 fn the_library_builds_without_its_default_features_and_without_their_crates() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -32,7 +32,7 @@ fn the_library_builds_without_its_default_features_and_without_their_crates() {
     };
     // (With the default features both lists below are found: the checks can fail.)
     let crates = tree(&["--edges", "normal"]);
-    for name in ["clap", "indicatif", "tracing-subscriber", "ureq", "axum"] {
+    for name in ["clap", "indicatif", "tracing-subscriber", "ureq", "axum", "mimalloc"] {
         let line = format!("{name} v");
         assert!(!crates.lines().any(|l| l.starts_with(&line)), "{name} is in the library's tree:\n{crates}");
     }

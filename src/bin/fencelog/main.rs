@@ -23,6 +23,9 @@ use serde_json::Value;
 /// its exit code.
 type Printed = Result<(Value, u8), OpError>;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // Failure injection for tests (compiled in only by `cargo test`; see
     // tests/failpoints.rs), configured from FAILPOINTS when it is set.

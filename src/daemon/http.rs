@@ -165,7 +165,9 @@ fn op_problem(app: &App, e: &OpError) -> Response {
 }
 
 fn ok_json(value: &Value, request_id: Option<&str>) -> Response {
-    let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response();
+    // `to_vec`, not `to_string`: no formatter between the serializer and the buffer.
+    let body = serde_json::to_vec(value).expect("a JSON value serializes");
+    let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();
     if let Some(id) = request_id.and_then(|i| HeaderValue::from_str(i).ok()) {
         r.headers_mut().insert("idempotency-key", id);
     }

@@ -5,6 +5,7 @@
 //!   cargo bench --bench compare                  # full run, human table
 //!   cargo bench --bench compare -- --quick --json  # short run, one JSON object
 //!   cargo bench --bench compare -- --scan-only      # the verifying scan alone
+//!   cargo bench --bench compare -- --quick --appenders 256   # one async figure alone
 //!
 //! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp) so they are on
 //! the disk under test, not a tmpfs.
@@ -49,6 +50,17 @@ fn main() {
     if args.iter().any(|a| a == "--scan-only") {
         // Only the verifying scan (1 GiB; 64 MiB with --quick).
         println!("{}", json!({ "machine": machine(), "scan": scan(&cfg) }));
+        return;
+    }
+    // `--appenders 256`: only the fencelog async figure at that fan-in (for
+    // profiling one figure; the issue's figures come from a run without it).
+    if let Some(k) = args.iter().position(|a| a == "--appenders").and_then(|i| args.get(i + 1)) {
+        let k: usize = k.parse().expect("--appenders takes a number");
+        let (fl, per_sync) = fencelog_async(&cfg, k);
+        println!(
+            "{}",
+            json!({ "appenders": k, "fencelog_async_per_s": fl.round(), "records_per_sync": round2(per_sync) })
+        );
         return;
     }
     let mut out = serde_json::Map::new();
@@ -131,10 +143,16 @@ fn tmp(cfg: &Cfg, name: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(name).tempdir_in(&cfg.root).expect("tempdir")
 }
 
+/// A record of `RECORD_BYTES`, made in one allocation (the harness's own work: a
+/// `format!` then two resizes cost three allocations per record, a tenth of the
+/// CPU at 256 appenders, none of it the contenders').
 fn payload(i: u64) -> Vec<u8> {
-    let mut p = format!("{{\"subject\":\"bench/{i}\",\"seq\":{i},\"pad\":\"").into_bytes();
+    use std::io::Write;
+    let mut p = Vec::with_capacity(RECORD_BYTES);
+    write!(p, "{{\"subject\":\"bench/{i}\",\"seq\":{i},\"pad\":\"").expect("to a Vec");
     p.resize(RECORD_BYTES - 2, b'x');
     p.extend_from_slice(b"\"}");
+    debug_assert_eq!(p.capacity(), RECORD_BYTES);
     p
 }
 

@@ -387,6 +387,46 @@ impl<S> Drop for RoomWait<'_, S> {
     }
 }
 
+/// Async waiters woken by a leader that is not a runtime worker are handed to a
+/// worker in one task when there are at least this many: each wake-up from outside
+/// the runtime is a push onto its shared queue under a lock (and maybe a worker
+/// unparked), so the leader would wake a large group one task at a time before it
+/// could start the next group.
+const TASK_WAKES_HANDED_OFF_MIN: usize = 16;
+
+/// Signals not yet given are given when this is dropped — however the task that
+/// carries it ends, even if it never runs (a runtime shutting down drops it): a
+/// waiter whose records are durable must never hear "closed" instead.
+struct Wakes(Vec<(Slot, Signal)>);
+
+impl Drop for Wakes {
+    fn drop(&mut self) {
+        for (slot, signal) in self.0.drain(..) {
+            slot.give(signal);
+        }
+    }
+}
+
+/// Give each waiter its signal: threads at once; async tasks from a worker of their
+/// runtime when the leader is not one and the group is large (see
+/// [`TASK_WAKES_HANDED_OFF_MIN`]), so that waking them overlaps the next group.
+fn wake(woken: Vec<(Slot, Signal)>) {
+    let (tasks, threads): (Vec<_>, Vec<_>) = woken.into_iter().partition(|(slot, _)| matches!(slot, Slot::Task(_)));
+    drop(Wakes(threads));
+    let tasks = Wakes(tasks);
+    if tasks.0.len() < TASK_WAKES_HANDED_OFF_MIN {
+        return;
+    }
+    // A leader for async callers runs on the runtime's blocking pool (a thread that
+    // blocks is never one of its workers), where the runtime is at hand. Elsewhere
+    // (a thread of the caller's own, a current-thread runtime) they are woken here.
+    if let Ok(h) = tokio::runtime::Handle::try_current()
+        && h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+    {
+        drop(h.spawn(async move { drop(tasks) }));
+    }
+}
+
 /// The engine. `S` is its owner's state, judged and updated under the same mutex.
 pub struct GroupCommit<S> {
     core: Mutex<Core<S>>,
@@ -815,7 +855,7 @@ impl<S> GroupCommit<S> {
                     let woken = core.durable_waiters(a.first_seq, x.links());
                     if !woken.is_empty() {
                         drop(core);
-                        woken.into_iter().for_each(|(slot, signal)| slot.give(signal));
+                        wake(woken);
                         core = self.lock();
                     }
                     groups += 1;
@@ -1187,5 +1227,35 @@ mod tests {
         seqs.sort();
         assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
         assert!(engine.lock().is_settled());
+    }
+
+    fn task_waiters(n: usize) -> (Vec<(Slot, Signal)>, Vec<tokio::sync::oneshot::Receiver<Signal>>) {
+        (0..n)
+            .map(|_| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                ((Slot::Task(tx), Signal::Durable(None)), rx)
+            })
+            .unzip()
+    }
+
+    /// Proves: a large group's async waiters handed to a worker of a live runtime
+    /// each hear `Durable`; handed to a runtime already shut down (the task that
+    /// carries them is dropped unrun), they still hear `Durable`, never "closed".
+    #[test]
+    fn handed_off_wakes_are_given_even_if_the_runtime_never_runs_them() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        let (woken, rxs) = task_waiters(TASK_WAKES_HANDED_OFF_MIN * 2);
+        rt.block_on(async { tokio::task::spawn_blocking(move || wake(woken)).await.unwrap() });
+        for rx in rxs {
+            assert!(matches!(rx.blocking_recv(), Ok(Signal::Durable(None))));
+        }
+        let handle = rt.handle().clone();
+        rt.shutdown_background();
+        let _inside = handle.enter();
+        let (woken, rxs) = task_waiters(TASK_WAKES_HANDED_OFF_MIN * 2);
+        wake(woken);
+        for rx in rxs {
+            assert!(matches!(rx.blocking_recv(), Ok(Signal::Durable(None))), "a durable waiter heard otherwise");
+        }
     }
 }

@@ -512,7 +512,7 @@ fn an_async_submit_after_the_drain_is_refused_and_never_appended() {
     assert!(ledger.drain(5_000).unwrap().settled);
     let built = std::sync::Arc::new(AtomicBool::new(false));
     let b = std::sync::Arc::clone(&built);
-    let mut build = claim("after", &owner);
+    let build = claim("after", &owner);
     let after = rt.block_on(ledger.submit_as_async(None, None, move |p: &Projection, now, w| {
         b.store(true, Ordering::SeqCst);
         build(p, now, w)

@@ -40,7 +40,7 @@
 //! **Failure.** A group that does not become durable poisons the engine: every
 //! waiter hears the cause, every later call too, until the log is reopened.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -248,8 +248,10 @@ pub struct Core<S> {
     /// same answer instead of each waiting out the lock again.
     lead_failed: Option<(Instant, Error)>,
     poisoned: Option<String>,
-    /// Waiters by the last sequence their answer rests on.
-    waiters: BTreeMap<u64, Vec<Slot>>,
+    /// Waiters with the last sequence their answer rests on, in that order (it is
+    /// the last queued sequence when they register, so nearly always at the back:
+    /// no map node and no vector per waiter).
+    waiters: VecDeque<(u64, Slot)>,
 }
 
 impl<S> Deref for Core<S> {
@@ -321,18 +323,30 @@ impl<S> Core<S> {
     /// arrivals queue meanwhile. `links` are the chain links of the records the
     /// last group appended from `first_seq` on.
     fn durable_waiters(&mut self, first_seq: u64, links: &[ChainLink]) -> Vec<(Slot, Signal)> {
-        let later = self.waiters.split_off(&(self.durable_seq + 1));
-        let mut woken = Vec::new();
-        for (seq, slots) in std::mem::replace(&mut self.waiters, later) {
-            let link = seq.checked_sub(first_seq).and_then(|i| links.get(i as usize)).copied();
-            woken.extend(slots.into_iter().map(|slot| (slot, Signal::Durable(link))));
+        let n = self.waiters.partition_point(|(seq, _)| *seq <= self.durable_seq);
+        self.waiters
+            .drain(..n)
+            .map(|(seq, slot)| {
+                let link = seq.checked_sub(first_seq).and_then(|i| links.get(i as usize)).copied();
+                (slot, Signal::Durable(link))
+            })
+            .collect()
+    }
+
+    /// Register a waiter for `covers`, keeping the order by sequence.
+    fn wait_for(&mut self, covers: u64, slot: Slot) {
+        match self.waiters.back() {
+            Some((last, _)) if *last > covers => {
+                let at = self.waiters.partition_point(|(seq, _)| *seq <= covers);
+                self.waiters.insert(at, (covers, slot));
+            }
+            _ => self.waiters.push_back((covers, slot)),
         }
-        woken
     }
 
     /// Give every waiter the same signal.
     fn wake_all(&mut self, signal: Signal) {
-        for slot in std::mem::take(&mut self.waiters).into_values().flatten() {
+        for (_, slot) in std::mem::take(&mut self.waiters) {
             slot.give(signal.clone());
         }
     }
@@ -463,7 +477,7 @@ impl<S> GroupCommit<S> {
                 async_lead_pending: false,
                 lead_failed: None,
                 poisoned: None,
-                waiters: BTreeMap::new(),
+                waiters: VecDeque::new(),
             }),
             arrivals: Condvar::new(),
             changed: Condvar::new(),
@@ -685,7 +699,7 @@ impl<S> GroupCommit<S> {
                         // a later group that fails, or that another writer overtakes.
                         let slot = (covers > core.durable_seq).then(|| {
                             let slot = Arc::new(ThreadSlot::default());
-                            core.waiters.entry(covers).or_default().push(Slot::Thread(slot.clone()));
+                            core.wait_for(covers, Slot::Thread(slot.clone()));
                             slot
                         });
                         own = Some((answer, slot));
@@ -917,7 +931,7 @@ impl<S> GroupCommit<S> {
         }
         // Wait on our own slot: the leader wakes us when `covers` is durable.
         let slot = Arc::new(ThreadSlot::default());
-        core.waiters.entry(covers).or_default().push(Slot::Thread(slot.clone()));
+        core.wait_for(covers, Slot::Thread(slot.clone()));
         drop(core);
         match slot.take() {
             Signal::Durable(link) => Some(Ok(Settled { answer, link })),
@@ -993,7 +1007,7 @@ impl<S> GroupCommit<S> {
                             return AsyncCommit::Done(Err(CommitError::Storage(e)));
                         }
                         let (tx, rx) = tokio::sync::oneshot::channel();
-                        core.waiters.entry(covers).or_default().push(Slot::Task(tx));
+                        core.wait_for(covers, Slot::Task(tx));
                         Some((rx, answer))
                     }
                     _ => {
@@ -1069,7 +1083,7 @@ impl<S> GroupCommit<S> {
                         }
                         let last = core.last_seq;
                         let (tx, rx) = tokio::sync::oneshot::channel();
-                        core.waiters.entry(last).or_default().push(Slot::Task(tx));
+                        core.wait_for(last, Slot::Task(tx));
                         Some((rx, first, last))
                     }
                     _ => {
@@ -1257,5 +1271,34 @@ mod tests {
         for rx in rxs {
             assert!(matches!(rx.blocking_recv(), Ok(Signal::Durable(None))), "a durable waiter heard otherwise");
         }
+    }
+
+    /// Proves: a waiter registered for an earlier sequence than the last one
+    /// registered (an owner's answer resting on less than everything queued) is
+    /// still woken exactly when its own sequence is durable — not before, and not
+    /// only with the later ones.
+    #[test]
+    fn waiters_are_woken_by_their_own_sequence_whatever_order_they_came_in() {
+        let engine = GroupCommit::new((), 0, limits());
+        let mut core = engine.lock();
+        let mut rxs = Vec::new();
+        for covers in [5u64, 3, 7, 5] {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.wait_for(covers, Slot::Task(tx));
+            rxs.push((covers, rx));
+        }
+        for durable in [2u64, 3, 4, 5, 7] {
+            core.durable_seq = durable;
+            let woken = core.durable_waiters(1, &[]);
+            let expected = rxs.iter().filter(|(c, _)| *c <= durable).count();
+            assert_eq!(woken.len(), expected, "durable up to {durable}");
+            woken.into_iter().for_each(|(slot, signal)| slot.give(signal));
+            rxs.retain_mut(|(covers, rx)| {
+                let got = rx.try_recv();
+                assert_eq!(got.is_ok(), *covers <= durable, "waiter for {covers} at durable {durable}");
+                got.is_err()
+            });
+        }
+        assert!(rxs.is_empty());
     }
 }

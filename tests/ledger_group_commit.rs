@@ -152,22 +152,28 @@ fn threads_racing_for_one_subject_in_one_process_have_exactly_one_winner() {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let winners: Vec<uuid::Uuid> = results.iter().filter(|r| r.1.is_ok()).map(|r| r.0).collect();
-        assert_eq!(winners.len(), 1, "round {round}");
-        for (_, r) in results.iter().filter(|r| r.1.is_err()) {
-            match r {
-                Err(LedgerError::Refused(Refusal::AlreadyActive { instance, .. })) => {
-                    assert_eq!(*instance, winners[0], "round {round}")
-                }
-                other => panic!("round {round}: expected ALREADY_ACTIVE, got {other:?}"),
+        assert_one_winner(round, &results);
+    }
+    assert_eq!(claim_records(d.path()), 50, "one claim record per round");
+}
+
+/// Exactly one claimant of a round won; every other was refused ALREADY_ACTIVE
+/// naming the winner.
+fn assert_one_winner(round: usize, results: &[(uuid::Uuid, Result<fencelog::ledger::Committed, LedgerError>)]) {
+    let winners: Vec<uuid::Uuid> = results.iter().filter(|r| r.1.is_ok()).map(|r| r.0).collect();
+    assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+    for (_, r) in results.iter().filter(|r| r.1.is_err()) {
+        match r {
+            Err(LedgerError::Refused(Refusal::AlreadyActive { instance, .. })) => {
+                assert_eq!(*instance, winners[0], "round {round}")
             }
+            other => panic!("round {round}: expected ALREADY_ACTIVE, got {other:?}"),
         }
     }
-    let claims = records(d.path())
-        .iter()
-        .filter(|(_, p)| matches!(decode_txn(p).unwrap().events[0], Event::Claim { .. }))
-        .count();
-    assert_eq!(claims, 50, "one claim record per round");
+}
+
+fn claim_records(dir: &std::path::Path) -> usize {
+    records(dir).iter().filter(|(_, p)| matches!(decode_txn(p).unwrap().events[0], Event::Claim { .. })).count()
 }
 
 /// Proves: the same request id submitted by 8 threads at once commits once; every
@@ -479,22 +485,9 @@ fn async_tasks_and_threads_racing_for_one_subject_have_exactly_one_winner() {
             all.extend(tasks);
             all
         });
-        let winners: Vec<uuid::Uuid> = results.iter().filter(|r| r.1.is_ok()).map(|r| r.0).collect();
-        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
-        for (_, r) in results.iter().filter(|r| r.1.is_err()) {
-            match r {
-                Err(LedgerError::Refused(Refusal::AlreadyActive { instance, .. })) => {
-                    assert_eq!(*instance, winners[0], "round {round}")
-                }
-                other => panic!("round {round}: expected ALREADY_ACTIVE, got {other:?}"),
-            }
-        }
+        assert_one_winner(round, &results);
     }
-    let claims = records(d.path())
-        .iter()
-        .filter(|(_, p)| matches!(decode_txn(p).unwrap().events[0], Event::Claim { .. }))
-        .count();
-    assert_eq!(claims, 30, "one claim record per round");
+    assert_eq!(claim_records(d.path()), 30, "one claim record per round");
 }
 
 /// Proves: once the ledger drains, an async submitter is refused DRAINING before

@@ -401,6 +401,24 @@ impl<S> Drop for RoomWait<'_, S> {
     }
 }
 
+/// Tries an async caller makes for the engine's mutex, letting the runtime's other
+/// tasks run between them, before it waits for it as a blocking section.
+const LOCK_TRIES_ASYNC: u32 = 64;
+
+/// Run `f`, which may block, from an async caller: on a worker of a multi-thread
+/// runtime the runtime is told (its other tasks move to another thread); anywhere
+/// else it simply runs. (The library alone has tokio's single-thread runtime only:
+/// there is nothing to tell.)
+fn block_in_place<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(feature = "daemon")]
+    if tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+    {
+        return tokio::task::block_in_place(f);
+    }
+    f()
+}
+
 /// Async waiters woken by a leader that is not a runtime worker are handed to a
 /// worker in one task when there are at least this many: each wake-up from outside
 /// the runtime is a push onto its shared queue under a lock (and maybe a worker
@@ -505,6 +523,26 @@ impl<S> GroupCommit<S> {
             }
             core
         })
+    }
+
+    /// The guard, for an async caller on a runtime worker. The mutex is mostly
+    /// held for microseconds (judging one transaction), but a leader holds it
+    /// while it reads the files to catch up, and for a whole replay when another
+    /// writer appended first: a worker blocked on it then holds up every other
+    /// task of the runtime (health checks, timers, accepting connections). So the
+    /// caller retries, letting other tasks run in between, and past
+    /// `LOCK_TRIES_ASYNC` tries waits with the runtime told that this worker
+    /// blocks (its other tasks move to another thread).
+    async fn lock_async(&self) -> MutexGuard<'_, Core<S>> {
+        for _ in 0..LOCK_TRIES_ASYNC {
+            match self.core.try_lock() {
+                Ok(guard) => return guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => return self.recover(Err(p)),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            tokio::task::yield_now().await;
+        }
+        block_in_place(|| self.lock())
     }
 
     /// Everyone who waits for a change: a group opened, room, poisoning.
@@ -976,7 +1014,7 @@ impl<S> GroupCommit<S> {
             tokio::pin!(notified);
             let mut waits_for_room = false;
             let judged = {
-                let mut core = self.lock();
+                let mut core = self.lock_async().await;
                 if let Err(e) = core.poison_check() {
                     return AsyncCommit::Done(Err(CommitError::Storage(e)));
                 }
@@ -1056,7 +1094,7 @@ impl<S> GroupCommit<S> {
             tokio::pin!(notified);
             let mut waits_for_room = false;
             let rx = {
-                let mut core = self.lock();
+                let mut core = self.lock_async().await;
                 if let Err(e) = core.poison_check() {
                     return AsyncTurn::Done(Err(e));
                 }
@@ -1300,5 +1338,40 @@ mod tests {
             });
         }
         assert!(rxs.is_empty());
+    }
+
+    /// Proves: async callers that find the engine held for long (a leader catching
+    /// up, replaying) do not hold up the runtime's other tasks: with one worker and
+    /// four callers waiting, a task spawned afterwards still runs while the engine
+    /// is held. (With a plain blocking lock it runs only once the engine is let go.)
+    #[test]
+    fn async_callers_waiting_for_a_long_held_engine_leave_the_runtime_free() {
+        let engine = Arc::new(GroupCommit::new((), 0, limits()));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        let held = engine.lock();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let engine = Arc::clone(&engine);
+                rt.spawn(async move {
+                    let mut act = |_: &mut Core<()>| ((), 0u64);
+                    if let AsyncCommit::<(), Error>::Lead = engine.commit_async(Admission::Callers, &mut act).await {
+                        engine.async_lead_withdrawn();
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        rt.spawn(async move { r.store(true, Ordering::SeqCst) });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !ran.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(ran.load(Ordering::SeqCst), "the runtime's only worker was blocked on the engine");
+        drop(held);
+        for w in waiters {
+            rt.block_on(w).unwrap();
+        }
     }
 }

@@ -488,11 +488,9 @@ impl Ledger {
                 .await;
                 match led {
                     Ok(r) => r,
-                    Err(e) if e.is_panic() => {
-                        return Err(LedgerError::Storage(storage::Error::Poisoned {
-                            cause: "the thread leading an async commit panicked".into(),
-                        }));
-                    }
+                    // As on the other path (and for a thread): the panic reaches the
+                    // caller; the engine poisoned itself when it caught it.
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     Err(_) => return Err(LedgerError::Storage(storage::Error::Closed)),
                 }
             }

@@ -27,7 +27,9 @@ pub mod identity;
 pub mod snapshot;
 
 use crate::storage::Exclusive;
-use crate::storage::commit::{Admission, AsyncCommit, CommitError, Core, GroupCommit, GroupLimits, Hooks};
+use crate::storage::commit::{
+    Admission, AsyncCommit, CommitError, Core, GroupCommit, GroupLimits, Hooks, lead_on_blocking_pool,
+};
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
 use std::collections::HashMap;
@@ -467,24 +469,16 @@ impl Ledger {
         let settled = match turn {
             AsyncCommit::Done(r) => r,
             AsyncCommit::Lead => {
-                // Withdrawn however the blocking task ends — also if it never runs
-                // (a runtime shutting down drops it).
-                struct Pending(Option<Arc<Ledger>>);
-                impl Drop for Pending {
-                    fn drop(&mut self) {
-                        if let Some(ledger) = self.0.take() {
-                            ledger.group.async_lead_withdrawn();
-                        }
-                    }
-                }
-                let mut pending = Pending(Some(Arc::clone(self)));
-                let led = tokio::task::spawn_blocking(move || {
-                    let ledger = pending.0.take().expect("taken once");
-                    let who = caller.unwrap_or_else(|| ledger.me.clone());
-                    ledger.group.commit_async_lead(&*ledger, Admission::Callers, |inner| {
-                        ledger.check_and_queue(inner, &who, request.clone(), &mut build)
-                    })
-                })
+                let led = lead_on_blocking_pool(
+                    Arc::clone(self),
+                    |ledger| &ledger.group,
+                    move |ledger| {
+                        let who = caller.unwrap_or_else(|| ledger.me.clone());
+                        ledger.group.commit_async_lead(ledger, Admission::Callers, |inner| {
+                            ledger.check_and_queue(inner, &who, request.clone(), &mut build)
+                        })
+                    },
+                )
                 .await;
                 match led {
                     Ok(r) => r,

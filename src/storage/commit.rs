@@ -381,6 +381,37 @@ pub enum AsyncTurn {
     Lead(Vec<Vec<u8>>),
 }
 
+/// Lead for an async caller that was made leader ([`AsyncTurn::Lead`],
+/// [`AsyncCommit::Lead`]): run `lead` with the engine's owner on the runtime's
+/// blocking pool. The request to lead is withdrawn however that ends — also if the
+/// thread never runs (a runtime shutting down drops it; with no runtime the spawn
+/// panics) — so other async callers never wait for a leader that does not come.
+pub async fn lead_on_blocking_pool<O, S, R>(
+    owner: Arc<O>,
+    engine: fn(&O) -> &GroupCommit<S>,
+    lead: impl FnOnce(&O) -> R + Send + 'static,
+) -> Result<R, tokio::task::JoinError>
+where
+    O: Send + Sync + 'static,
+    S: 'static,
+    R: Send + 'static,
+{
+    struct Pending<O, S: 'static>(Option<Arc<O>>, fn(&O) -> &GroupCommit<S>);
+    impl<O, S> Drop for Pending<O, S> {
+        fn drop(&mut self) {
+            if let Some(owner) = self.0.take() {
+                (self.1)(&owner).async_lead_withdrawn();
+            }
+        }
+    }
+    let mut pending = Pending(Some(owner), engine);
+    tokio::task::spawn_blocking(move || {
+        let owner = pending.0.take().expect("taken once");
+        lead(&owner)
+    })
+    .await
+}
+
 /// What an async judged commit found ([`GroupCommit::commit_async`]).
 pub enum AsyncCommit<T, E> {
     /// Judged in an open group (or refused before): the answer, settled.

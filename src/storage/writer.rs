@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::backend::{AppendOutcome, Exclusive};
-use super::commit::{Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, Settled};
+use super::commit::{
+    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, Settled, lead_on_blocking_pool,
+};
 use super::dir::{
     check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path, stat_file, stat_path,
 };
@@ -187,25 +189,17 @@ impl Log {
                 appended(Settled { answer: Ok(s.answer), link: s.link })
             }
             AsyncTurn::Lead(payloads) => {
-                // Withdrawn however the blocking task ends — also if it never runs
-                // (a runtime shutting down drops it; no runtime makes the spawn panic).
-                struct Pending(Option<Arc<LogInner>>);
-                impl Drop for Pending {
-                    fn drop(&mut self) {
-                        if let Some(inner) = self.0.take() {
-                            inner.engine.async_lead_withdrawn();
-                        }
-                    }
-                }
-                let mut pending = Pending(Some(Arc::clone(&self.inner)));
-                let led = tokio::task::spawn_blocking(move || {
-                    let inner = pending.0.take().expect("taken once");
-                    let mut payloads = Some(payloads);
-                    let settled = inner
-                        .engine
-                        .commit_async_lead(&*inner, Admission::Callers, |core| queue_raw(core, None, &mut payloads));
-                    appended(settled.map_err(raw_error)?)
-                })
+                let led = lead_on_blocking_pool(
+                    Arc::clone(&self.inner),
+                    |inner| &inner.engine,
+                    move |inner| {
+                        let mut payloads = Some(payloads);
+                        let settled = inner
+                            .engine
+                            .commit_async_lead(inner, Admission::Callers, |core| queue_raw(core, None, &mut payloads));
+                        appended(settled.map_err(raw_error)?)
+                    },
+                )
                 .await;
                 match led {
                     Ok(answer) => answer,

@@ -780,3 +780,24 @@ fn oversized_commands_are_refused_before_anything_is_recorded() {
     let (_, head) = fl(&dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]);
     assert_eq!(head["seq"], 0, "nothing was recorded: {head}");
 }
+
+/// Proves: a caller napping on a runner's stdout wakes when the runner lets go of
+/// it (the outcome settled, or the runner gone), long before its nap would end,
+/// and a nap with nothing settled ends unwoken.
+#[test]
+fn a_caller_wakes_the_moment_its_runner_lets_go_of_the_settled_pipe() {
+    use fencelog::supervisor::runner::nap_until_settled;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    assert!(!nap_until_settled(&r, Duration::from_millis(20)), "nothing settled yet");
+    let letting_go = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(w);
+    });
+    let t = Instant::now();
+    assert!(nap_until_settled(&r, Duration::from_secs(60)), "woken by the end of file");
+    assert!(t.elapsed() < Duration::from_secs(30), "woken, not timed out: {:?}", t.elapsed());
+    letting_go.join().unwrap();
+}

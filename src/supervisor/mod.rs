@@ -352,7 +352,7 @@ pub fn run_until(
     let mut runner = None;
     if p.status() == ProcessStatus::Requested {
         match runner::start_runner(dir, process, self_exe, &env) {
-            Ok(exited) => runner = exited,
+            Ok(settled) => runner = Some(settled),
             Err(e) => {
                 // Never started: say so on record (its leases end with it), unless a
                 // runner of another caller got it meanwhile.
@@ -389,10 +389,11 @@ fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process)
     wait_for_runner(ledger, process, wait_ms, None, done)
 }
 
-/// [`wait_for`] that also wakes the moment the runner it started exits (`runner`:
-/// its pidfd) — a runner exits right after its exit record is durable, so a quick
-/// command's answer is read at once, not at the end of a nap. Once it has exited
-/// the wait goes on by naps (a runner that died without its record: recovery's).
+/// [`wait_for`] that also wakes the moment the runner it started has settled the
+/// outcome or exited (`runner`: the read end of its stdout, from
+/// [`runner::start_runner`]) — so a quick command's answer is read as soon as its
+/// exit record is durable, not at the end of a nap. After that the wait goes on by
+/// naps (a runner that died without its record: recovery's).
 fn wait_for_runner(
     ledger: &Ledger,
     process: u64,
@@ -414,7 +415,7 @@ fn wait_for_runner(
         let nap_now = nap.min(deadline - now);
         match &runner {
             Some(fd) => {
-                if runner::nap_until_exit(fd, nap_now) {
+                if runner::nap_until_settled(fd, nap_now) {
                     runner = None;
                 }
             }

@@ -229,6 +229,11 @@ fn end_unstarted(ledger: &Ledger, process: u64, code: &str, detail: &str) {
 /// Append the terminal record, retrying (reopening the log) on failure: it is the
 /// only evidence of how the command ended.
 fn record_exit(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
+    record_exit_attempts(dir, first, process, exit);
+    tell_caller_settled();
+}
+
+fn record_exit_attempts(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
     let mut reopened;
     let mut ledger = first;
     for attempt in 1..=TERMINAL_APPEND_ATTEMPTS_MAX {
@@ -573,20 +578,20 @@ fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> G
 /// Start a runner for `process` in a session of its own, its stderr appended to
 /// the process's `runner.log`, with `env` added to its environment (the command's
 /// `--env` values, which never enter the log). It is reaped on a thread of ours.
-/// Returns a pidfd of it that becomes readable when it exits (none where the kernel
-/// has no `pidfd_open`).
+/// Returns the read end of a pipe that is the runner's stdout: it reports end of
+/// file the moment the runner has settled the process's outcome (see
+/// [`tell_caller_settled`]) or is gone, whichever comes first — so a quick
+/// command's answer is read as soon as its exit record is durable, not once the
+/// runner has also torn itself down.
 ///
 /// Started with `posix_spawn` (the caller is not copied: glibc spawns with
 /// `CLONE_VFORK`), asking for a new session (`POSIX_SPAWN_SETSID`), `/` as its
-/// directory, `/dev/null` as stdin and stdout, and every descriptor from 3 up
-/// closed: a runner holds nothing of its caller's (a pipe a shell waits on, a
-/// daemon's sockets) for the command's lifetime.
-pub fn start_runner(
-    dir: &Path,
-    process: u64,
-    self_exe: &Path,
-    env: &[(String, String)],
-) -> std::io::Result<Option<OwnedFd>> {
+/// directory, `/dev/null` as stdin, and every descriptor from 3 up closed: a runner
+/// holds nothing of its caller's (a pipe a shell waits on, a daemon's sockets) for
+/// the command's lifetime. (The pipe's write end becomes the runner's stdout in the
+/// child only; our copies of both ends are close-on-exec, so no other process this
+/// caller starts meanwhile inherits them.)
+pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
     use std::ffi::{CString, OsStr, OsString};
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     use std::os::unix::fs::PermissionsExt;
@@ -631,6 +636,7 @@ pub fn start_runner(
     let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
     let (dev_null, root) = (c"/dev/null", c"/");
     let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(rc)) };
+    let (settled_r, settled_w) = pipe_cloexec()?;
     let mut pid: libc::pid_t = 0;
     // SAFETY: the attribute and file-action objects are initialised before use and
     // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
@@ -655,9 +661,7 @@ pub fn start_runner(
             .and_then(|_| {
                 check(libc::posix_spawn_file_actions_addopen(&mut fa, 0, dev_null.as_ptr(), libc::O_RDONLY, 0))
             })
-            .and_then(|_| {
-                check(libc::posix_spawn_file_actions_addopen(&mut fa, 1, dev_null.as_ptr(), libc::O_WRONLY, 0))
-            })
+            .and_then(|_| check(libc::posix_spawn_file_actions_adddup2(&mut fa, settled_w.as_raw_fd(), 1)))
             .and_then(|_| check(libc::posix_spawn_file_actions_adddup2(&mut fa, log.as_raw_fd(), 2)))
             .and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, root.as_ptr())))
             .and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, 3)))
@@ -668,13 +672,8 @@ pub fn start_runner(
         libc::posix_spawnattr_destroy(&mut attr);
         spawned?;
     }
-    drop(log);
-    // Opened before the reaper can reap it: the pidfd names this process, never a
-    // later one that reuses the pid.
-    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    // SAFETY: a non-negative result is a descriptor we now own.
-    let exited = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    // The runner holds the only write end now: its end of file is the runner's word.
+    drop((log, settled_w));
     std::thread::spawn(move || {
         let mut status = 0;
         // SAFETY: waits for our own child; EINTR is retried.
@@ -682,15 +681,34 @@ pub fn start_runner(
             && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
         {}
     });
-    Ok(exited)
+    Ok(settled_r)
 }
 
-/// Sleep up to `nap`, or less if the process behind `pidfd` exits first; true if
-/// it has exited.
-pub fn nap_until_exit(pidfd: &OwnedFd, nap: std::time::Duration) -> bool {
-    let mut fds = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+/// Sleep up to `nap`, or less if the runner behind `settled` (the read end of its
+/// stdout, from [`start_runner`]) settles the outcome or exits first; true if it has.
+pub fn nap_until_settled(settled: &OwnedFd, nap: std::time::Duration) -> bool {
+    let mut fds = libc::pollfd { fd: settled.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     let ts = libc::timespec { tv_sec: nap.as_secs() as libc::time_t, tv_nsec: nap.subsec_nanos() as libc::c_long };
     // SAFETY: one valid pollfd, a valid timespec, no signal mask.
     let n = unsafe { libc::ppoll(&mut fds, 1, &ts, std::ptr::null()) };
-    n > 0 && fds.revents & libc::POLLIN != 0
+    // End of file (POLLHUP), or bytes a runner never writes: either way, look now.
+    n > 0 && fds.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Tell the caller that started this runner that the outcome is settled (on
+/// record, or given up on): its stdout — the pipe the caller waits on — becomes
+/// `/dev/null`, and the caller reads the log now rather than once this process has
+/// exited. Nothing is written: a caller that has stopped waiting is not disturbed.
+fn tell_caller_settled() {
+    // SAFETY: open(2) of a constant path, dup2(2) onto stdout (which closes the
+    // pipe there atomically), close(2) of the descriptor just opened.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 1);
+            libc::close(null);
+        } else {
+            libc::close(1);
+        }
+    }
 }

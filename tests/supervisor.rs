@@ -781,6 +781,50 @@ fn oversized_commands_are_refused_before_anything_is_recorded() {
     assert_eq!(head["seq"], 0, "nothing was recorded: {head}");
 }
 
+/// `process logs ID [--stream S]` → (exit code, raw stdout, stderr).
+fn logs(dir: &Path, id: u64, stream: &str) -> (i32, Vec<u8>, String) {
+    let out = Command::new(FENCELOG)
+        .args(["process", "logs", &id.to_string(), "--stream", stream])
+        .env("FENCELOG_DIR", dir)
+        .output()
+        .unwrap();
+    (out.status.code().unwrap_or(-1), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Proves: the output of an ended process is read exactly as far as its exit
+/// record says was kept. An empty stream's file is not synced, so after a crash an
+/// older file of that name may be back: it never shows. Bytes past what was kept
+/// never show. A file that lost kept (synced) bytes is an I/O error naming both
+/// counts, never a silently shorter output.
+#[test]
+fn logs_of_an_ended_process_print_exactly_what_its_exit_record_kept() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &[], &["sh", "-c", "echo hello"]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert_eq!((v["stdout"]["bytes_kept"].as_u64(), v["stderr"]["bytes_kept"].as_u64()), (Some(6), Some(0)));
+    let d = dir.join("processes/1");
+    // An older stderr back under the name (what a crash could leave): not shown.
+    fs::write(d.join("stderr"), "an older process's secret\n").unwrap();
+    assert_eq!(logs(&dir, 1, "stderr"), (0, vec![], String::new()));
+    // Bytes after what was kept: not shown.
+    fs::write(d.join("stdout"), "hello\nappended later\n").unwrap();
+    assert_eq!(logs(&dir, 1, "stdout").1, b"hello\n");
+    // Kept bytes lost: IO_ERROR (exit 1), naming the record's count and the file's.
+    fs::write(d.join("stdout"), "he").unwrap();
+    let (code, out, err) = logs(&dir, 1, "stdout");
+    assert_eq!(code, 1, "{err}");
+    let v: Value = serde_json::from_slice(&out[out.iter().position(|&b| b == b'{').unwrap()..]).unwrap();
+    assert_eq!(code_of(&v), "IO_ERROR", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("says 6 bytes were kept, the file holds 2"), "{message}");
+    // A missing file whose record kept bytes is the same error; one that kept none
+    // needs no file at all.
+    fs::remove_file(d.join("stdout")).unwrap();
+    fs::remove_file(d.join("stderr")).unwrap();
+    assert_eq!(logs(&dir, 1, "stdout").0, 1);
+    assert_eq!(logs(&dir, 1, "stderr"), (0, vec![], String::new()));
+}
+
 /// Proves: a caller napping on a runner's stdout wakes when the runner lets go of
 /// it (the outcome settled, or the runner gone), long before its nap would end,
 /// and a nap with nothing settled ends unwoken.

@@ -668,12 +668,11 @@ async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q)
     let worker = Arc::clone(&app);
     let r = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, OpError> {
         let _permit = permit;
-        worker.ledger.refresh_with(|p| supervisor::show(p, id))??;
-        match std::fs::read(supervisor::output_path(&worker.dir, id, stream)) {
-            Ok(b) => Ok(b),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
-            Err(e) => Err(OpError::Io { message: format!("process {id} output: {e}") }),
-        }
+        let p = worker
+            .ledger
+            .refresh_with(|p| p.processes.get(&id).cloned())?
+            .ok_or(OpError::Refused(crate::model::Refusal::UnknownProcess { process: id }))?;
+        supervisor::read_output(&worker.dir, &p, stream, 0)
     })
     .await;
     match r {

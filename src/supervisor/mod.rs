@@ -485,6 +485,53 @@ pub fn output_path(dir: &Path, process: u64, stream: Stream) -> PathBuf {
     })
 }
 
+/// `process logs`: the kept output of `stream` from byte `from` on (at most
+/// [`OUTPUT_BYTES_MAX_LIMIT`] bytes, more than any stream keeps). Once the exit is
+/// on record, exactly the bytes the record says were kept: an empty stream's file
+/// is never synced, so after a crash it may be missing, or an older file of that
+/// name may be back in its place; neither shows. A file that holds fewer bytes
+/// than its record says were kept (and synced) is damage: `IO_ERROR` naming both
+/// counts. Before the exit (or after a runner that recorded none), whatever the
+/// file holds so far.
+pub fn read_output(dir: &Path, p: &Process, stream: Stream, from: u64) -> Result<Vec<u8>, OpError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let recorded = match p.ended.as_ref().map(|e| &e.end) {
+        Some(ProcessEnd::Exited(x)) => Some(match stream {
+            Stream::Stdout => x.stdout.bytes_kept,
+            Stream::Stderr => x.stderr.bytes_kept,
+        }),
+        _ => None,
+    };
+    let want = recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |kept| kept.saturating_sub(from).min(OUTPUT_BYTES_MAX_LIMIT));
+    if want == 0 {
+        return Ok(Vec::new());
+    }
+    let path = output_path(dir, p.id, stream);
+    let io = |e: std::io::Error| OpError::Io { message: format!("{}: {e}", path.display()) };
+    let mut buf = Vec::new();
+    match std::fs::File::open(&path) {
+        Ok(mut f) => {
+            f.seek(SeekFrom::Start(from)).map_err(io)?;
+            f.take(want).read_to_end(&mut buf).map_err(io)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && recorded.is_none() => {}
+        Err(e) => return Err(io(e)),
+    }
+    if let Some(kept) = recorded
+        && (buf.len() as u64) < want
+    {
+        return Err(OpError::Io {
+            message: format!(
+                "{}: process {}'s exit record says {kept} bytes were kept, the file holds {}",
+                path.display(),
+                p.id,
+                from + buf.len() as u64
+            ),
+        });
+    }
+    Ok(buf)
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct CancelResponse {
     #[serde(flatten)]

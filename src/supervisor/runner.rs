@@ -440,13 +440,22 @@ impl Capturer {
                     tail.pop_front();
                 }
             }
-            // Durable before the exit record names its digest — an empty file too:
-            // its fsync is what makes its creation (and the renaming aside of
-            // whatever had its name) durable.
-            if let Some(f) = file {
+            // Durable before the exit record names its digest. A file with nothing
+            // kept is not synced (a journal commit on the way to every answer):
+            // the record says nothing was kept, and the output of an ended process
+            // is read only as far as its record says (`read_output`), so an empty
+            // file lost in a crash — or an older file of that name back in its
+            // place — shows nothing.
+            let mut s = shared.lock().expect("capture state");
+            if let Some(f) = file
+                && s.capture.bytes_kept > 0
+            {
+                drop(s);
                 let _ = f.sync_all();
+                s = shared.lock().expect("capture state");
             }
-            shared.lock().expect("capture state").done = true;
+            s.done = true;
+            drop(s);
             let _ = tx.send(());
         });
         Capturer { state, done }

@@ -1,11 +1,10 @@
 //! `run`, `process …` and `recover`: parsing and printing; the decisions are in
 //! `fencelog::supervisor`.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use fencelog::ledger::Ledger;
-use fencelog::ops::OpError;
 use fencelog::storage::LogOptions;
 use fencelog::supervisor::{self as sup, Stream};
 
@@ -54,21 +53,25 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
 /// everything it kept is printed.
 fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed {
     let view = Ledger::read_only(dir, &ledger_options())?;
+    let first = view.projection.processes.get(&id).cloned();
     sup::show(&view.projection, id)?; // an unknown process is UNKNOWN_PROCESS, not an empty output
     let ledger = if follow { Some(Ledger::open(dir, ledger_options())?) } else { None };
-    let path = sup::output_path(dir, id, stream);
     let mut out = std::io::stdout().lock();
     let mut pos = 0u64;
     let deadline = std::time::Instant::now() + Duration::from_millis(sup::WAIT_MS_MAX);
     loop {
-        let ended = match &ledger {
-            Some(l) => l.refresh_with(|p| p.processes.get(&id).is_none_or(|x| x.ended.is_some()))?,
-            None => true,
+        let p = match &ledger {
+            Some(l) => l.refresh_with(|p| p.processes.get(&id).cloned())?,
+            None => first.clone(),
         };
-        if let Ok(mut f) = std::fs::File::open(&path) {
-            f.seek(SeekFrom::Start(pos)).map_err(|e| OpError::Io { message: format!("{}: {e}", path.display()) })?;
-            let mut buf = Vec::new();
-            f.read_to_end(&mut buf).map_err(|e| OpError::Io { message: format!("{}: {e}", path.display()) })?;
+        let Some(p) = p else { return Ok((serde_json::Value::Null, 0)) };
+        // Read before judging the end: what was written up to it is printed.
+        let ended = ledger.is_none() || p.ended.is_some();
+        loop {
+            let buf = sup::read_output(dir, &p, stream, pos)?;
+            if buf.is_empty() {
+                break;
+            }
             pos += buf.len() as u64;
             out.write_all(&buf).and_then(|_| out.flush()).map_err(crate::stdout_error)?;
         }

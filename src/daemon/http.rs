@@ -478,6 +478,11 @@ fn to_value<T: serde::Serialize>(r: Result<T, OpError>) -> Result<Value, OpError
     r.map(|v| serde_json::to_value(v).expect("responses serialize"))
 }
 
+/// A mutation's answer as JSON, built once (`to_value` would build it twice).
+fn op_json(r: Result<ops::OpResponse, OpError>) -> Result<Value, OpError> {
+    r.map(|v| Value::Object(v.to_json()))
+}
+
 /// Owners over HTTP usually run on another host: without `pid` a claim is a
 /// remote owner (instance only, never provably dead).
 const REMOTE: Caller = Caller { default_pid: None, remote: true };
@@ -501,7 +506,7 @@ fn caller(peer: Option<axum::Extension<Peer>>) -> Caller {
 async fn claim(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
     mutate(app, "claim", h, b, move |app, r: ops::ClaimRequest| async move {
-        to_value(ops::plan_claim(&r, who)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_claim(&r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
@@ -520,7 +525,7 @@ async fn generation(
         GenerationOp::RotateFence => "rotate-fence",
     };
     mutate(app, name, h, b, move |app, r: ops::GenerationRequest| async move {
-        to_value(ops::plan_generation(op, &r, who)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_generation(op, &r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
@@ -528,7 +533,7 @@ async fn generation(
 async fn takeover(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
     mutate(app, "takeover", h, b, move |app, r: ops::TakeoverRequest| async move {
-        to_value(ops::plan_takeover(&r, who)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_takeover(&r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
@@ -536,21 +541,21 @@ async fn takeover(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer
 async fn note(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
     mutate(app, "note", h, b, move |app, r: ops::NoteRequest| async move {
-        to_value(ops::plan_note(&r, who)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_note(&r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
 
 async fn lease_acquire(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
     mutate(app, "lease-acquire", h, b, |app, r: ops::LeaseAcquireRequest| async move {
-        to_value(ops::plan_lease_acquire(&r)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_lease_acquire(&r)?.submit_async(&app.ledger).await)
     })
     .await
 }
 
 async fn lease_release(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
     mutate(app, "lease-release", h, b, |app, r: ops::LeaseReleaseRequest| async move {
-        to_value(ops::plan_lease_release(&r)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_lease_release(&r)?.submit_async(&app.ledger).await)
     })
     .await
 }

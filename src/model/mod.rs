@@ -63,13 +63,11 @@ pub(crate) use flat_enum_serialize;
 /// <its fields>}` (a unit variant gives just the kind).
 pub fn flatten_tagged<T: serde::Serialize>(value: &T) -> serde_json::Value {
     let v = serde_json::to_value(value).expect("model values serialize");
-    let (name, fields) = match &v {
-        serde_json::Value::Object(o) if o.contains_key("kind") => return v,
-        serde_json::Value::Object(o) if o.len() == 1 => {
-            o.iter().next().map(|(k, f)| (k.clone(), f.clone())).expect("one")
-        }
-        serde_json::Value::String(name) => (name.clone(), serde_json::Value::Null),
-        _ => return v,
+    // The variant's name and fields are moved out, never copied.
+    let (name, fields) = match v {
+        serde_json::Value::Object(o) if o.len() == 1 && !o.contains_key("kind") => o.into_iter().next().expect("one"),
+        serde_json::Value::String(name) => (name, serde_json::Value::Null),
+        v => return v,
     };
     let mut kind = String::new();
     for (i, c) in name.chars().enumerate() {

@@ -167,15 +167,44 @@ impl Serialize for FlatOutcome {
     }
 }
 
-/// The answer to a committed (or deduplicated, or no-op) mutation.
-#[derive(Debug, Clone, Serialize)]
+/// The answer to a committed (or deduplicated, or no-op) mutation: the outcome's
+/// fields (`kind` first among them), then `seq` and `deduplicated`.
+#[derive(Debug, Clone)]
 pub struct OpResponse {
-    #[serde(flatten)]
     pub outcome: FlatOutcome,
     /// Sequence of the record, or `None` when nothing needed writing.
     pub seq: Option<u64>,
     /// The request id had already committed this content; this is that result.
     pub deduplicated: bool,
+}
+
+impl OpResponse {
+    /// The JSON object, built in one pass: the outcome's object with `seq` and
+    /// `deduplicated` added (what `#[serde(flatten)]` gave, without building the
+    /// outcome's object twice and copying it into a third).
+    pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = match self.outcome_json() {
+            serde_json::Value::Object(m) => m,
+            other => {
+                let mut m = serde_json::Map::new();
+                m.insert("kind".into(), other);
+                m
+            }
+        };
+        m.insert("seq".into(), self.seq.into());
+        m.insert("deduplicated".into(), self.deduplicated.into());
+        m
+    }
+
+    fn outcome_json(&self) -> serde_json::Value {
+        self.outcome.0.to_json()
+    }
+}
+
+impl Serialize for OpResponse {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
 }
 
 /// The intent a request id stands for: blake3 of the operation's name and content.
@@ -651,4 +680,40 @@ pub struct RequestShowResponse {
 /// "Committed at N" or "never committed", from a read-only view.
 pub fn request_show(view: &ReadView, id: &str) -> Result<RequestShowResponse, OpError> {
     Ok(RequestShowResponse { status: view.request_status(id)?, torn_tail: view.torn_tail })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `OpResponse` serialized to when it was `#[serde(flatten)]`-derived.
+    #[derive(Serialize)]
+    struct DerivedFlatten<'a> {
+        #[serde(flatten)]
+        outcome: &'a FlatOutcome,
+        seq: Option<u64>,
+        deduplicated: bool,
+    }
+
+    #[test]
+    fn the_one_pass_answer_is_exactly_what_the_derived_flatten_gave() {
+        let outcomes = [
+            Outcome::Heartbeat { subject: "a".into(), generation: 3, heartbeat_ms: 1_700_000_000_000 },
+            Outcome::Released { subject: "b/c".into(), generation: 1 },
+            Outcome::CutoverRecorded { settled: 7 },
+            Outcome::LeaseReleased { lease: 4, token: 11 },
+        ];
+        for outcome in outcomes {
+            for (seq, deduplicated) in [(Some(9), false), (None, true)] {
+                let r = OpResponse { outcome: FlatOutcome(outcome.clone()), seq, deduplicated };
+                let old = DerivedFlatten { outcome: &r.outcome, seq, deduplicated };
+                // Every front end prints an answer through a JSON value (keys sorted):
+                // the same value, so the same bytes.
+                let old = serde_json::to_value(&old).unwrap();
+                assert_eq!(serde_json::Value::Object(r.to_json()), old);
+                assert_eq!(serde_json::to_value(&r).unwrap(), old);
+                assert_eq!(serde_json::to_vec(&r.to_json()).unwrap(), serde_json::to_vec(&old).unwrap());
+            }
+        }
+    }
 }

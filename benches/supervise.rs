@@ -7,6 +7,9 @@
 //!
 //!   cargo bench --bench supervise                   # full run
 //!   cargo bench --bench supervise -- --quick --json # short run, one JSON object
+//!   cargo bench --bench supervise -- --quick --runner-a OTHER/fencelog
+//!       # paired A/B of runner binaries: OTHER's runner against this build's,
+//!       # alternated sample by sample under the same caller (this build's)
 //!
 //! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp).
 
@@ -50,8 +53,13 @@ fn request() -> RunRequest {
 }
 
 fn run_once(ledger: &Ledger, dir: &Path) -> f64 {
+    run_with(ledger, dir, Path::new(FENCELOG))
+}
+
+/// One run through fencelog whose runner is started from `runner_exe`.
+fn run_with(ledger: &Ledger, dir: &Path, runner_exe: &Path) -> f64 {
     let t = Instant::now();
-    let v = supervisor::run(ledger, dir, &request(), Path::new(FENCELOG)).expect("run");
+    let v = supervisor::run(ledger, dir, &request(), runner_exe).expect("run");
     assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
     t.elapsed().as_secs_f64() * 1e6
 }
@@ -81,6 +89,10 @@ fn main() {
     let tmp = tempfile::Builder::new().prefix("supervise").tempdir_in(&root).unwrap();
     let dir = tmp.path().join("log");
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    if let Some(a) = args.iter().position(|x| x == "--runner-a").and_then(|i| args.get(i + 1)) {
+        paired_runners(&ledger, &dir, Path::new(a), samples, as_json);
+        return;
+    }
     let mut raw = std::fs::File::create(tmp.path().join("raw")).unwrap();
 
     // Interleaved sample by sample, so all three see the same machine weather.
@@ -132,6 +144,41 @@ fn main() {
         "overhead_p99_ms": round3((t99 - d99) / 1000.0),
         "overhead_p50_minus_two_fdatasyncs_ms": round3((t50 - d50 - 2.0 * s50) / 1000.0),
         "runs_per_s_16_callers": runs_per_s.round(),
+    });
+    if as_json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}
+
+/// A/B of two runner binaries under one caller: `a`'s runner, then this build's,
+/// then this build's, then `a`'s…, so both see the same machine and the same log
+/// length; the p50 of the paired differences (B − A) is the figure to read. The
+/// log grows by 3 records a run (6 a pair): both halves replay the same amount.
+fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, as_json: bool) {
+    let b = Path::new(FENCELOG);
+    let (mut ta, mut tb) = (vec![], vec![]);
+    for _ in 0..10 {
+        run_with(ledger, dir, a);
+        run_with(ledger, dir, b);
+    }
+    for i in 0..samples {
+        if i % 2 == 0 {
+            ta.push(run_with(ledger, dir, a));
+            tb.push(run_with(ledger, dir, b));
+        } else {
+            tb.push(run_with(ledger, dir, b));
+            ta.push(run_with(ledger, dir, a));
+        }
+    }
+    let diff: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y - x).collect();
+    let out = json!({
+        "runner_a": a.display().to_string(),
+        "runner_b": FENCELOG,
+        "a": stats(ta),
+        "b": stats(tb),
+        "b_minus_a_paired": stats(diff),
     });
     if as_json {
         println!("{out}");

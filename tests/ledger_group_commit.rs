@@ -490,6 +490,91 @@ fn async_tasks_and_threads_racing_for_one_subject_have_exactly_one_winner() {
     assert_eq!(claim_records(d.path()), 30, "one claim record per round");
 }
 
+/// Proves: async submitters on one handle while a second handle of the same log
+/// (as a second process — the CLI beside a daemon — would) keeps appending: each
+/// leader catches up with the other handle's records before it judges, so every
+/// answer names that caller's own record, the sequences of both handles together
+/// are dense and distinct, and both handles, caught up, hold the state a fresh
+/// open replays.
+#[test]
+fn async_submitters_and_another_handle_appending_to_the_same_log_each_answer_with_their_own_record() {
+    let d = tempfile::tempdir().unwrap();
+    let a = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
+    let b = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let owner = me();
+    let mut answers: Vec<(String, u64)> = vec![];
+    let mut burst = 0;
+    while burst < 3 {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let other: Vec<_> = (0..2)
+                .map(|t| {
+                    let (b, owner, stop) = (&b, &owner, &stop);
+                    s.spawn(move || {
+                        let subject = format!("other/{burst}/{t}");
+                        let mut seqs =
+                            vec![(subject.clone(), b.submit(None, claim(&subject, owner)).unwrap().seq.unwrap())];
+                        while !stop.load(Ordering::Relaxed) {
+                            seqs.push((subject.clone(), b.submit(None, heartbeat(&subject)).unwrap().seq.unwrap()));
+                        }
+                        seqs
+                    })
+                })
+                .collect();
+            let mine: Vec<(String, u64)> = rt.block_on(async {
+                let hs: Vec<_> = (0..32)
+                    .map(|t| {
+                        let (a, owner) = (std::sync::Arc::clone(&a), owner.clone());
+                        tokio::spawn(async move {
+                            let subject = format!("async/{burst}/{t}");
+                            let c = a.submit_as_async(None, None, claim(&subject, &owner)).await.unwrap();
+                            let mut seqs = vec![(subject.clone(), c.seq.unwrap())];
+                            for _ in 0..16 {
+                                let c = a.submit_as_async(None, None, heartbeat(&subject)).await.unwrap();
+                                seqs.push((subject.clone(), c.seq.unwrap()));
+                            }
+                            seqs
+                        })
+                    })
+                    .collect();
+                let mut all = vec![];
+                for h in hs {
+                    all.extend(h.await.unwrap());
+                }
+                all
+            });
+            stop.store(true, Ordering::Relaxed);
+            answers.extend(mine);
+            for h in other {
+                answers.extend(h.join().unwrap());
+            }
+        });
+        burst += 1;
+    }
+    answers.sort_by_key(|x| x.1);
+    let stored = records(d.path());
+    assert_eq!(answers.iter().map(|x| x.1).collect::<Vec<_>>(), (1..=stored.len() as u64).collect::<Vec<_>>());
+    for ((subject, seq), (stored_seq, payload)) in answers.iter().zip(&stored) {
+        assert_eq!(seq, stored_seq);
+        let on_record = match &decode_txn(payload).unwrap().events[0] {
+            Event::Claim { subject, .. } | Event::Heartbeat { subject, .. } => subject.clone(),
+            other => panic!("unexpected event {other:?}"),
+        };
+        assert_eq!(&on_record, subject, "the answer at {seq} is another caller's transaction");
+    }
+    // The other handle did append in the midst of a burst of async submitters.
+    let seqs_of = |prefix: &str| answers.iter().filter(|x| x.0.starts_with(prefix)).map(|x| x.1).collect::<Vec<_>>();
+    let interleaved = (0..burst).any(|n| {
+        let (mine, theirs) = (seqs_of(&format!("async/{n}/")), seqs_of(&format!("other/{n}/")));
+        theirs.iter().any(|s| (mine[0]..*mine.last().unwrap()).contains(s))
+    });
+    assert!(interleaved, "in no burst did the other handle append between the async submitters' records");
+    let fresh = Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection();
+    assert_eq!(a.refresh().unwrap(), fresh);
+    assert_eq!(b.refresh().unwrap(), fresh);
+}
+
 /// Proves: once the ledger drains, an async submitter is refused DRAINING before
 /// its transaction is judged — nothing is appended — while a thread's and an async
 /// submit before the drain both landed.

@@ -82,6 +82,12 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    let runner_a = args.iter().position(|x| x == "--runner-a").map(|i| {
+        args.get(i + 1).filter(|a| !a.starts_with("--")).unwrap_or_else(|| {
+            eprintln!("--runner-a needs the path of another fencelog binary");
+            std::process::exit(2)
+        })
+    });
     let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).expect("bench dir");
     let root = std::path::absolute(root).unwrap();
@@ -89,7 +95,7 @@ fn main() {
     let tmp = tempfile::Builder::new().prefix("supervise").tempdir_in(&root).unwrap();
     let dir = tmp.path().join("log");
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
-    if let Some(a) = args.iter().position(|x| x == "--runner-a").and_then(|i| args.get(i + 1)) {
+    if let Some(a) = runner_a {
         paired_runners(&ledger, &dir, Path::new(a), samples, as_json);
         return;
     }

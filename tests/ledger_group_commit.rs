@@ -505,7 +505,16 @@ fn async_submitters_and_another_handle_appending_to_the_same_log_each_answer_wit
     let owner = me();
     let mut answers: Vec<(String, u64)> = vec![];
     let mut burst = 0;
-    while burst < 3 {
+    // Bursts go on (bounded) until the other handle has appended in the midst of
+    // one: on a loaded machine it may not get a turn in the first few.
+    let interleaved = |answers: &[(String, u64)], n: u64| {
+        let seqs_of =
+            |prefix: String| answers.iter().filter(|x| x.0.starts_with(&prefix)).map(|x| x.1).collect::<Vec<_>>();
+        let (mine, theirs) = (seqs_of(format!("async/{n}/")), seqs_of(format!("other/{n}/")));
+        theirs.iter().any(|s| (mine[0]..*mine.last().unwrap()).contains(s))
+    };
+    let mut seen_interleaved = false;
+    while burst < 3 || (!seen_interleaved && burst < 30) {
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             let other: Vec<_> = (0..2)
@@ -550,6 +559,7 @@ fn async_submitters_and_another_handle_appending_to_the_same_log_each_answer_wit
                 answers.extend(h.join().unwrap());
             }
         });
+        seen_interleaved |= interleaved(&answers, burst);
         burst += 1;
     }
     answers.sort_by_key(|x| x.1);
@@ -563,13 +573,7 @@ fn async_submitters_and_another_handle_appending_to_the_same_log_each_answer_wit
         };
         assert_eq!(&on_record, subject, "the answer at {seq} is another caller's transaction");
     }
-    // The other handle did append in the midst of a burst of async submitters.
-    let seqs_of = |prefix: &str| answers.iter().filter(|x| x.0.starts_with(prefix)).map(|x| x.1).collect::<Vec<_>>();
-    let interleaved = (0..burst).any(|n| {
-        let (mine, theirs) = (seqs_of(&format!("async/{n}/")), seqs_of(&format!("other/{n}/")));
-        theirs.iter().any(|s| (mine[0]..*mine.last().unwrap()).contains(s))
-    });
-    assert!(interleaved, "in no burst did the other handle append between the async submitters' records");
+    assert!(seen_interleaved, "in {burst} bursts the other handle never appended between the async records");
     let fresh = Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection();
     assert_eq!(a.refresh().unwrap(), fresh);
     assert_eq!(b.refresh().unwrap(), fresh);

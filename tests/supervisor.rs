@@ -809,20 +809,49 @@ fn logs_of_an_ended_process_print_exactly_what_its_exit_record_kept() {
     // Bytes after what was kept: not shown.
     fs::write(d.join("stdout"), "hello\nappended later\n").unwrap();
     assert_eq!(logs(&dir, 1, "stdout").1, b"hello\n");
-    // Kept bytes lost: IO_ERROR (exit 1), naming the record's count and the file's.
-    fs::write(d.join("stdout"), "he").unwrap();
-    let (code, out, err) = logs(&dir, 1, "stdout");
-    assert_eq!(code, 1, "{err}");
-    let v: Value = serde_json::from_slice(&out[out.iter().position(|&b| b == b'{').unwrap()..]).unwrap();
-    assert_eq!(code_of(&v), "IO_ERROR", "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains("says 6 bytes were kept, the file holds 2"), "{message}");
-    // A missing file whose record kept bytes is the same error; one that kept none
-    // needs no file at all.
-    fs::remove_file(d.join("stdout")).unwrap();
+    // Damage is IO_ERROR (exit 1), and nothing but the error is printed: kept bytes
+    // lost (the record's count and the file's named), other bytes of the same
+    // length (the digest), the file gone.
+    let io_error = |contents: Option<&str>| {
+        match contents {
+            Some(c) => fs::write(d.join("stdout"), c).unwrap(),
+            None => fs::remove_file(d.join("stdout")).unwrap(),
+        }
+        let (code, out, err) = logs(&dir, 1, "stdout");
+        assert_eq!((code, out.first()), (1, Some(&b'{')), "{err}");
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(code_of(&v), "IO_ERROR", "{v}");
+        v["error"]["message"].as_str().unwrap().to_owned()
+    };
+    let m = io_error(Some("he"));
+    assert!(m.contains("says 6 bytes were kept, the file processes/1/stdout holds 2"), "{m}");
+    let m = io_error(Some("HELLO\n"));
+    assert!(m.contains("are not the ones its exit record kept"), "{m}");
+    let m = io_error(None);
+    assert!(m.contains("holds 0"), "{m}");
+    // A stream that kept nothing needs no file at all.
     fs::remove_file(d.join("stderr")).unwrap();
-    assert_eq!(logs(&dir, 1, "stdout").0, 1);
     assert_eq!(logs(&dir, 1, "stderr"), (0, vec![], String::new()));
+}
+
+/// Proves: a command that leaves something outside its process group holding its
+/// output open (a `setsid` grandchild) is still answered, once the output drain
+/// bound has passed: what was kept before is recorded (marked truncated: the rest
+/// was never read), and `process logs` reads it back, digest checked.
+#[test]
+fn an_escaped_grandchild_holding_the_output_open_does_not_hold_the_answer() {
+    let (t, dir) = new_log();
+    let pidfile = t.path().join("escaped.pid");
+    let script = format!("echo hi; setsid sh -c 'echo $$ > {}; exec sleep 30' & sleep 0.2", pidfile.display());
+    let started = Instant::now();
+    let (code, v) = run(&dir, &[], &["sh", "-c", &script]);
+    let took = started.elapsed();
+    let escaped: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    unsafe { libc::kill(escaped, libc::SIGKILL) };
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+    assert_eq!((v["stdout_tail"].as_str(), v["stdout"]["truncated"].as_bool()), (Some("hi\n"), Some(true)), "{v}");
+    assert_eq!(logs(&dir, 1, "stdout"), (0, b"hi\n".to_vec(), String::new()));
 }
 
 /// Proves: a caller napping on a runner's stdout wakes when the runner lets go of

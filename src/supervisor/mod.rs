@@ -485,49 +485,80 @@ pub fn output_path(dir: &Path, process: u64, stream: Stream) -> PathBuf {
     })
 }
 
+/// What the exit record says was kept of `stream`: (bytes, blake3 of them) — none
+/// before the exit, or for an end with no exit record (never started, unknown).
+pub fn recorded_output(p: &Process, stream: Stream) -> Option<(u64, [u8; 32])> {
+    match p.ended.as_ref().map(|e| &e.end) {
+        Some(ProcessEnd::Exited(x)) => {
+            let c = match stream {
+                Stream::Stdout => &x.stdout,
+                Stream::Stderr => &x.stderr,
+            };
+            Some((c.bytes_kept, c.kept_blake3))
+        }
+        _ => None,
+    }
+}
+
 /// `process logs`: the kept output of `stream` from byte `from` on (at most
-/// [`OUTPUT_BYTES_MAX_LIMIT`] bytes, more than any stream keeps). Once the exit is
-/// on record, exactly the bytes the record says were kept: an empty stream's file
-/// is never synced, so after a crash it may be missing, or an older file of that
-/// name may be back in its place; neither shows. A file that holds fewer bytes
-/// than its record says were kept (and synced) is damage: `IO_ERROR` naming both
-/// counts. Before the exit (or after a runner that recorded none), whatever the
+/// [`OUTPUT_BYTES_MAX_LIMIT`] bytes, more than any stream keeps). Nothing before a
+/// runner started the process (a file under its name then is not its own). Once
+/// the exit is on record, exactly the bytes the record says were kept: an empty
+/// stream's file is never synced, so after a crash it may be missing, or an older
+/// file of that name may be back in its place; neither shows. A file that holds
+/// fewer bytes than the record says were kept (and synced), or whose bytes read
+/// from the start do not match the record's digest, is damage: `IO_ERROR` saying
+/// which. Before the exit (or after a runner that recorded none), whatever the
 /// file holds so far.
 pub fn read_output(dir: &Path, p: &Process, stream: Stream, from: u64) -> Result<Vec<u8>, OpError> {
     use std::io::{Read, Seek, SeekFrom};
-    let recorded = match p.ended.as_ref().map(|e| &e.end) {
-        Some(ProcessEnd::Exited(x)) => Some(match stream {
-            Stream::Stdout => x.stdout.bytes_kept,
-            Stream::Stderr => x.stderr.bytes_kept,
-        }),
-        _ => None,
-    };
-    let want = recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |kept| kept.saturating_sub(from).min(OUTPUT_BYTES_MAX_LIMIT));
+    if p.started.is_none() {
+        return Ok(Vec::new());
+    }
+    let recorded = recorded_output(p, stream);
+    let want =
+        recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |(kept, _)| kept.saturating_sub(from).min(OUTPUT_BYTES_MAX_LIMIT));
     if want == 0 {
         return Ok(Vec::new());
     }
     let path = output_path(dir, p.id, stream);
-    let io = |e: std::io::Error| OpError::Io { message: format!("{}: {e}", path.display()) };
+    // Named below the log directory, never by its absolute path (the daemon
+    // returns this to clients).
+    let name = format!(
+        "{PROCESS_DIR}/{}/{}",
+        p.id,
+        path.file_name().map_or(std::borrow::Cow::Borrowed(""), |n| n.to_string_lossy())
+    );
+    let io = |e: std::io::Error| OpError::Io { message: format!("process {} output {name}: {e}", p.id) };
     let mut buf = Vec::new();
+    let mut file_len = 0;
     match std::fs::File::open(&path) {
         Ok(mut f) => {
+            file_len = f.metadata().map_err(io)?.len();
             f.seek(SeekFrom::Start(from)).map_err(io)?;
             f.take(want).read_to_end(&mut buf).map_err(io)?;
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && recorded.is_none() => {}
+        // Missing: nothing yet, or (with kept bytes on record) the shortfall below.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    if let Some(kept) = recorded
-        && (buf.len() as u64) < want
-    {
-        return Err(OpError::Io {
-            message: format!(
-                "{}: process {}'s exit record says {kept} bytes were kept, the file holds {}",
-                path.display(),
-                p.id,
-                from + buf.len() as u64
-            ),
-        });
+    if let Some((kept, digest)) = recorded {
+        if (buf.len() as u64) < want {
+            return Err(OpError::Io {
+                message: format!(
+                    "process {}'s exit record says {kept} bytes were kept, the file {name} holds {file_len}",
+                    p.id
+                ),
+            });
+        }
+        if from == 0 && buf.len() as u64 == kept && *blake3::hash(&buf).as_bytes() != digest {
+            return Err(OpError::Io {
+                message: format!(
+                    "process {}: the {kept} bytes in {name} are not the ones its exit record kept (blake3 differs)",
+                    p.id
+                ),
+            });
+        }
     }
     Ok(buf)
 }

@@ -389,10 +389,14 @@ struct CaptureState {
 struct Capturer {
     state: Arc<Mutex<CaptureState>>,
     done: mpsc::Receiver<()>,
+    /// Another handle on the output file, to sync what was kept when the result is
+    /// taken before the stream ended (the reading thread then never syncs it).
+    file: Option<File>,
 }
 
 impl Capturer {
     fn start(mut pipe: impl Read + Send + 'static, mut file: Option<File>, max: u64) -> Capturer {
+        let handle = file.as_ref().and_then(|f| f.try_clone().ok());
         let state = Arc::new(Mutex::new(CaptureState {
             capture: Capture::default(),
             hasher: blake3::Hasher::new(),
@@ -458,7 +462,7 @@ impl Capturer {
             drop(s);
             let _ = tx.send(());
         });
-        Capturer { state, done }
+        Capturer { state, done, file: handle }
     }
 
     /// What was captured, once the stream ended or `until` passed (then the part
@@ -468,11 +472,23 @@ impl Capturer {
         let mut s = self.state.lock().expect("capture state");
         s.stopped = true;
         let mut c = s.capture.clone();
-        if !s.done {
+        let ended = s.done;
+        if !ended {
             c.truncated = true;
         }
         c.kept_blake3 = *s.hasher.clone().finalize().as_bytes();
         c.tail = s.tail.iter().copied().collect();
+        drop(s);
+        // The stream is still held open (by something the command left outside its
+        // group): the reading thread stops without syncing, so what was kept is
+        // synced here, before the exit record names its digest. Nothing more is
+        // written to the file once `stopped` is set.
+        if !ended
+            && c.bytes_kept > 0
+            && let Some(f) = &self.file
+        {
+            let _ = f.sync_all();
+        }
         c
     }
 }

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use fencelog::ledger::Ledger;
+use fencelog::ops::OpError;
 use fencelog::storage::LogOptions;
 use fencelog::supervisor::{self as sup, Stream};
 
@@ -58,6 +59,9 @@ fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed
     let ledger = if follow { Some(Ledger::open(dir, ledger_options())?) } else { None };
     let mut out = std::io::stdout().lock();
     let mut pos = 0u64;
+    // Everything printed, to hold against the exit record's digest at the end (a
+    // single read from the start is checked by `read_output` itself).
+    let mut hasher = blake3::Hasher::new();
     let deadline = std::time::Instant::now() + Duration::from_millis(sup::WAIT_MS_MAX);
     loop {
         let p = match &ledger {
@@ -73,9 +77,20 @@ fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed
                 break;
             }
             pos += buf.len() as u64;
+            hasher.update(&buf);
             out.write_all(&buf).and_then(|_| out.flush()).map_err(crate::stdout_error)?;
         }
         if ended {
+            if let Some((kept, digest)) = sup::recorded_output(&p, stream)
+                && pos == kept
+                && *hasher.finalize().as_bytes() != digest
+            {
+                return Err(OpError::Io {
+                    message: format!(
+                        "process {id}: the {kept} bytes printed are not the ones its exit record kept (blake3 differs)"
+                    ),
+                });
+            }
             return Ok((serde_json::Value::Null, 0));
         }
         if std::time::Instant::now() >= deadline {

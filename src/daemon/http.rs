@@ -673,11 +673,7 @@ async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q)
     let worker = Arc::clone(&app);
     let r = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, OpError> {
         let _permit = permit;
-        let p = worker
-            .ledger
-            .refresh_with(|p| p.processes.get(&id).cloned())?
-            .ok_or(OpError::Refused(crate::model::Refusal::UnknownProcess { process: id }))?;
-        supervisor::read_output(&worker.dir, &p, stream, 0)
+        supervisor::read_output(&worker.dir, &supervisor::find(&worker.ledger, id)?, stream, 0)
     })
     .await;
     match r {

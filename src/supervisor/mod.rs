@@ -371,7 +371,7 @@ pub fn run_until(
 }
 
 /// A process from the ledger (caught up with the log), or `UNKNOWN_PROCESS`.
-fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
+pub fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
     ledger
         .refresh_with(|p| p.processes.get(&process).cloned())?
         .ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
@@ -477,12 +477,19 @@ pub enum Stream {
     Stderr,
 }
 
+impl Stream {
+    /// Its file's name in the process's directory.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
 /// The file holding a process's kept output.
 pub fn output_path(dir: &Path, process: u64, stream: Stream) -> PathBuf {
-    process_dir(dir, process).join(match stream {
-        Stream::Stdout => "stdout",
-        Stream::Stderr => "stderr",
-    })
+    process_dir(dir, process).join(stream.file_name())
 }
 
 /// What the exit record says was kept of `stream`: (bytes, blake3 of them) — none
@@ -524,11 +531,7 @@ pub fn read_output(dir: &Path, p: &Process, stream: Stream, from: u64) -> Result
     let path = output_path(dir, p.id, stream);
     // Named below the log directory, never by its absolute path (the daemon
     // returns this to clients).
-    let name = format!(
-        "{PROCESS_DIR}/{}/{}",
-        p.id,
-        path.file_name().map_or(std::borrow::Cow::Borrowed(""), |n| n.to_string_lossy())
-    );
+    let name = format!("{PROCESS_DIR}/{}/{}", p.id, stream.file_name());
     let io = |e: std::io::Error| OpError::Io { message: format!("process {} output {name}: {e}", p.id) };
     let mut buf = Vec::new();
     let mut file_len = 0;

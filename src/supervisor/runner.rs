@@ -450,16 +450,13 @@ impl Capturer {
             // is read only as far as its record says (`read_output`), so an empty
             // file lost in a crash — or an older file of that name back in its
             // place — shows nothing.
-            let mut s = shared.lock().expect("capture state");
+            let kept = shared.lock().expect("capture state").capture.bytes_kept;
             if let Some(f) = file
-                && s.capture.bytes_kept > 0
+                && kept > 0
             {
-                drop(s);
                 let _ = f.sync_all();
-                s = shared.lock().expect("capture state");
             }
-            s.done = true;
-            drop(s);
+            shared.lock().expect("capture state").done = true;
             let _ = tx.send(());
         });
         Capturer { state, done, file: handle }

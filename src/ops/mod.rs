@@ -167,8 +167,8 @@ impl Serialize for FlatOutcome {
     }
 }
 
-/// The answer to a committed (or deduplicated, or no-op) mutation: the outcome's
-/// fields (`kind` first among them), then `seq` and `deduplicated`.
+/// The answer to a committed (or deduplicated, or no-op) mutation: one JSON object
+/// of the outcome's fields (its `kind` among them), `seq` and `deduplicated`.
 #[derive(Debug, Clone)]
 pub struct OpResponse {
     pub outcome: FlatOutcome,

@@ -158,8 +158,8 @@ fn run(cmd: cli::Cmd) -> Printed {
 /// The runner's arguments, when this process is a runner started the one way
 /// `run` starts it (`__runner --dir D --process N`, nothing else). A runner is
 /// started for every supervised command, and its start is on the path of every
-/// answer: building the whole command line's parser cost it about half a
-/// millisecond. Any other form goes through the parser as usual.
+/// answer: building the whole command line's parser cost it about 0.4
+/// ms. Any other form goes through the parser as usual.
 fn runner_args() -> Option<(std::path::PathBuf, u64)> {
     let mut args = std::env::args_os().skip(1);
     let mut next = || args.next();

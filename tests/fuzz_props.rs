@@ -309,4 +309,37 @@ proptest! {
             prop_assert_eq!(&replayed, &applied, "step {}: {:?}", i, txn);
         }
     }
+
+    /// Proves: the commit path's `apply_checked` (a transaction `check` just found
+    /// valid, applied without judging it again) leaves exactly the state `apply`
+    /// leaves, with the same outcomes — over the same mix as above.
+    #[test]
+    fn applying_a_checked_transaction_leaves_the_state_applying_it_leaves(
+        steps in prop::collection::vec((op(), 0u64..40, 0u8..12), 1..120)
+    ) {
+        let (mut applied, mut checked, mut r, mut now) =
+            (Projection::default(), Projection::default(), Reference::default(), 1_000u64);
+        for (i, (op, dt, twist)) in steps.iter().enumerate() {
+            now += dt;
+            let event = concrete(&r, op);
+            let mut txn = Txn::new(now, Uuid::nil(), vec![event.clone()]);
+            if *twist == 2 {
+                txn.request = Some(fencelog::model::RequestTag { id: format!("r{}", i % 5), digest: [*twist; 32] });
+            }
+            let seq = i as u64 + 1;
+            let expected = applied.apply(seq, &txn);
+            if expected.is_ok() {
+                r.apply(&event, now);
+            }
+            match checked.check(seq, &txn) {
+                Ok(fencelog::model::Checked::Valid { outcomes, writes: true }) => {
+                    prop_assert_eq!(Ok(checked.apply_checked(seq, &txn, outcomes)), expected);
+                }
+                _ => {
+                    let _ = checked.apply(seq, &txn);
+                }
+            }
+            prop_assert_eq!(&checked, &applied, "step {}: {:?}", i, txn);
+        }
+    }
 }

@@ -540,7 +540,7 @@ impl Ledger {
             Ok(Checked::Valid { outcomes, writes: false }) => {
                 (Ok(Committed { seq: None, outcomes, deduplicated: false }), seen)
             }
-            Ok(Checked::Valid { .. }) => match self.queue(inner, &txn) {
+            Ok(Checked::Valid { outcomes, .. }) => match self.queue(inner, &txn, Some(outcomes)) {
                 Ok((seq, outcomes)) => (Ok(Committed { seq: Some(seq), outcomes, deduplicated: false }), seq),
                 Err(e) => (Err(e), seen),
             },
@@ -556,17 +556,26 @@ impl Ledger {
         }
     }
 
-    /// Apply a checked transaction to the projection and queue its record; returns
-    /// its sequence and outcomes. A record over the limit is refused here, before
-    /// anything changes (storage would refuse the whole group).
-    fn queue(&self, inner: &mut Inner, txn: &Txn) -> Result<(u64, Vec<Outcome>), LedgerError> {
+    /// Apply a transaction to the projection and queue its record; returns its
+    /// sequence and outcomes. `checked`: the outcomes `check` just gave it on this
+    /// state (then it is not judged again). A record over the limit is refused here,
+    /// before anything changes (storage would refuse the whole group).
+    fn queue(
+        &self,
+        inner: &mut Inner,
+        txn: &Txn,
+        checked: Option<Vec<Outcome>>,
+    ) -> Result<(u64, Vec<Outcome>), LedgerError> {
         let record = encode_txn(txn);
         let max = u64::from(self.opts.log.payload_bytes_max);
         if record.len() as u64 > max {
             return Err(LedgerError::Storage(storage::Error::RecordTooLarge { bytes: record.len() as u64, max }));
         }
         let seq = inner.projection.last_seq + 1;
-        let outcomes = inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?;
+        let outcomes = match checked {
+            Some(outcomes) => inner.projection.apply_checked(seq, txn, outcomes),
+            None => inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?,
+        };
         inner.since_snapshot.0 += 1;
         inner.since_snapshot.1 += record.len() as u64;
         let queued_at = inner.queue(record);
@@ -651,7 +660,7 @@ impl Ledger {
         };
         w.last_written_ms = now_ms;
         let txn = Txn::new(now_ms, self.writer_id(), vec![event]);
-        self.queue(inner, &txn).map(|_| ())
+        self.queue(inner, &txn, None).map(|_| ())
     }
 
     /// "Committed at N" or "never committed": always answerable after the fact.
@@ -709,7 +718,7 @@ impl Ledger {
         let written = inner.snapshot_thread.take().and_then(|t| t.join().ok().flatten());
         let Some(w) = written else { return Ok(false) };
         let event = Event::Checkpoint { snapshot_seq: w.seq, digest: w.digest };
-        self.queue(inner, &Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event]))?;
+        self.queue(inner, &Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event]), None)?;
         Ok(true)
     }
 

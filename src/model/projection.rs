@@ -481,6 +481,29 @@ impl Projection {
         Ok(outcomes)
     }
 
+    /// [`Self::apply`] of a transaction `check` has just found valid at `seq`
+    /// against this same state, with the outcomes it returned: the state changes as
+    /// `apply` would change it, without judging the transaction a second time (the
+    /// commit path judges before it queues; judging twice was a fifth of its work).
+    /// Debug builds judge again and assert the same outcomes.
+    pub fn apply_checked(&mut self, seq: u64, txn: &Txn, outcomes: Vec<Outcome>) -> Vec<Outcome> {
+        debug_assert!(seq > self.last_seq, "records apply in sequence order");
+        debug_assert_eq!(
+            self.check(seq, txn),
+            Ok(Checked::Valid { outcomes: outcomes.clone(), writes: true }),
+            "apply_checked is given what check said of this transaction on this state"
+        );
+        self.last_seq = seq;
+        let request = txn.request.as_ref().map(|t| t.id.as_str());
+        for (e, o) in txn.events.iter().zip(&outcomes) {
+            self.mutate(seq, txn.time_ms, request, e, o);
+        }
+        if let Some(tag) = &txn.request {
+            self.remember_request(seq, &tag.id, tag.digest, outcomes.clone());
+        }
+        outcomes
+    }
+
     /// [`Self::apply`] for a replay, which has no use for the outcomes: the same
     /// resulting state. A plain heartbeat — one event, no request id, no condition:
     /// most of a log — is judged and applied with one lookup and no allocation, by

@@ -323,8 +323,12 @@ proptest! {
             now += dt;
             let event = concrete(&r, op);
             let mut txn = Txn::new(now, Uuid::nil(), vec![event.clone()]);
-            if *twist == 2 {
-                txn.request = Some(fencelog::model::RequestTag { id: format!("r{}", i % 5), digest: [*twist; 32] });
+            match twist {
+                2 => txn.request = Some(fencelog::model::RequestTag { id: format!("r{}", i % 5), digest: [*twist; 32] }),
+                // The log's head as the commit path judges it (holds) and a stale one.
+                3 => txn.conditions.push(fencelog::model::Condition::LogAt { seq: i as u64 }),
+                4 => txn.conditions.push(fencelog::model::Condition::LogAt { seq: (i as u64).saturating_sub(1) }),
+                _ => {}
             }
             let seq = i as u64 + 1;
             let expected = applied.apply(seq, &txn);

@@ -511,7 +511,8 @@ fn async_submitters_and_another_handle_appending_to_the_same_log_each_answer_wit
         let seqs_of =
             |prefix: String| answers.iter().filter(|x| x.0.starts_with(&prefix)).map(|x| x.1).collect::<Vec<_>>();
         let (mine, theirs) = (seqs_of(format!("async/{n}/")), seqs_of(format!("other/{n}/")));
-        theirs.iter().any(|s| (mine[0]..*mine.last().unwrap()).contains(s))
+        let (first, last) = (mine.iter().min().copied().unwrap_or(0), mine.iter().max().copied().unwrap_or(0));
+        theirs.iter().any(|s| (first..last).contains(s))
     };
     let mut seen_interleaved = false;
     while burst < 3 || (!seen_interleaved && burst < 30) {
@@ -602,4 +603,38 @@ fn an_async_submit_after_the_drain_is_refused_and_never_appended() {
     assert!(matches!(after, Err(LedgerError::Draining)), "{after:?}");
     assert!(!built.load(Ordering::SeqCst), "a transaction refused for draining is never judged");
     assert_eq!(records(d.path()).len(), 2);
+}
+
+/// Proves: a library transaction conditioned on the log's head (`LogAt`, the
+/// compare-and-append of a whole log) is judged the same way when it is committed
+/// and when the log is replayed: at the head it lands, and a fresh open applies it
+/// (no anomaly, the same state); one sequence behind it is refused
+/// CONDITION_FAILED and nothing is appended.
+#[test]
+fn a_log_at_condition_commits_at_the_head_and_replays_the_same() {
+    use fencelog::model::Condition;
+    let d = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let owner = me();
+    ledger.submit(None, claim("a", &owner)).unwrap();
+    let at_head = |behind: u64| {
+        let hb = heartbeat("a");
+        move |p: &Projection, now_ms: u64, writer: uuid::Uuid| {
+            let mut txn = hb(p, now_ms, writer)?;
+            txn.conditions.push(Condition::LogAt { seq: p.last_seq - behind });
+            Ok(txn)
+        }
+    };
+    let landed = ledger.submit(None, at_head(0)).unwrap();
+    assert_eq!(landed.seq, Some(2));
+    match ledger.submit(None, at_head(1)) {
+        Err(LedgerError::Refused(r)) => assert_eq!(r.code(), "CONDITION_FAILED", "{r:?}"),
+        other => panic!("a stale head must be refused: {other:?}"),
+    }
+    assert_eq!(records(d.path()).len(), 2, "the refused transaction appended nothing");
+    let live = ledger.projection();
+    drop(ledger);
+    let replayed = Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection();
+    assert_eq!(replayed.anomalies, 0, "the committed record validates on replay");
+    assert_eq!(replayed, live);
 }

@@ -462,8 +462,12 @@ impl Projection {
     /// not validate (which a correct writer never appends) is counted, not applied.
     pub fn apply(&mut self, seq: u64, txn: &Txn) -> Result<Vec<Outcome>, Refusal> {
         debug_assert!(seq > self.last_seq, "records apply in sequence order");
+        // Judged on the state it follows — `last_seq` still the record before it,
+        // as the commit path judged it (`LogAt` names that record) — then the log
+        // is at this record whatever the verdict.
+        let checked = self.check(seq, txn);
         self.last_seq = seq;
-        let outcomes = match self.check(seq, txn) {
+        let outcomes = match checked {
             Ok(Checked::Valid { outcomes, .. }) => outcomes,
             Ok(Checked::Deduplicated(entry)) => return Ok(entry.outcomes),
             Err(r) => {

@@ -846,7 +846,14 @@ fn an_escaped_grandchild_holding_the_output_open_does_not_hold_the_answer() {
     let started = Instant::now();
     let (code, v) = run(&dir, &[], &["sh", "-c", &script]);
     let took = started.elapsed();
-    let escaped: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let escaped: i32 = loop {
+        if let Some(pid) = fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the escaped grandchild never wrote its pid");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     unsafe { libc::kill(escaped, libc::SIGKILL) };
     assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
     assert!(took < Duration::from_secs(20), "answered after {took:?}");
@@ -873,4 +880,19 @@ fn a_caller_wakes_the_moment_its_runner_lets_go_of_the_settled_pipe() {
     assert!(nap_until_settled(&r, Duration::from_secs(60)), "woken by the end of file");
     assert!(t.elapsed() < Duration::from_secs(30), "woken, not timed out: {:?}", t.elapsed());
     letting_go.join().unwrap();
+}
+
+/// Proves: `process logs --follow` prints a running command's output as it comes
+/// and ends, exit 0, once the process has ended and everything its record kept
+/// (count and digest checked) is printed.
+#[test]
+fn logs_follow_prints_the_output_as_it_comes_until_the_end() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &["--wait-ms", "0"], &["sh", "-c", "echo a; sleep 0.5; echo b"]);
+    assert_eq!(code, 0, "{v}");
+    assert!(matches!(v["status"].as_str(), Some("requested" | "running")), "a handle at once: {v}");
+    let out =
+        Command::new(FENCELOG).args(["process", "logs", "1", "--follow"]).env("FENCELOG_DIR", &dir).output().unwrap();
+    assert_eq!((out.status.code(), out.stdout.as_slice()), (Some(0), &b"a\nb\n"[..]), "{out:?}");
+    assert_eq!(show(&dir, 1)["status"], "succeeded");
 }

@@ -509,7 +509,10 @@ pub fn recorded_output(p: &Process, stream: Stream) -> Option<(u64, [u8; 32])> {
 
 /// `process logs`: the kept output of `stream` from byte `from` on (at most
 /// [`OUTPUT_BYTES_MAX_LIMIT`] bytes, more than any stream keeps). Nothing before a
-/// runner started the process (a file under its name then is not its own). Once
+/// runner started the process (a file under its name then is not its own; in the
+/// moment between the start and the runner creating its files, which sets aside
+/// whatever had the names, an older file can still be read — the ended process's
+/// count and digest below keep it from passing for this one's). Once
 /// the exit is on record, exactly the bytes the record says were kept: an empty
 /// stream's file is never synced, so after a crash it may be missing, or an older
 /// file of that name may be back in its place; neither shows. A file that holds

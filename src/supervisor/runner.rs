@@ -378,7 +378,10 @@ struct CaptureState {
     capture: Capture,
     hasher: blake3::Hasher,
     tail: std::collections::VecDeque<u8>,
-    done: bool,
+    /// The stream ended (end of file, or a read error): everything was read.
+    eof: bool,
+    /// What was kept is durable (synced by the reading thread).
+    synced: bool,
     /// Set when the result was taken: nothing more is written or counted, so the
     /// record matches the file.
     stopped: bool,
@@ -401,7 +404,8 @@ impl Capturer {
             capture: Capture::default(),
             hasher: blake3::Hasher::new(),
             tail: std::collections::VecDeque::with_capacity(OUTPUT_TAIL_BYTES_MAX),
-            done: false,
+            eof: false,
+            synced: false,
             stopped: false,
         }));
         let (tx, done) = mpsc::channel();
@@ -450,13 +454,13 @@ impl Capturer {
             // is read only as far as its record says (`read_output`), so an empty
             // file lost in a crash — or an older file of that name back in its
             // place — shows nothing.
-            let kept = shared.lock().expect("capture state").capture.bytes_kept;
-            if let Some(f) = file
-                && kept > 0
-            {
-                let _ = f.sync_all();
-            }
-            shared.lock().expect("capture state").done = true;
+            let kept = {
+                let mut s = shared.lock().expect("capture state");
+                s.eof = true;
+                s.capture.bytes_kept
+            };
+            let synced = kept > 0 && file.is_some_and(|f| f.sync_all().is_ok());
+            shared.lock().expect("capture state").synced = synced;
             let _ = tx.send(());
         });
         Capturer { state, done, file: handle }
@@ -469,22 +473,25 @@ impl Capturer {
         let mut s = self.state.lock().expect("capture state");
         s.stopped = true;
         let mut c = s.capture.clone();
-        let ended = s.done;
-        if !ended {
+        if !s.eof {
             c.truncated = true;
         }
         c.kept_blake3 = *s.hasher.clone().finalize().as_bytes();
         c.tail = s.tail.iter().copied().collect();
+        let synced = s.synced;
         drop(s);
-        // The stream is still held open (by something the command left outside its
-        // group): the reading thread stops without syncing, so what was kept is
-        // synced here, before the exit record names its digest. Nothing more is
-        // written to the file once `stopped` is set.
-        if !ended
+        // What was kept and is not yet known durable is synced here, before the
+        // exit record names its digest: the stream is still held open (by
+        // something the command left outside its group) and the reading thread
+        // stops without syncing, or its sync is under way or failed, or a write
+        // failed and it let go of the file. Nothing more is written to the file
+        // once `stopped` is set.
+        if !synced
             && c.bytes_kept > 0
             && let Some(f) = &self.file
+            && let Err(e) = f.sync_all()
         {
-            let _ = f.sync_all();
+            eprintln!("fencelog runner: cannot sync the kept output ({e}); its exit record names it anyway");
         }
         c
     }

@@ -311,6 +311,19 @@ impl<S> Core<S> {
         self.lead_failed.as_ref().filter(|(at, _)| *at >= since).map(|(_, e)| e.clone())
     }
 
+    /// An async caller that cannot go on yet: registered for the engine's next
+    /// change before the core's mutex is let go (no wake-up is lost), and counted
+    /// among those waiting for room when a group is open and no reader holds it
+    /// back. Returns whether it was counted (it is counted out by a `RoomWait`).
+    fn park_async(&mut self, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, blocked: bool) -> bool {
+        notified.enable();
+        let waits_for_room = self.phase == Phase::Open && !blocked;
+        if waits_for_room {
+            self.room_waiting += 1;
+        }
+        waits_for_room
+    }
+
     pub fn poison_check(&self) -> Result<(), Error> {
         match &self.poisoned {
             Some(cause) => Err(Error::Poisoned { cause: cause.clone() }),
@@ -1080,12 +1093,7 @@ impl<S> GroupCommit<S> {
                         Some((rx, answer))
                     }
                     _ => {
-                        // Registered before the lock is let go: no wake-up is lost.
-                        notified.as_mut().enable();
-                        waits_for_room = core.phase == Phase::Open && !blocked;
-                        if waits_for_room {
-                            core.room_waiting += 1;
-                        }
+                        waits_for_room = core.park_async(notified.as_mut(), blocked);
                         None
                     }
                 }
@@ -1156,12 +1164,7 @@ impl<S> GroupCommit<S> {
                         Some((rx, first, last))
                     }
                     _ => {
-                        // Registered before the lock is let go: no wake-up is lost.
-                        notified.as_mut().enable();
-                        waits_for_room = core.phase == Phase::Open && !blocked;
-                        if waits_for_room {
-                            core.room_waiting += 1;
-                        }
+                        waits_for_room = core.park_async(notified.as_mut(), blocked);
                         None
                     }
                 }

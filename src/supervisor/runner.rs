@@ -162,7 +162,8 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
             // Exec failed behind the gate: the command never ran; exit 127 as a shell
             // says it, with the reason as its stderr (kept like any output).
             let message = format!("fencelog: {} could not be executed: {e}\n", p.command.exe).into_bytes();
-            let mut stderr = Capture::default();
+            // Nothing kept yet: the digest of nothing, as for the empty stdout below.
+            let mut stderr = Capture { kept_blake3: *blake3::hash(b"").as_bytes(), ..Capture::default() };
             if let Some(mut f) = err_file
                 && f.write_all(&message).and_then(|_| f.sync_all()).is_ok()
             {

@@ -1,9 +1,17 @@
 //! Supervision overhead, one run, one machine: `/bin/true` spawned and waited for
-//! directly, versus run through fencelog (intent recorded, a runner started in
-//! its own session, the start and the exit recorded, the answer read back from the
-//! log), and runs per second with 16 concurrent callers. A raw fdatasync of a small
+//! directly, versus run through fencelog (intent recorded, a runner in its own
+//! session, the start and the exit recorded, the answer read back from the log),
+//! and runs per second with 16 concurrent callers. A raw fdatasync of a small
 //! append is measured beside them: every run makes three durable records (intent,
 //! start, exit).
+//!
+//! Two ways through fencelog, interleaved sample by sample: as the daemon and an
+//! embedding program run commands (a spare runner, started ahead and with its log
+//! open, is handed the run: `supervisor::Spares`; the sample waits until the
+//! spare is ready, so its start-up never overlaps another measurement), and as
+//! `fencelog run` does (a fresh runner started for the run: the top-level
+//! `fresh_runner` figures). The 16 callers share one `Spares`, as a daemon's
+//! requests do.
 //!
 //!   cargo bench --bench supervise                   # full run
 //!   cargo bench --bench supervise -- --quick --json # short run, one JSON object
@@ -21,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fencelog::ledger::{Ledger, LedgerOptions};
-use fencelog::supervisor::{self, RunRequest};
+use fencelog::supervisor::{self, RunRequest, Spares};
 use serde_json::json;
 
 const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
@@ -52,14 +60,19 @@ fn request() -> RunRequest {
     }
 }
 
-fn run_once(ledger: &Ledger, dir: &Path) -> f64 {
-    run_with(ledger, dir, Path::new(FENCELOG))
+fn run_once(ledger: &Ledger, dir: &Path, spares: Option<&Spares>) -> f64 {
+    run_with(ledger, dir, Path::new(FENCELOG), spares)
 }
 
-/// One run through fencelog whose runner is started from `runner_exe`.
-fn run_with(ledger: &Ledger, dir: &Path, runner_exe: &Path) -> f64 {
+/// How long a sample waits for the spare runner to be ready (its log open).
+const SPARE_READY_WAIT: Duration = Duration::from_secs(10);
+
+/// One run through fencelog whose runner is started from `runner_exe` (or is the
+/// spare of `spares`, when one is ready).
+fn run_with(ledger: &Ledger, dir: &Path, runner_exe: &Path, spares: Option<&Spares>) -> f64 {
     let t = Instant::now();
-    let v = supervisor::run(ledger, dir, &request(), runner_exe).expect("run");
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let v = supervisor::run_until(ledger, dir, &request(), runner_exe, &never, spares).expect("run");
     assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
     t.elapsed().as_secs_f64() * 1e6
 }
@@ -101,14 +114,23 @@ fn main() {
     }
     let mut raw = std::fs::File::create(tmp.path().join("raw")).unwrap();
 
-    // Interleaved sample by sample, so all three see the same machine weather.
-    let (mut direct, mut through, mut sync) = (vec![], vec![], vec![]);
+    // Interleaved sample by sample, so all four see the same machine weather. A
+    // spare runner starting up never runs beside a measurement: each sample waits
+    // until the one started after the last spare run is ready.
+    let spares = Spares::new();
+    let exe = Path::new(FENCELOG);
+    let ready = |spares: &Spares| assert!(spares.wait_ready(&dir, exe, SPARE_READY_WAIT), "a spare runner is ready");
+    let (mut direct, mut through, mut fresh, mut sync) = (vec![], vec![], vec![], vec![]);
     for _ in 0..10 {
-        run_once(&ledger, &dir);
+        run_once(&ledger, &dir, None);
+        run_once(&ledger, &dir, Some(&spares));
     }
     for _ in 0..samples {
+        ready(&spares);
         direct.push(direct_once());
-        through.push(run_once(&ledger, &dir));
+        through.push(run_once(&ledger, &dir, Some(&spares)));
+        ready(&spares);
+        fresh.push(run_once(&ledger, &dir, None));
         sync.push(fdatasync_once(&mut raw));
     }
     let med = |v: &Vec<f64>| {
@@ -116,7 +138,7 @@ fn main() {
         s.sort_by(f64::total_cmp);
         (percentile(&s, 0.5), percentile(&s, 0.99))
     };
-    let ((d50, d99), (t50, t99), (s50, _)) = (med(&direct), med(&through), med(&sync));
+    let ((d50, d99), (t50, t99), (f50, f99), (s50, _)) = (med(&direct), med(&through), med(&fresh), med(&sync));
 
     // 16 callers, each with its own ledger handle (as 16 callers would be).
     let callers = 16;
@@ -125,11 +147,11 @@ fn main() {
     let start = Instant::now();
     let threads: Vec<_> = (0..callers)
         .map(|_| {
-            let (dir, done) = (dir.clone(), Arc::clone(&done));
+            let (dir, done, spares) = (dir.clone(), Arc::clone(&done), spares.clone());
             std::thread::spawn(move || {
                 let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
                 while start.elapsed() < run_for {
-                    run_once(&l, &dir);
+                    run_once(&l, &dir, Some(&spares));
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -144,11 +166,19 @@ fn main() {
         "quick": quick,
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "direct_spawn": stats(direct),
+        "runner": "a spare runner, ready (the daemon's and an embedding program's way)",
         "through_fencelog": stats(through),
         "raw_fdatasync_200b": stats(sync),
         "overhead_p50_ms": round3((t50 - d50) / 1000.0),
         "overhead_p99_ms": round3((t99 - d99) / 1000.0),
         "overhead_p50_minus_two_fdatasyncs_ms": round3((t50 - d50 - 2.0 * s50) / 1000.0),
+        "fresh_runner": {
+            "runner": "a runner started for the run (`fencelog run`'s way)",
+            "through_fencelog": stats(fresh),
+            "overhead_p50_ms": round3((f50 - d50) / 1000.0),
+            "overhead_p99_ms": round3((f99 - d99) / 1000.0),
+            "overhead_p50_minus_two_fdatasyncs_ms": round3((f50 - d50 - 2.0 * s50) / 1000.0),
+        },
         "runs_per_s_16_callers": runs_per_s.round(),
     });
     if as_json {
@@ -166,16 +196,16 @@ fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, as_json
     let b = Path::new(FENCELOG);
     let (mut ta, mut tb) = (vec![], vec![]);
     for _ in 0..10 {
-        run_with(ledger, dir, a);
-        run_with(ledger, dir, b);
+        run_with(ledger, dir, a, None);
+        run_with(ledger, dir, b, None);
     }
     for i in 0..samples {
         if i % 2 == 0 {
-            ta.push(run_with(ledger, dir, a));
-            tb.push(run_with(ledger, dir, b));
+            ta.push(run_with(ledger, dir, a, None));
+            tb.push(run_with(ledger, dir, b, None));
         } else {
-            tb.push(run_with(ledger, dir, b));
-            ta.push(run_with(ledger, dir, a));
+            tb.push(run_with(ledger, dir, b, None));
+            ta.push(run_with(ledger, dir, a, None));
         }
     }
     let diff: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y - x).collect();

@@ -896,3 +896,126 @@ fn logs_follow_prints_the_output_as_it_comes_until_the_end() {
     assert_eq!((out.status.code(), out.stdout.as_slice()), (Some(0), &b"a\nb\n"[..]), "{out:?}");
     assert_eq!(show(&dir, 1)["status"], "succeeded");
 }
+
+// ---- Spare runners (`supervisor::Spares`: the daemon's and an embedding program's way) ----
+
+fn spare_request(cmd: &[&str], env: &[&str]) -> fencelog::supervisor::RunRequest {
+    fencelog::supervisor::RunRequest {
+        command: cmd.iter().map(|s| s.to_string()).collect(),
+        env: env.iter().map(|s| s.to_string()).collect(),
+        wait_ms: 20_000,
+        output_bytes_max: fencelog::supervisor::OUTPUT_BYTES_MAX_DEFAULT,
+        ..Default::default()
+    }
+}
+
+fn run_with_spares(
+    ledger: &Ledger,
+    dir: &Path,
+    spares: &fencelog::supervisor::Spares,
+    cmd: &[&str],
+    env: &[&str],
+) -> fencelog::supervisor::ProcessView {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    fencelog::supervisor::run_until(ledger, dir, &spare_request(cmd, env), Path::new(FENCELOG), &never, Some(spares))
+        .expect("run")
+}
+
+/// The pid of the runner that recorded `id`'s start.
+fn runner_pid(ledger: &Ledger, id: u64) -> u32 {
+    ledger.refresh_with(|p| p.processes[&id].started.as_ref().expect("started").runner.pid).expect("read the log")
+}
+
+/// A ready spare for `dir`: one run through `spares` has the next one started.
+fn ready_spare(ledger: &Ledger, dir: &Path, spares: &fencelog::supervisor::Spares) -> u32 {
+    let v = run_with_spares(ledger, dir, spares, &["/bin/true"], &[]);
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    assert!(spares.wait_ready(dir, Path::new(FENCELOG), Duration::from_secs(20)), "a spare runner became ready");
+    spares.spare_pid().expect("a spare is kept")
+}
+
+/// Proves: the next run is handed to the spare runner (it records the start and
+/// the exit), and the command gets its `--env` values through the hand-over (not
+/// the spare's own environment, which was fixed before the run was asked for),
+/// with the log holding only their digests, as with a fresh runner.
+#[test]
+fn a_spare_runner_runs_the_next_command_with_its_env_values() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = ready_spare(&ledger, &dir, &spares);
+    let v = run_with_spares(
+        &ledger,
+        &dir,
+        &spares,
+        &["/bin/sh", "-c", "printf %s \"$SPARE_SECRET\" | tr a-z A-Z"],
+        &["SPARE_SECRET=hunter2-spare"],
+    );
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    assert_eq!(v.terminal.as_ref().unwrap().stdout_tail, "HUNTER2-SPARE");
+    assert_eq!(runner_pid(&ledger, v.id), spare, "the spare runner ran it");
+    let log: Vec<u8> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .flat_map(|p| fs::read(p).unwrap())
+        .collect();
+    assert!(!log.windows(13).any(|w| w == b"hunter2-spare"), "no env value in the log");
+    // And the one after that is handed to the spare started after this run.
+    let next = ready_spare(&ledger, &dir, &spares);
+    assert_ne!(next, spare);
+}
+
+/// Proves: a spare that is gone before its run (killed) costs nothing but its
+/// speed: the run starts a fresh runner and answers as usual.
+#[test]
+fn a_spare_runner_killed_before_its_run_is_replaced_by_a_fresh_runner() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = ready_spare(&ledger, &dir, &spares);
+    kill9(spare);
+    wait_gone(spare);
+    let v = run_with_spares(&ledger, &dir, &spares, &["/bin/sh", "-c", "echo fresh"], &[]);
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    assert_eq!(v.terminal.as_ref().unwrap().stdout_tail, "fresh\n");
+    assert_ne!(runner_pid(&ledger, v.id), spare);
+}
+
+/// Proves: a spare that was handed its run and then died without starting it
+/// (stopped, then killed) is followed by a fresh runner: the command runs once,
+/// the answer is its result, never a process left `requested`.
+#[test]
+fn a_spare_runner_that_dies_holding_its_run_is_followed_by_a_fresh_runner() {
+    let (t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = ready_spare(&ledger, &dir, &spares);
+    // SAFETY: signals a process this test started (through `spares`).
+    unsafe { libc::kill(spare as i32, libc::SIGSTOP) };
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        kill9(spare);
+    });
+    let marker = t.path().join("marker");
+    let script = format!("echo ran >> {}", marker.display());
+    let v = run_with_spares(&ledger, &dir, &spares, &["/bin/sh", "-c", &script], &[]);
+    killer.join().unwrap();
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    assert_ne!(runner_pid(&ledger, v.id), spare);
+    assert_eq!(lines(&marker), 1, "the command ran once");
+}
+
+/// Proves: a spare runner holds nothing once let go: dropping the `Spares` that
+/// keeps it ends it (end of file on its channel), having appended nothing.
+#[test]
+fn a_spare_runner_let_go_exits_having_appended_nothing() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = ready_spare(&ledger, &dir, &spares);
+    let head = ledger.refresh_with(|p| p.last_seq).unwrap();
+    drop(spares);
+    wait_gone(spare);
+    assert_eq!(ledger.refresh_with(|p| p.last_seq).unwrap(), head);
+}

@@ -569,7 +569,14 @@ async fn run(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
         }
         // Starting a runner and waiting for its answer blocks: a thread of its own.
         tokio::task::spawn_blocking(move || {
-            to_value(supervisor::run_until(&app.ledger, &app.dir, &r, &app.self_exe, &app.abort_waits))
+            to_value(supervisor::run_until(
+                &app.ledger,
+                &app.dir,
+                &r,
+                &app.self_exe,
+                &app.abort_waits,
+                Some(&app.spares),
+            ))
         })
         .await
         .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }))

@@ -153,6 +153,8 @@ pub(crate) struct App {
     pub ledger: Arc<Ledger>,
     pub dir: PathBuf,
     pub self_exe: PathBuf,
+    /// A runner started ahead of the next `/v1/run`.
+    pub spares: crate::supervisor::Spares,
     token: Vec<u8>,
     pub home: OwnerRef,
     /// New requests are admitted (readiness).
@@ -352,6 +354,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             ledger: Arc::clone(&ledger),
             dir: dir.clone(),
             self_exe: o.self_exe.clone(),
+            spares: crate::supervisor::Spares::new(),
             token,
             home: home.clone(),
             admitting: AtomicBool::new(true),

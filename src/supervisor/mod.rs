@@ -286,17 +286,101 @@ fn run_digest(
 /// within `wait_ms` with the result or a handle. `self_exe` is the fencelog binary
 /// the runner is started from.
 pub fn run(ledger: &Ledger, dir: &Path, req: &RunRequest, self_exe: &Path) -> Result<ProcessView, OpError> {
-    run_until(ledger, dir, req, self_exe, &AtomicBool::new(false))
+    run_until(ledger, dir, req, self_exe, &AtomicBool::new(false), None)
+}
+
+/// A spare runner kept ready for the next run on one log (see
+/// [`runner::SpareRunner`]), for a caller that runs commands again and again — a
+/// daemon, an embedding program. A run takes it if it is there (else starts a
+/// runner as [`run`] does) and has the next one started in the background. At most
+/// one is kept; dropping the last clone lets it go (it exits having done nothing).
+#[derive(Clone, Default)]
+pub struct Spares {
+    slot: std::sync::Arc<std::sync::Mutex<Option<Spare>>>,
+    /// A spare is being started: one at a time, so concurrent runs never start
+    /// spares only to let all but one go.
+    starting: std::sync::Arc<AtomicBool>,
+}
+
+struct Spare {
+    dir: PathBuf,
+    exe: PathBuf,
+    runner: runner::SpareRunner,
+}
+
+impl Spares {
+    pub fn new() -> Spares {
+        Spares::default()
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Spare>> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The spare for `dir` started from `exe`, if one is kept.
+    fn take(&self, dir: &Path, exe: &Path) -> Option<runner::SpareRunner> {
+        let mut slot = self.slot();
+        match slot.take() {
+            Some(s) if s.dir == dir && s.exe == exe => Some(s.runner),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    fn holds(&self, dir: &Path, exe: &Path) -> bool {
+        self.slot().as_ref().is_some_and(|s| s.dir == dir && s.exe == exe)
+    }
+
+    /// Start a spare for `dir` on a thread of its own, unless one is kept (one
+    /// for another log is let go).
+    fn refill(&self, dir: &Path, exe: &Path) {
+        if self.holds(dir, exe) || self.starting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (this, dir, exe) = (self.clone(), dir.to_path_buf(), exe.to_path_buf());
+        std::thread::spawn(move || {
+            // Without a spare, runs start their own runner, as without spares.
+            if let Ok(runner) = runner::SpareRunner::start(&dir, &exe) {
+                *this.slot() = Some(Spare { dir, exe, runner });
+            }
+            this.starting.store(false, Ordering::Release);
+        });
+    }
+
+    /// Wait up to `timeout` for a spare for `dir` (from `exe`) to be kept and to
+    /// have its log open; true if one is. Runs never need this; a benchmark that
+    /// measures a run finding one ready does.
+    pub fn wait_ready(&self, dir: &Path, exe: &Path, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.slot().as_mut().filter(|s| s.dir == dir && s.exe == exe) {
+                return s.runner.wait_ready(deadline.saturating_duration_since(Instant::now()));
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The pid of the spare kept, if any.
+    pub fn spare_pid(&self) -> Option<u32> {
+        self.slot().as_ref().map(|s| s.runner.pid())
+    }
 }
 
 /// [`run`], whose wait for the result also ends when `abort` is set (a daemon's
-/// cutover): the answer is then the process as it is.
+/// cutover): the answer is then the process as it is. With `spares`, the runner
+/// is a spare started ahead of this run when one is ready (see [`Spares`]).
 pub fn run_until(
     ledger: &Ledger,
     dir: &Path,
     req: &RunRequest,
     self_exe: &Path,
     abort: &AtomicBool,
+    spares: Option<&Spares>,
 ) -> Result<ProcessView, OpError> {
     if req.request_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
         return Err(invalid("a request id is not empty"));
@@ -350,8 +434,19 @@ pub fn run_until(
     // say) starts one now. Runners race safely: only one `started` record lands.
     let p = find(ledger, process)?;
     let mut runner = None;
+    // A spare that ends without starting the process (it could not open the log,
+    // say) is followed by one fresh runner; runners race safely.
+    let mut fresh_after_spare = None;
     if p.status() == ProcessStatus::Requested {
-        match runner::start_runner(dir, process, self_exe, &env) {
+        let spare = spares.and_then(|s| s.take(dir, self_exe)).and_then(|s| s.assign(process, &env).ok());
+        let settled = match spare {
+            Some(settled) => {
+                fresh_after_spare = Some(());
+                Ok(settled)
+            }
+            None => runner::start_runner(dir, process, self_exe, &env),
+        };
+        match settled {
             Ok(settled) => runner = Some(settled),
             Err(e) => {
                 // Never started: say so on record (its leases end with it), unless a
@@ -366,8 +461,18 @@ pub fn run_until(
         }
     }
     let done = |p: &Process| p.status().is_terminal() || abort.load(Ordering::Relaxed);
-    let p = wait_for_runner(ledger, process, req.wait_ms, runner, done)?;
-    Ok(ProcessView::of(&p, deduplicated))
+    let fresh = |p: &Process| {
+        (p.status() == ProcessStatus::Requested && fresh_after_spare.take().is_some())
+            .then(|| runner::start_runner(dir, process, self_exe, &env).ok())
+            .flatten()
+    };
+    let p = wait_for_runner(ledger, process, req.wait_ms, runner, fresh, done);
+    // The next run's spare starts once this one is answered: its start-up (an exec
+    // and the log's replay) never competes with this run for the machine.
+    if let Some(s) = spares {
+        s.refill(dir, self_exe);
+    }
+    Ok(ProcessView::of(&p?, deduplicated))
 }
 
 /// A process from the ledger (caught up with the log), or `UNKNOWN_PROCESS`.
@@ -386,19 +491,21 @@ const WAIT_NAP_QUICK: Duration = Duration::from_micros(750);
 const WAIT_NAP_MAX: Duration = Duration::from_millis(20);
 
 fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
-    wait_for_runner(ledger, process, wait_ms, None, done)
+    wait_for_runner(ledger, process, wait_ms, None, |_| None, done)
 }
 
 /// [`wait_for`] that also wakes the moment the runner it started has settled the
 /// outcome or exited (`runner`: the read end of its stdout, from
 /// [`runner::start_runner`]) — so a quick command's answer is read as soon as its
 /// exit record is durable, not at the end of a nap. After that the wait goes on by
-/// naps (a runner that died without its record: recovery's).
+/// naps (a runner that died without its record: recovery's), unless `next`, asked
+/// with the process as it is then, starts another runner to wait on.
 fn wait_for_runner(
     ledger: &Ledger,
     process: u64,
     wait_ms: u64,
     mut runner: Option<std::os::fd::OwnedFd>,
+    mut next: impl FnMut(&Process) -> Option<std::os::fd::OwnedFd>,
     done: impl Fn(&Process) -> bool,
 ) -> Result<Process, OpError> {
     // Short naps while a quick command is likely to end (a look at the log costs
@@ -411,6 +518,9 @@ fn wait_for_runner(
         let now = Instant::now();
         if done(&p) || now >= deadline {
             return Ok(p);
+        }
+        if runner.is_none() {
+            runner = next(&p);
         }
         let nap_now = nap.min(deadline - now);
         match &runner {

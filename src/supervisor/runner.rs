@@ -62,6 +62,53 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
             return 1;
         }
     };
+    run_process(dir, &ledger, process, None)
+}
+
+/// A spare runner's life (`fencelog __runner --dir D --spare`, see [`SpareRunner`]):
+/// open the log, say so, wait for the process to run, then run it as
+/// [`runner_main`] would. Its stdin is its channel to the caller; end of file
+/// there before an assignment means the caller is gone: nothing to do.
+pub fn spare_main(dir: &Path) -> i32 {
+    let ledger = match Ledger::open(dir, ledger_options()) {
+        Ok(l) => l,
+        // Its stderr is /dev/null until it has a process: the caller, whose
+        // assignment then fails or ends unstarted, starts a fresh runner instead,
+        // and that one says why in the process's runner.log.
+        Err(_) => return 1,
+    };
+    // SAFETY: fd 0 is the channel this runner was started with; ManuallyDrop keeps
+    // it from being closed here (it is replaced below).
+    let mut chan = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    let _ = chan.write_all(&[SPARE_READY]);
+    let mut message = Vec::new();
+    let read = (&mut *chan).take(ASSIGNMENT_BYTES_MAX as u64 + 16).read_to_end(&mut message);
+    // Nothing of the caller's is held while the command runs.
+    // SAFETY: open(2) of a constant path, dup2(2) onto fd 0, close(2) of the new fd.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::close(null);
+        }
+    }
+    if read.is_err() || message.is_empty() {
+        return 0; // the caller is gone before it had anything for this runner
+    }
+    let Some((process, env)) = parse_assignment(&message) else {
+        return 2;
+    };
+    // From here on its diagnostics go where a fresh runner's go: runner.log.
+    if let Ok(log) = private_process_dir(dir, process).and_then(|d| open_runner_log(&d)) {
+        // SAFETY: dup2(2) of a descriptor we own onto fd 2.
+        unsafe { libc::dup2(log.as_raw_fd(), 2) };
+    }
+    run_process(dir, &ledger, process, Some(env))
+}
+
+/// A runner's life once its log is open: `env` is the environment for the
+/// command (a spare's assignment), or `None` for this runner's own.
+fn run_process(dir: &Path, ledger: &Ledger, process: u64, env: Option<Environment>) -> i32 {
     let p = match ledger.refresh_with(|p| p.processes.get(&process).cloned()) {
         Ok(Some(p)) => p,
         Ok(None) => {
@@ -78,8 +125,12 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
         return EXIT_ALREADY_STARTED;
     }
     // The environment this runner was given must be the one recorded (by digest).
+    let value_of = |name: &str| match &env {
+        Some(env) => env.get(std::ffi::OsStr::new(name)).cloned(),
+        None => std::env::var_os(name),
+    };
     for e in &p.command.env {
-        let ok = std::env::var_os(&e.name)
+        let ok = value_of(&e.name)
             .is_some_and(|v| blake3::hash(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str())) == e.value_blake3);
         if !ok {
             say(process, format!("environment variable {} differs from the recorded digest; nothing started", e.name));
@@ -95,7 +146,7 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
                 p.command.exe_fingerprint,
                 found.unwrap_or_else(|e| e.to_string())
             );
-            end_unstarted(&ledger, process, "EXE_CHANGED", &detail);
+            end_unstarted(ledger, process, "EXE_CHANGED", &detail);
             return 1;
         }
     }
@@ -111,6 +162,9 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(env) = env {
+        cmd.env_clear().envs(env);
+    }
     let gated = spawn_gated(&mut cmd, |pid| {
         let Some(command_start_ticks) = identity::start_ticks(pid) else {
             return (false, Err(LedgerError::Refused(Refusal::NotRunning { process, status: "vanished".into() })));
@@ -131,7 +185,7 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
             Err(e)
         }
         Gated::NotSpawned(e) => {
-            end_unstarted(&ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
+            end_unstarted(ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
             return 1;
         }
         Gated::Refused(Err(LedgerError::Refused(
@@ -181,7 +235,7 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
                 stdout: Capture { kept_blake3: *blake3::hash(b"").as_bytes(), ..Capture::default() },
                 stderr,
             };
-            record_exit(dir, &ledger, process, exit);
+            record_exit(dir, ledger, process, exit);
             return 0;
         }
     };
@@ -212,7 +266,7 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
         stdout,
         stderr,
     };
-    record_exit(dir, &ledger, process, exit);
+    record_exit(dir, ledger, process, exit);
     0
 }
 
@@ -605,6 +659,42 @@ fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> G
     })
 }
 
+/// The environment a command runs with, name → value.
+pub type Environment = std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>;
+
+/// Most bytes of a spare runner's assignment (the process id, then the command's
+/// whole environment as `NAME=VALUE\0` entries).
+const ASSIGNMENT_BYTES_MAX: usize = 4 << 20;
+/// The byte a spare runner sends on its channel once its log is open.
+const SPARE_READY: u8 = b'R';
+
+/// The environment a runner started now gives its command: this process's own,
+/// with `env` (the command's `--env` values, which never enter the log) added, and
+/// without the variables that would send a fencelog started by the command to a
+/// daemon rather than to a directory of its choosing.
+fn runner_environment(env: &[(String, String)]) -> Environment {
+    use std::ffi::{OsStr, OsString};
+    let mut vars: Environment = std::env::vars_os().collect();
+    vars.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    for k in ["FENCELOG_SERVER", "FENCELOG_TOKEN_FILE", "FENCELOG_DIR"] {
+        vars.remove(OsStr::new(k));
+    }
+    vars
+}
+
+/// `DIR/processes/ID/runner.log`, opened to append (0600, never through a link).
+fn open_runner_log(d: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::PermissionsExt;
+    let log = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(d.join("runner.log"))?;
+    log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(log)
+}
+
 /// Start a runner for `process` in a session of its own, its stderr appended to
 /// the process's `runner.log`, with `env` added to its environment (the command's
 /// `--env` values, which never enter the log). It is reaped on a thread of ours.
@@ -613,45 +703,152 @@ fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> G
 /// [`tell_caller_settled`]) or is gone, whichever comes first — so a quick
 /// command's answer is read as soon as its exit record is durable, not once the
 /// runner has also torn itself down.
-///
-/// Started with `posix_spawn` (the caller is not copied: glibc spawns with
-/// `CLONE_VFORK`), asking for a new session (`POSIX_SPAWN_SETSID`), `/` as its
-/// directory, `/dev/null` as stdin, and every descriptor from 3 up closed: a runner
-/// holds nothing of its caller's (a pipe a shell waits on, a daemon's sockets) for
-/// the command's lifetime. (The pipe's write end becomes the runner's stdout in the
-/// child only; our copies of both ends are close-on-exec, so no other process this
-/// caller starts meanwhile inherits them.)
 pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
-    use std::ffi::{CString, OsStr, OsString};
-    use std::os::unix::ffi::{OsStrExt, OsStringExt};
-    use std::os::unix::fs::PermissionsExt;
-    let d = private_process_dir(dir, process)?;
-    let log = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(d.join("runner.log"))?;
-    log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    let c = |s: &OsStr| CString::new(s.as_bytes()).map_err(|_| std::io::Error::other("a NUL byte in an argument"));
+    use std::ffi::OsStr;
+    let log = open_runner_log(&private_process_dir(dir, process)?)?;
     let process_arg = process.to_string();
-    let argv: Vec<CString> = [
-        self_exe.as_os_str(),
+    let args = [
         OsStr::new("__runner"),
         OsStr::new("--dir"),
         dir.as_os_str(),
         OsStr::new("--process"),
         OsStr::new(&process_arg),
-    ]
-    .into_iter()
-    .map(c)
-    .collect::<std::io::Result<_>>()?;
-    let mut vars: std::collections::BTreeMap<OsString, OsString> = std::env::vars_os().collect();
-    vars.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
-    // A runner always works on its directory, never through a daemon.
-    for k in ["FENCELOG_SERVER", "FENCELOG_TOKEN_FILE", "FENCELOG_DIR"] {
-        vars.remove(OsStr::new(k));
+    ];
+    let (settled, _) = spawn_runner(self_exe, &args, None, Some(&log), runner_environment(env))?;
+    Ok(settled)
+}
+
+/// A runner started ahead of need (`__runner --dir D --spare`): in its own session
+/// like any runner, its log already open, waiting on a channel (a socket that is
+/// its stdin) for the process to run. Handing it a process
+/// ([`SpareRunner::assign`]) takes the runner's start and the log's replay off the
+/// path of that process's answer; from then on it is a runner like any other, and
+/// appends the process's `started` and terminal records itself. Dropped without an
+/// assignment, it sees end of file and exits having done nothing; so does it when
+/// the process holding it exits.
+pub struct SpareRunner {
+    chan: std::os::unix::net::UnixStream,
+    settled: OwnedFd,
+    pid: u32,
+    ready: bool,
+}
+
+impl SpareRunner {
+    /// Start one for the log in `dir`, from the fencelog binary `self_exe`.
+    pub fn start(dir: &Path, self_exe: &Path) -> std::io::Result<SpareRunner> {
+        use std::ffi::OsStr;
+        // Close-on-exec on both ends; the runner's end becomes its fd 0 only.
+        let (chan, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let args = [OsStr::new("__runner"), OsStr::new("--dir"), dir.as_os_str(), OsStr::new("--spare")];
+        let (settled, pid) = spawn_runner(self_exe, &args, Some(theirs.as_raw_fd()), None, runner_environment(&[]))?;
+        Ok(SpareRunner { chan, settled, pid, ready: false })
     }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Wait up to `timeout` for it to have its log open; true once it has. (A run
+    /// never needs this: an assignment waits in the channel. A benchmark does, to
+    /// measure a run that finds it ready.)
+    pub fn wait_ready(&mut self, timeout: Duration) -> bool {
+        if !self.ready {
+            let mut b = [0u8];
+            let _ = self.chan.set_read_timeout(Some(timeout.max(Duration::from_millis(1))));
+            self.ready = matches!(self.chan.read(&mut b), Ok(1) if b[0] == SPARE_READY);
+        }
+        self.ready
+    }
+
+    /// Hand it `process`, whose command runs with this process's environment and
+    /// `env` added (as a fresh runner's would). Returns what [`start_runner`]
+    /// returns; an error if the spare is gone (start a fresh runner then).
+    pub fn assign(self, process: u64, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut entries = Vec::new();
+        for (k, v) in runner_environment(env) {
+            entries.extend_from_slice(k.as_bytes());
+            entries.push(b'=');
+            entries.extend_from_slice(v.as_bytes());
+            entries.push(0);
+        }
+        if entries.len() > ASSIGNMENT_BYTES_MAX {
+            return Err(std::io::Error::other(format!(
+                "the environment is {} bytes, more than a spare runner takes ({ASSIGNMENT_BYTES_MAX})",
+                entries.len()
+            )));
+        }
+        let mut message = Vec::with_capacity(16 + entries.len());
+        message.extend_from_slice(&process.to_le_bytes());
+        message.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+        message.extend_from_slice(&entries);
+        let mut sent = 0;
+        while sent < message.len() {
+            // SAFETY: sends from a live buffer on a socket we own. MSG_NOSIGNAL: a
+            // spare that is gone is an error here, never a SIGPIPE for the caller.
+            let n = unsafe {
+                libc::send(
+                    self.chan.as_raw_fd(),
+                    message[sent..].as_ptr().cast(),
+                    message.len() - sent,
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            match n {
+                n if n > 0 => sent += n as usize,
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        // Dropping our end is the end of the message (the runner reads to end of file).
+        Ok(self.settled)
+    }
+}
+
+/// The process and environment of a spare runner's assignment, if well formed.
+fn parse_assignment(message: &[u8]) -> Option<(u64, Environment)> {
+    use std::os::unix::ffi::OsStrExt;
+    let process = u64::from_le_bytes(message.get(..8)?.try_into().ok()?);
+    let len = u64::from_le_bytes(message.get(8..16)?.try_into().ok()?);
+    let entries = message.get(16..)?;
+    if entries.len() as u64 != len || entries.last().is_some_and(|&b| b != 0) {
+        return None;
+    }
+    let mut env = Environment::new();
+    for e in entries.split(|&b| b == 0).filter(|e| !e.is_empty()) {
+        let eq = e.iter().position(|&b| b == b'=')?;
+        env.insert(std::ffi::OsStr::from_bytes(&e[..eq]).into(), std::ffi::OsStr::from_bytes(&e[eq + 1..]).into());
+    }
+    Some((process, env))
+}
+
+/// Start `self_exe args…` as a runner: `posix_spawn` (the caller is not copied:
+/// glibc spawns with `CLONE_VFORK`), asking for a new session
+/// (`POSIX_SPAWN_SETSID`), `/` as its directory, `stdin` (or `/dev/null`) as fd 0,
+/// a new pipe's write end as fd 1, `stderr` (or `/dev/null`) as fd 2, the default
+/// SIGPIPE and an empty signal mask, and every descriptor from 3 up closed: a
+/// runner holds nothing of its caller's (a pipe a shell waits on, a daemon's
+/// sockets) for the command's lifetime. (Our copies of the pipe's ends are
+/// close-on-exec, so no other process this caller starts meanwhile inherits
+/// them.) Returns the pipe's read end and the runner's pid; the runner is reaped
+/// on a thread of ours.
+fn spawn_runner(
+    self_exe: &Path,
+    args: &[&std::ffi::OsStr],
+    stdin: Option<std::os::fd::RawFd>,
+    stderr: Option<&File>,
+    vars: Environment,
+) -> std::io::Result<(OwnedFd, u32)> {
+    use std::ffi::{CString, OsStr};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let c = |s: &OsStr| CString::new(s.as_bytes()).map_err(|_| std::io::Error::other("a NUL byte in an argument"));
+    let argv: Vec<CString> =
+        std::iter::once(self_exe.as_os_str()).chain(args.iter().copied()).map(c).collect::<std::io::Result<_>>()?;
     let envp: Vec<CString> = vars
         .into_iter()
         .map(|(k, v)| {
@@ -670,7 +867,8 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
     let mut pid: libc::pid_t = 0;
     // SAFETY: the attribute and file-action objects are initialised before use and
     // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
-    // until posix_spawn returns; the arrays end with a null pointer.
+    // until posix_spawn returns; the arrays end with a null pointer; the
+    // descriptors named are open (ours) until then.
     unsafe {
         let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
         let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
@@ -685,14 +883,16 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
         libc::sigemptyset(&mut pipe_only);
         libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
         let flags = libc::POSIX_SPAWN_SETSID as i32 | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+        let fd_or_null = |fa: &mut libc::posix_spawn_file_actions_t, fd: Option<libc::c_int>, to, flags| match fd {
+            Some(fd) => check(libc::posix_spawn_file_actions_adddup2(fa, fd, to)),
+            None => check(libc::posix_spawn_file_actions_addopen(fa, to, dev_null.as_ptr(), flags, 0)),
+        };
         let spawned = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
             .and_then(|_| check(libc::posix_spawnattr_setsigmask(&mut attr, &empty)))
             .and_then(|_| check(libc::posix_spawnattr_setsigdefault(&mut attr, &pipe_only)))
-            .and_then(|_| {
-                check(libc::posix_spawn_file_actions_addopen(&mut fa, 0, dev_null.as_ptr(), libc::O_RDONLY, 0))
-            })
+            .and_then(|_| fd_or_null(&mut fa, stdin, 0, libc::O_RDONLY))
             .and_then(|_| check(libc::posix_spawn_file_actions_adddup2(&mut fa, settled_w.as_raw_fd(), 1)))
-            .and_then(|_| check(libc::posix_spawn_file_actions_adddup2(&mut fa, log.as_raw_fd(), 2)))
+            .and_then(|_| fd_or_null(&mut fa, stderr.map(|f| f.as_raw_fd()), 2, libc::O_WRONLY))
             .and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, root.as_ptr())))
             .and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, 3)))
             .and_then(|_| {
@@ -703,7 +903,7 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
         spawned?;
     }
     // The runner holds the only write end now: its end of file is the runner's word.
-    drop((log, settled_w));
+    drop(settled_w);
     std::thread::spawn(move || {
         let mut status = 0;
         // SAFETY: waits for our own child; EINTR is retried.
@@ -711,7 +911,7 @@ pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, S
             && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
         {}
     });
-    Ok(settled_r)
+    Ok((settled_r, pid as u32))
 }
 
 /// Sleep up to `nap`, or less if the runner behind `settled` (the read end of its

@@ -282,8 +282,11 @@ pub(crate) enum Cmd {
     Runner {
         #[command(flatten)]
         dir: Dir,
-        #[arg(long)]
-        process: u64,
+        #[arg(long, required_unless_present = "spare")]
+        process: Option<u64>,
+        /// A spare runner: open the log, then wait on stdin for the process to run.
+        #[arg(long, conflicts_with = "process")]
+        spare: bool,
     },
     /// The offline inspector: reads a live log or a copy, never writes.
     Inspect {

@@ -32,7 +32,10 @@ fn main() -> ExitCode {
     let _failpoints = std::env::var_os("FAILPOINTS").map(|_| fail::FailScenario::setup());
     if let Some((dir, process)) = runner_args() {
         init_logging(0);
-        std::process::exit(fencelog::supervisor::runner::runner_main(&dir, process));
+        std::process::exit(match process {
+            Some(process) => fencelog::supervisor::runner::runner_main(&dir, process),
+            None => fencelog::supervisor::runner::spare_main(&dir),
+        });
     }
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
@@ -148,26 +151,38 @@ fn run(cmd: cli::Cmd) -> Printed {
                 }
             }
         }
-        Cmd::Runner { dir, process } => {
+        Cmd::Runner { dir, process: Some(process), .. } => {
             std::process::exit(fencelog::supervisor::runner::runner_main(dir.path(), process))
+        }
+        Cmd::Runner { dir, process: None, .. } => {
+            std::process::exit(fencelog::supervisor::runner::spare_main(dir.path()))
         }
         other => mutate::run(other),
     }
 }
 
-/// The runner's arguments, when this process is a runner started the one way
-/// `run` starts it (`__runner --dir D --process N`, nothing else). A runner is
-/// started for every supervised command, and its start is on the path of every
-/// answer: building the whole command line's parser cost it about 0.4
-/// ms. Any other form goes through the parser as usual.
-fn runner_args() -> Option<(std::path::PathBuf, u64)> {
+/// The runner's arguments, when this process is a runner started one of the two
+/// ways `run` starts one (`__runner --dir D --process N`, or a spare runner's
+/// `__runner --dir D --spare`: process `None`), nothing else. A runner is started
+/// for every supervised command, and its start is on the path of every answer:
+/// building the whole command line's parser cost it about 0.4 ms. Any other form
+/// goes through the parser as usual.
+fn runner_args() -> Option<(std::path::PathBuf, Option<u64>)> {
     let mut args = std::env::args_os().skip(1);
     let mut next = || args.next();
-    let (sub, dir_flag, dir, process_flag, process) = (next()?, next()?, next()?, next()?, next()?);
-    if next().is_some() || sub != "__runner" || dir_flag != "--dir" || process_flag != "--process" || dir.is_empty() {
+    let (sub, dir_flag, dir, what) = (next()?, next()?, next()?, next()?);
+    if sub != "__runner" || dir_flag != "--dir" || dir.is_empty() {
         return None;
     }
-    Some((dir.into(), process.to_str()?.parse().ok()?))
+    let process = match what.to_str()? {
+        "--spare" => None,
+        "--process" => Some(next()?.to_str()?.parse().ok()?),
+        _ => return None,
+    };
+    if next().is_some() {
+        return None;
+    }
+    Some((dir.into(), process))
 }
 
 /// Diagnostics go to stderr (stdout carries the one JSON answer): warnings by

@@ -15,9 +15,10 @@
 //!
 //!   cargo bench --bench supervise                   # full run
 //!   cargo bench --bench supervise -- --quick --json # short run, one JSON object
-//!   cargo bench --bench supervise -- --quick --runner-a OTHER/fencelog
+//!   cargo bench --bench supervise -- --quick --runner-a OTHER/fencelog [--spares]
 //!       # paired A/B of runner binaries: OTHER's runner against this build's,
-//!       # alternated sample by sample under the same caller (this build's)
+//!       # alternated sample by sample under the same caller (this build's);
+//!       # fresh runners, or with --spares each side's spare (ready) runners
 //!
 //! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp).
 
@@ -109,7 +110,8 @@ fn main() {
     let dir = tmp.path().join("log");
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     if let Some(a) = runner_a {
-        paired_runners(&ledger, &dir, Path::new(a), samples, as_json);
+        let spares = args.iter().any(|a| a == "--spares");
+        paired_runners(&ledger, &dir, Path::new(a), samples, spares, as_json);
         return;
     }
     let mut raw = std::fs::File::create(tmp.path().join("raw")).unwrap();
@@ -192,26 +194,39 @@ fn main() {
 /// then this build's, then `a`'s…, so both see the same machine and the same log
 /// length; the p50 of the paired differences (B − A) is the figure to read. The
 /// log grows by 3 records a run (6 a pair): both halves replay the same amount.
-fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, as_json: bool) {
+fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, with_spares: bool, as_json: bool) {
     let b = Path::new(FENCELOG);
+    let (spares_a, spares_b) = (Spares::new(), Spares::new());
+    // One run by `exe`: with its spare (waited for), or a fresh runner.
+    let one = |exe: &Path, spares: &Spares| {
+        if with_spares {
+            assert!(spares.wait_ready(dir, exe, SPARE_READY_WAIT), "a spare runner is ready");
+            let t = run_with(ledger, dir, exe, Some(spares));
+            assert!(spares.wait_ready(dir, exe, SPARE_READY_WAIT), "a spare runner is ready");
+            t
+        } else {
+            run_with(ledger, dir, exe, None)
+        }
+    };
     let (mut ta, mut tb) = (vec![], vec![]);
     for _ in 0..10 {
-        run_with(ledger, dir, a, None);
-        run_with(ledger, dir, b, None);
+        run_with(ledger, dir, a, with_spares.then_some(&spares_a));
+        run_with(ledger, dir, b, with_spares.then_some(&spares_b));
     }
     for i in 0..samples {
         if i % 2 == 0 {
-            ta.push(run_with(ledger, dir, a, None));
-            tb.push(run_with(ledger, dir, b, None));
+            ta.push(one(a, &spares_a));
+            tb.push(one(b, &spares_b));
         } else {
-            tb.push(run_with(ledger, dir, b, None));
-            ta.push(run_with(ledger, dir, a, None));
+            tb.push(one(b, &spares_b));
+            ta.push(one(a, &spares_a));
         }
     }
     let diff: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y - x).collect();
     let out = json!({
         "runner_a": a.display().to_string(),
         "runner_b": FENCELOG,
+        "spares": with_spares,
         "a": stats(ta),
         "b": stats(tb),
         "b_minus_a_paired": stats(diff),

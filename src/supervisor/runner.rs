@@ -2,14 +2,18 @@
 //!
 //! The runner (`fencelog __runner --dir D --process ID`) is started by whoever
 //! recorded the spawn intent, in a session of its own, so it outlives its caller.
-//! It starts the command *behind a gate*: between `fork` and `exec` the child
-//! tells the runner its pid and waits for one byte on a pipe. While it waits, the
-//! runner appends `ProcessStarted` with the child's pid and start time. Only if
-//! that record lands does the runner open the gate; if another runner took the
-//! process first, the record is refused and the gate is closed (the child sees end
-//! of file and exits without running anything). So a command runs at most once,
-//! however many runners race for it, and the record names the exact process (its
-//! pid and start time survive the `exec`).
+//! It starts the command *behind a gate*: first a gate process (`fencelog
+//! __gate`, started with `posix_spawn` in a process group of its own, its stdout
+//! and stderr the runner's capture pipes), which waits for the command on its
+//! stdin. Meanwhile the runner appends `ProcessStarted` with the gate's pid and
+//! start time. Only if that record lands does the runner send the command; the
+//! gate then `exec`s it, so the record names the exact process (pid and start
+//! time survive the `exec`). If another runner took the process first, the record
+//! is refused and the gate is closed: it sees end of file and exits without
+//! running anything, as it does if this runner dies. So a command runs at most
+//! once, however many runners race for it. The gate is started before the log is
+//! opened (a fresh runner) or before the run is known (a spare runner), so its
+//! start-up is off the answer's path.
 //!
 //! Then the runner captures stdout and stderr to files (bounded), enforces the
 //! timeout on the whole process group (TERM, then KILL after a grace), and appends
@@ -19,9 +23,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -55,6 +59,8 @@ fn say(process: u64, what: impl std::fmt::Display) {
 
 /// The runner's whole life; returns its exit code.
 pub fn runner_main(dir: &Path, process: u64) -> i32 {
+    // The gate starts up on the other core while this runner opens the log.
+    let gate = Gate::start();
     let ledger = match Ledger::open(dir, ledger_options()) {
         Ok(l) => l,
         Err(e) => {
@@ -62,7 +68,7 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
             return 1;
         }
     };
-    run_process(dir, &ledger, process, None)
+    run_process(dir, &ledger, process, None, gate)
 }
 
 /// A spare runner's life (`fencelog __runner --dir D --spare`, see [`SpareRunner`]):
@@ -70,6 +76,7 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
 /// [`runner_main`] would. Its stdin is its channel to the caller; end of file
 /// there before an assignment means the caller is gone: nothing to do.
 pub fn spare_main(dir: &Path) -> i32 {
+    let gate = Gate::start();
     let ledger = match Ledger::open(dir, ledger_options()) {
         Ok(l) => l,
         // Its stderr is /dev/null until it has a process: the caller, whose
@@ -103,12 +110,20 @@ pub fn spare_main(dir: &Path) -> i32 {
         // SAFETY: dup2(2) of a descriptor we own onto fd 2.
         unsafe { libc::dup2(log.as_raw_fd(), 2) };
     }
-    run_process(dir, &ledger, process, Some(env))
+    run_process(dir, &ledger, process, Some(env), gate)
 }
 
 /// A runner's life once its log is open: `env` is the environment for the
-/// command (a spare's assignment), or `None` for this runner's own.
-fn run_process(dir: &Path, ledger: &Ledger, process: u64, env: Option<Environment>) -> i32 {
+/// command (a spare's assignment), or `None` for this runner's own; `gate` is the
+/// gate started for it (closed, the command never started, on every way out
+/// before the start is on record).
+fn run_process(
+    dir: &Path,
+    ledger: &Ledger,
+    process: u64,
+    env: Option<Environment>,
+    gate: std::io::Result<Gate>,
+) -> i32 {
     let p = match ledger.refresh_with(|p| p.processes.get(&process).cloned()) {
         Ok(Some(p)) => p,
         Ok(None) => {
@@ -154,53 +169,43 @@ fn run_process(dir: &Path, ledger: &Ledger, process: u64, env: Option<Environmen
         say(process, "cannot read this runner's identity from /proc; nothing started");
         return 1;
     };
-    let mut cmd = Command::new(&p.command.exe);
-    cmd.arg0(&p.command.argv[0])
-        .args(&p.command.argv[1..])
-        .current_dir(&p.command.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    if let Some(env) = env {
-        cmd.env_clear().envs(env);
-    }
-    let gated = spawn_gated(&mut cmd, |pid| {
-        let Some(command_start_ticks) = identity::start_ticks(pid) else {
-            return (false, Err(LedgerError::Refused(Refusal::NotRunning { process, status: "vanished".into() })));
-        };
-        let r = ledger.submit(None, |_, now_ms, writer| {
-            Ok(Txn::new(
-                now_ms,
-                writer,
-                vec![Event::ProcessStarted { process, runner: me.clone(), command_pid: pid, command_start_ticks }],
-            ))
-        });
-        (r.is_ok(), r)
-    });
-    let mut child = match gated {
-        Gated::Started(child, _) => Ok(child),
-        Gated::ExecFailed(e, _) => {
-            say(process, format!("started on record, but the executable could not be executed: {e}"));
-            Err(e)
-        }
-        Gated::NotSpawned(e) => {
+    let gate = match gate {
+        Ok(g) => g,
+        Err(e) => {
             end_unstarted(ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
             return 1;
         }
-        Gated::Refused(Err(LedgerError::Refused(
-            r @ (Refusal::AlreadyStarted { .. } | Refusal::AlreadyTerminal { .. }),
-        ))) => {
+    };
+    let pid = gate.pid;
+    let Some(command_start_ticks) = identity::start_ticks(pid) else {
+        say(process, "the gate process vanished before the start was recorded; nothing started");
+        return 1;
+    };
+    let r = ledger.submit(None, |_, now_ms, writer| {
+        Ok(Txn::new(
+            now_ms,
+            writer,
+            vec![Event::ProcessStarted { process, runner: me.clone(), command_pid: pid, command_start_ticks }],
+        ))
+    });
+    match r {
+        Ok(_) => {}
+        Err(LedgerError::Refused(r @ (Refusal::AlreadyStarted { .. } | Refusal::AlreadyTerminal { .. }))) => {
             say(process, format!("{r}; nothing started"));
             return EXIT_ALREADY_STARTED;
         }
-        Gated::Refused(r) => {
-            say(process, format!("the start was not recorded ({:?}); nothing started", r.err()));
+        Err(e) => {
+            say(process, format!("the start was not recorded ({e}); nothing started"));
             return 1;
         }
-    };
+    }
+    // Started on record: the gate becomes the command. If the exec fails, the gate
+    // says why on the command's stderr and exits 127, as a shell would: the command
+    // never ran, and that is its recorded end.
+    let env = env.unwrap_or_else(|| std::env::vars_os().collect());
+    let (mut child, [out_pipe, err_pipe], exec_status) = gate.open(&gate_spec(&p.command, &env));
     let t0 = Instant::now();
-    let outputs = match open_outputs(dir, process) {
+    let [out_file, err_file] = match open_outputs(dir, process) {
         Ok(o) => o,
         Err(e) => {
             // Started on record: the command must still run and end on record; its
@@ -209,41 +214,13 @@ fn run_process(dir: &Path, ledger: &Ledger, process: u64, env: Option<Environmen
             [None, None]
         }
     };
-    let [out_file, err_file] = outputs;
-    let child = match child.as_mut() {
-        Ok(c) => c,
-        Err(e) => {
-            // Exec failed behind the gate: the command never ran; exit 127 as a shell
-            // says it, with the reason as its stderr (kept like any output).
-            let message = format!("fencelog: {} could not be executed: {e}\n", p.command.exe).into_bytes();
-            // Nothing kept yet: the digest of nothing, as for the empty stdout below.
-            let mut stderr = Capture { kept_blake3: *blake3::hash(b"").as_bytes(), ..Capture::default() };
-            if let Some(mut f) = err_file
-                && f.write_all(&message).and_then(|_| f.sync_all()).is_ok()
-            {
-                stderr.bytes_kept = message.len() as u64;
-                stderr.kept_blake3 = *blake3::hash(&message).as_bytes();
-            }
-            stderr.bytes_seen = message.len() as u64;
-            stderr.tail = message;
-            let exit = Exit {
-                exit_code: Some(127),
-                signal: None,
-                timed_out: false,
-                cancelled: false,
-                duration_ms: t0.elapsed().as_millis() as u64,
-                stdout: Capture { kept_blake3: *blake3::hash(b"").as_bytes(), ..Capture::default() },
-                stderr,
-            };
-            record_exit(dir, ledger, process, exit);
-            return 0;
-        }
-    };
-    let pid = child.id();
     let max = p.output_bytes_max;
-    let stdout = Capturer::start(child.stdout.take().expect("piped"), out_file, max);
-    let stderr = Capturer::start(child.stderr.take().expect("piped"), err_file, max);
-    let (status, timed_out) = wait_with_timeout(child, p.timeout_ms, pid);
+    let stdout = Capturer::start(out_pipe, out_file, max);
+    let stderr = Capturer::start(err_pipe, err_file, max);
+    if let Some(e) = exec_failure(exec_status) {
+        say(process, format!("started on record, but the executable could not be executed: {e}"));
+    }
+    let (status, timed_out) = wait_with_timeout(&mut child, p.timeout_ms, pid);
     let duration_ms = t0.elapsed().as_millis() as u64;
     // A cancel is recorded before its signal is sent: one on record when the
     // command ended is what ended it.
@@ -322,12 +299,12 @@ fn record_exit_attempts(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
 /// Wait for the command; after `timeout_ms` (0: none) stop its process group:
 /// TERM, then KILL after a grace. Returns the exit status (`None` if waiting
 /// failed) and whether it timed out.
-fn wait_with_timeout(child: &mut Child, timeout_ms: u64, pgid: u32) -> (Option<std::process::ExitStatus>, bool) {
+fn wait_with_timeout(child: &mut Spawned, timeout_ms: u64, pgid: u32) -> (Option<ExitStatus>, bool) {
     if timeout_ms == 0 {
         return (child.wait().ok(), false);
     }
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    let poll = |child: &mut Child, until: Instant| -> Option<std::process::ExitStatus> {
+    let poll = |child: &mut Spawned, until: Instant| -> Option<ExitStatus> {
         let mut nap = Duration::from_millis(1);
         loop {
             if let Ok(Some(s)) = child.try_wait() {
@@ -552,18 +529,6 @@ impl Capturer {
     }
 }
 
-/// What [`spawn_gated`] did.
-enum Gated<T> {
-    /// `decide` said go and the command is running.
-    Started(Child, T),
-    /// `decide` said no: the child exited before `exec`; nothing ran.
-    Refused(T),
-    /// `decide` said go, but `exec` failed: nothing ran.
-    ExecFailed(std::io::Error, T),
-    /// No child reached the gate (fork or set-up failed).
-    NotSpawned(std::io::Error),
-}
-
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two new descriptors, which we then own.
@@ -574,89 +539,305 @@ fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Spawn `cmd` behind a gate: the child, between `fork` and `exec`, writes its pid
-/// to us and waits for one byte. `decide(pid)` runs meanwhile (the runner appends
-/// the start record); only if it says go does the child `exec`. Otherwise, or if
-/// this process dies first (end of file on the gate), the child exits without
-/// running anything. The pid and start time seen by `decide` survive the `exec`.
-fn spawn_gated<T>(cmd: &mut Command, decide: impl FnOnce(u32) -> (bool, T)) -> Gated<T> {
-    let pipes = pipe_cloexec().and_then(|hello| pipe_cloexec().map(|go| (hello, go)));
-    let ((hello_r, hello_w), (go_r, go_w)) = match pipes {
-        Ok(p) => p,
-        Err(e) => return Gated::NotSpawned(e),
-    };
-    let (hr, hw, gr, gw) = (hello_r.as_raw_fd(), hello_w.as_raw_fd(), go_r.as_raw_fd(), go_w.as_raw_fd());
-    // SAFETY: the closure runs in the child between fork and exec and calls only
-    // async-signal-safe functions (close, getpid, write, read) on descriptors
-    // that exist in the child; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::close(hr);
-            libc::close(gw);
-            let pid = libc::getpid().to_ne_bytes();
-            if libc::write(hw, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
-                return Err(std::io::Error::last_os_error());
+/// Most bytes of a gate's spec (the command's path, directory, arguments and
+/// environment).
+const GATE_SPEC_BYTES_MAX: usize = 16 << 20;
+
+/// A process started ahead of its command, to become it: `fencelog __gate` (see
+/// [`gate_main`]), in a process group of its own, its stdout and stderr the write
+/// ends of our capture pipes. Dropped unopened, it is closed (end of file on its
+/// stdin: it exits having run nothing) and reaped.
+pub(crate) struct Gate {
+    pid: u32,
+    spec: Option<File>,
+    status: Option<File>,
+    outputs: Option<[File; 2]>,
+}
+
+/// A child process of ours, waited for by pid.
+pub(crate) struct Spawned {
+    pid: u32,
+    status: Option<ExitStatus>,
+}
+
+impl Spawned {
+    fn wait_flags(&mut self, flags: libc::c_int) -> std::io::Result<Option<ExitStatus>> {
+        if let Some(s) = self.status {
+            return Ok(Some(s));
+        }
+        let mut raw = 0;
+        loop {
+            // SAFETY: waits for our own child, into a local.
+            let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut raw, flags) };
+            if r > 0 {
+                self.status = Some(ExitStatus::from_raw(raw));
+                return Ok(self.status);
             }
-            libc::close(hw);
-            let mut go = 0u8;
-            loop {
-                let n = libc::read(gr, (&raw mut go).cast(), 1);
-                if n == 1 && go == b'g' {
-                    return Ok(());
-                }
-                if n < 0 && *libc::__errno_location() == libc::EINTR {
-                    continue;
-                }
-                return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+            if r == 0 {
+                return Ok(None);
             }
-        });
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
     }
-    std::thread::scope(|s| {
-        // `spawn` returns once the child has exec'd or failed; our copies of the
-        // child's ends close then, so the reads below always end.
-        let spawner = s.spawn(move || {
-            let r = cmd.spawn();
-            drop((hello_w, go_r));
-            r
-        });
-        let mut pid = [0u8; 4];
-        let mut got = 0;
-        let mut hello = File::from(hello_r);
-        while got < pid.len() {
-            match hello.read(&mut pid[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        self.wait_flags(libc::WNOHANG)
+    }
+
+    fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.wait_flags(0).map(|s| s.expect("a blocking wait returns a status"))
+    }
+}
+
+impl Gate {
+    /// Start one from this very binary (`/proc/self/exe`: the file this runner
+    /// was started from, even if it was replaced since).
+    fn start() -> std::io::Result<Gate> {
+        let (spec_r, spec_w) = pipe_cloexec()?;
+        let (out_r, out_w) = pipe_cloexec()?;
+        let (err_r, err_w) = pipe_cloexec()?;
+        let (status_r, status_w) = pipe_cloexec()?;
+        let argv = [c"fencelog".to_owned(), c"__gate".to_owned()];
+        let pid = posix_spawn_with(
+            c"/proc/self/exe",
+            &argv,
+            &[],
+            &[
+                FdAction::Dup(spec_r.as_raw_fd(), 0),
+                FdAction::Dup(out_w.as_raw_fd(), 1),
+                FdAction::Dup(err_w.as_raw_fd(), 2),
+                FdAction::Dup(status_w.as_raw_fd(), GATE_STATUS_FD),
+            ],
+            Placement::OwnGroup,
+        )?;
+        Ok(Gate {
+            pid,
+            spec: Some(File::from(spec_w)),
+            status: Some(File::from(status_r)),
+            outputs: Some([File::from(out_r), File::from(err_r)]),
+        })
+    }
+
+    /// Send the command (`spec`, from [`gate_spec`]): the gate `exec`s it. Returns
+    /// the child, the read ends of its stdout and stderr, and the pipe that tells
+    /// how the exec went (see [`exec_failure`]).
+    fn open(mut self, spec: &[u8]) -> (Spawned, [File; 2], File) {
+        let mut input = self.spec.take().expect("an unopened gate");
+        // A gate that died cannot read it; its end is then what waiting records.
+        let _ = input.write_all(spec);
+        drop(input);
+        let outputs = self.outputs.take().expect("an unopened gate");
+        let status = self.status.take().expect("an unopened gate");
+        (Spawned { pid: self.pid, status: None }, outputs, status)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if self.spec.take().is_some() {
+            let _ = Spawned { pid: self.pid, status: None }.wait();
         }
-        if got < pid.len() {
-            drop(go_w);
-            return match spawner.join().expect("spawner thread") {
-                Err(e) => Gated::NotSpawned(e),
-                Ok(mut child) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    Gated::NotSpawned(std::io::Error::other("the child never reached the gate"))
+    }
+}
+
+/// The exec's outcome, from a gate's status pipe: `None` once the command is
+/// running (the pipe closed on exec), or why the exec failed.
+fn exec_failure(mut status: File) -> Option<std::io::Error> {
+    let mut errno = [0u8; 4];
+    let mut got = 0;
+    while got < errno.len() {
+        match status.read(&mut errno[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    (got == errno.len()).then(|| std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno)))
+}
+
+/// The gate's descriptor for the exec's outcome (close-on-exec in the gate).
+const GATE_STATUS_FD: libc::c_int = 3;
+
+/// What a gate is sent: its length (8 bytes, little-endian), then `NUL`-ended
+/// fields: the executable, the directory, the number of arguments (decimal), the
+/// arguments (`argv[0]` first), then the environment as `NAME=VALUE`.
+fn gate_spec(command: &crate::model::CommandSpec, env: &Environment) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut fields: Vec<&[u8]> = vec![command.exe.as_bytes(), command.cwd.as_bytes()];
+    let argc = command.argv.len().to_string();
+    fields.push(argc.as_bytes());
+    fields.extend(command.argv.iter().map(|a| a.as_bytes()));
+    let entries: Vec<Vec<u8>> = env
+        .iter()
+        .map(|(k, v)| {
+            let mut e = k.as_bytes().to_vec();
+            e.push(b'=');
+            e.extend_from_slice(v.as_bytes());
+            e
+        })
+        .collect();
+    fields.extend(entries.iter().map(|e| e.as_slice()));
+    let body_len: usize = fields.iter().map(|f| f.len() + 1).sum();
+    let mut spec = Vec::with_capacity(8 + body_len);
+    spec.extend_from_slice(&(body_len as u64).to_le_bytes());
+    for f in fields {
+        spec.extend_from_slice(f);
+        spec.push(0);
+    }
+    spec
+}
+
+/// A gate's life (`fencelog __gate`, started by a runner; see [`Gate`]): wait for
+/// the command on stdin, then become it. End of file first (the runner closed
+/// the gate, or died): exit 0, having run nothing. If the command cannot be
+/// executed, say why on stderr (the command's) and on the status pipe, and exit
+/// 127. Returns only if the exec did not happen.
+pub fn gate_main() -> i32 {
+    use std::ffi::{CStr, OsStr};
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: fcntl(2) on the status descriptor this gate was started with: a
+    // successful exec closes it, which is how the runner learns of it.
+    unsafe { libc::fcntl(GATE_STATUS_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let mut spec = Vec::new();
+    // SAFETY: fd 0 is the runner's pipe; ManuallyDrop keeps it open here (it is
+    // replaced below).
+    let mut input = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    let read = (&mut *input).take(GATE_SPEC_BYTES_MAX as u64 + 8).read_to_end(&mut spec);
+    if read.is_err() || spec.is_empty() {
+        return 0; // closed: nothing runs
+    }
+    // SAFETY: open(2) of a constant path, dup2(2) onto fd 0, close(2) of the new fd.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::close(null);
+        }
+    }
+    let fail = |what: &[u8], e: std::io::Error| -> i32 {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO).to_ne_bytes();
+        // SAFETY: write(2) of a local buffer to the status descriptor.
+        unsafe { libc::write(GATE_STATUS_FD, errno.as_ptr().cast(), errno.len()) };
+        let message = format!("fencelog: {} could not be executed: {e}\n", String::from_utf8_lossy(what));
+        let _ = std::io::stderr().write_all(message.as_bytes());
+        127
+    };
+    let body = match spec.split_first_chunk::<8>() {
+        Some((len, body)) if u64::from_le_bytes(*len) == body.len() as u64 && body.last() == Some(&0) => body,
+        _ => return fail(b"the command", std::io::Error::from_raw_os_error(libc::EINVAL)),
+    };
+    let fields: Vec<&CStr> =
+        body.split_inclusive(|&b| b == 0).map(|f| CStr::from_bytes_with_nul(f).expect("one NUL, at the end")).collect();
+    let argc = fields.get(2).and_then(|n| n.to_str().ok()?.parse::<usize>().ok());
+    let (exe, cwd, argv, env) = match argc {
+        Some(argc) if argc >= 1 && fields.len() >= 3 + argc => {
+            (fields[0], fields[1], &fields[3..3 + argc], &fields[3 + argc..])
+        }
+        _ => return fail(b"the command", std::io::Error::from_raw_os_error(libc::EINVAL)),
+    };
+    let ptrs = |v: &[&CStr]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
+    let (argv_p, env_p) = (ptrs(argv), ptrs(env));
+    // SAFETY: SIGPIPE back to its default for the command (this process, a Rust
+    // program, ignores it); chdir(2) and execve(2) with NUL-terminated strings and
+    // null-terminated arrays that live across the calls.
+    let e = unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        if libc::chdir(cwd.as_ptr()) != 0 {
+            std::io::Error::last_os_error()
+        } else {
+            libc::execve(exe.as_ptr(), argv_p.as_ptr(), env_p.as_ptr());
+            std::io::Error::last_os_error()
+        }
+    };
+    fail(OsStr::from_bytes(exe.to_bytes()).as_bytes(), e)
+}
+
+/// A descriptor a child is started with: ours as its `fd`, or `/dev/null` opened
+/// with `flags`.
+enum FdAction {
+    Dup(std::os::fd::RawFd, libc::c_int),
+    Null(libc::c_int, libc::c_int),
+}
+
+/// Where a child is started: a session of its own, with `/` as its directory (a
+/// runner), or a process group of its own in ours (a gate).
+enum Placement {
+    OwnSession,
+    OwnGroup,
+}
+
+/// `posix_spawn` (the caller is not copied: glibc spawns with `CLONE_VFORK`) of
+/// `exe` with `argv` and `envp`, its descriptors set by `fds` (applied in order;
+/// every other descriptor closed), an empty signal mask and the default SIGPIPE,
+/// placed as `placement` says. Returns its pid.
+fn posix_spawn_with(
+    exe: &std::ffi::CStr,
+    argv: &[std::ffi::CString],
+    envp: &[std::ffi::CString],
+    fds: &[FdAction],
+    placement: Placement,
+) -> std::io::Result<u32> {
+    let ptrs = |v: &[std::ffi::CString]| {
+        v.iter().map(|s| s.as_ptr().cast_mut()).chain([std::ptr::null_mut()]).collect::<Vec<_>>()
+    };
+    let (argv_p, envp_p) = (ptrs(argv), ptrs(envp));
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(rc)) };
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: the attribute and file-action objects are initialised before use and
+    // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
+    // until posix_spawn returns; the arrays end with a null pointer; the
+    // descriptors named are open (ours) until then.
+    unsafe {
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut fa))?;
+        if let Err(e) = check(libc::posix_spawnattr_init(&mut attr)) {
+            libc::posix_spawn_file_actions_destroy(&mut fa);
+            return Err(e);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        let mut pipe_only: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigemptyset(&mut pipe_only);
+        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
+        let place = match placement {
+            Placement::OwnSession => libc::POSIX_SPAWN_SETSID as i32,
+            Placement::OwnGroup => libc::POSIX_SPAWN_SETPGROUP,
+        };
+        let flags = place | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+        let mut spawned = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
+            .and_then(|_| check(libc::posix_spawnattr_setpgroup(&mut attr, 0)))
+            .and_then(|_| check(libc::posix_spawnattr_setsigmask(&mut attr, &empty)))
+            .and_then(|_| check(libc::posix_spawnattr_setsigdefault(&mut attr, &pipe_only)));
+        let mut highest = 2;
+        for a in fds {
+            spawned = spawned.and_then(|_| match *a {
+                FdAction::Dup(fd, to) => {
+                    highest = highest.max(to);
+                    check(libc::posix_spawn_file_actions_adddup2(&mut fa, fd, to))
                 }
-            };
+                FdAction::Null(to, flags) => {
+                    highest = highest.max(to);
+                    check(libc::posix_spawn_file_actions_addopen(&mut fa, to, c"/dev/null".as_ptr(), flags, 0))
+                }
+            });
         }
-        let (go, t) = decide(i32::from_ne_bytes(pid) as u32);
-        let mut gate = File::from(go_w);
-        let opened = go && gate.write_all(b"g").is_ok();
-        drop(gate);
-        match spawner.join().expect("spawner thread") {
-            Ok(child) if opened => Gated::Started(child, t),
-            Ok(mut child) => {
-                // Cannot happen (the child execs only after the byte); never leave it.
-                let _ = child.kill();
-                let _ = child.wait();
-                Gated::Refused(t)
-            }
-            Err(e) if opened => Gated::ExecFailed(e, t),
-            Err(_) => Gated::Refused(t),
+        if let Placement::OwnSession = placement {
+            spawned = spawned.and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, c"/".as_ptr())));
         }
-    })
+        let spawned =
+            spawned.and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, highest + 1))).and_then(
+                |_| check(libc::posix_spawn(&mut pid, exe.as_ptr(), &fa, &attr, argv_p.as_ptr(), envp_p.as_ptr())),
+            );
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        libc::posix_spawnattr_destroy(&mut attr);
+        spawned?;
+    }
+    Ok(pid as u32)
 }
 
 /// The environment a command runs with, name → value.
@@ -858,50 +1039,18 @@ fn spawn_runner(
             CString::new(kv).map_err(|_| std::io::Error::other("a NUL byte in the environment"))
         })
         .collect::<std::io::Result<_>>()?;
-    let ptrs =
-        |v: &[CString]| v.iter().map(|s| s.as_ptr().cast_mut()).chain([std::ptr::null_mut()]).collect::<Vec<_>>();
-    let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
-    let (dev_null, root) = (c"/dev/null", c"/");
-    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(rc)) };
     let (settled_r, settled_w) = pipe_cloexec()?;
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: the attribute and file-action objects are initialised before use and
-    // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
-    // until posix_spawn returns; the arrays end with a null pointer; the
-    // descriptors named are open (ours) until then.
-    unsafe {
-        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
-        check(libc::posix_spawn_file_actions_init(&mut fa))?;
-        if let Err(e) = check(libc::posix_spawnattr_init(&mut attr)) {
-            libc::posix_spawn_file_actions_destroy(&mut fa);
-            return Err(e);
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        let mut pipe_only: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigemptyset(&mut pipe_only);
-        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
-        let flags = libc::POSIX_SPAWN_SETSID as i32 | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
-        let fd_or_null = |fa: &mut libc::posix_spawn_file_actions_t, fd: Option<libc::c_int>, to, flags| match fd {
-            Some(fd) => check(libc::posix_spawn_file_actions_adddup2(fa, fd, to)),
-            None => check(libc::posix_spawn_file_actions_addopen(fa, to, dev_null.as_ptr(), flags, 0)),
-        };
-        let spawned = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
-            .and_then(|_| check(libc::posix_spawnattr_setsigmask(&mut attr, &empty)))
-            .and_then(|_| check(libc::posix_spawnattr_setsigdefault(&mut attr, &pipe_only)))
-            .and_then(|_| fd_or_null(&mut fa, stdin, 0, libc::O_RDONLY))
-            .and_then(|_| check(libc::posix_spawn_file_actions_adddup2(&mut fa, settled_w.as_raw_fd(), 1)))
-            .and_then(|_| fd_or_null(&mut fa, stderr.map(|f| f.as_raw_fd()), 2, libc::O_WRONLY))
-            .and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, root.as_ptr())))
-            .and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, 3)))
-            .and_then(|_| {
-                check(libc::posix_spawn(&mut pid, argv[0].as_ptr(), &fa, &attr, argv_p.as_ptr(), envp_p.as_ptr()))
-            });
-        libc::posix_spawn_file_actions_destroy(&mut fa);
-        libc::posix_spawnattr_destroy(&mut attr);
-        spawned?;
-    }
+    let pid = posix_spawn_with(
+        &argv[0],
+        &argv,
+        &envp,
+        &[
+            stdin.map_or(FdAction::Null(0, libc::O_RDONLY), |fd| FdAction::Dup(fd, 0)),
+            FdAction::Dup(settled_w.as_raw_fd(), 1),
+            stderr.map_or(FdAction::Null(2, libc::O_WRONLY), |f| FdAction::Dup(f.as_raw_fd(), 2)),
+        ],
+        Placement::OwnSession,
+    )? as libc::pid_t;
     // The runner holds the only write end now: its end of file is the runner's word.
     drop(settled_w);
     std::thread::spawn(move || {

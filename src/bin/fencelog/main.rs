@@ -27,6 +27,12 @@ type Printed = Result<(Value, u8), OpError>;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // A gate (started by a runner, with nothing but this argument and an empty
+    // environment) becomes its command as soon as it is sent one: nothing else
+    // runs first.
+    if std::env::args_os().len() == 2 && std::env::args_os().nth(1).is_some_and(|a| a == "__gate") {
+        std::process::exit(fencelog::supervisor::runner::gate_main());
+    }
     // Failure injection for tests (compiled in only by `cargo test`; see
     // tests/failpoints.rs), configured from FAILPOINTS when it is set.
     let _failpoints = std::env::var_os("FAILPOINTS").map(|_| fail::FailScenario::setup());

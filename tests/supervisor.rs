@@ -899,11 +899,11 @@ fn logs_follow_prints_the_output_as_it_comes_until_the_end() {
 
 // ---- Spare runners (`supervisor::Spares`: the daemon's and an embedding program's way) ----
 
-fn spare_request(cmd: &[&str], env: &[&str]) -> fencelog::supervisor::RunRequest {
+fn spare_request(cmd: &[&str], env: &[&str], wait_ms: u64) -> fencelog::supervisor::RunRequest {
     fencelog::supervisor::RunRequest {
         command: cmd.iter().map(|s| s.to_string()).collect(),
         env: env.iter().map(|s| s.to_string()).collect(),
-        wait_ms: 20_000,
+        wait_ms,
         output_bytes_max: fencelog::supervisor::OUTPUT_BYTES_MAX_DEFAULT,
         ..Default::default()
     }
@@ -916,9 +916,39 @@ fn run_with_spares(
     cmd: &[&str],
     env: &[&str],
 ) -> fencelog::supervisor::ProcessView {
+    run_with_spares_waiting(ledger, dir, spares, cmd, env, 20_000)
+}
+
+fn run_with_spares_waiting(
+    ledger: &Ledger,
+    dir: &Path,
+    spares: &fencelog::supervisor::Spares,
+    cmd: &[&str],
+    env: &[&str],
+    wait_ms: u64,
+) -> fencelog::supervisor::ProcessView {
     let never = std::sync::atomic::AtomicBool::new(false);
-    fencelog::supervisor::run_until(ledger, dir, &spare_request(cmd, env), Path::new(FENCELOG), &never, Some(spares))
-        .expect("run")
+    let req = spare_request(cmd, env, wait_ms);
+    fencelog::supervisor::run_until(ledger, dir, &req, Path::new(FENCELOG), &never, Some(spares)).expect("run")
+}
+
+/// A spare for `dir` kept and left idle (its readiness never read, as in a
+/// daemon between requests): one run has the next one started.
+fn idle_spare(ledger: &Ledger, dir: &Path, spares: &fencelog::supervisor::Spares) -> u32 {
+    let v = run_with_spares(ledger, dir, spares, &["/bin/true"], &[]);
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        if let Some(pid) = spares.spare_pid() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "a spare runner was started");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Long enough for it to have opened the log and be waiting (not a bound on
+    // anything: a spare still opening would take the run all the same).
+    std::thread::sleep(Duration::from_millis(500));
+    pid
 }
 
 /// The pid of the runner that recorded `id`'s start.
@@ -961,9 +991,39 @@ fn a_spare_runner_runs_the_next_command_with_its_env_values() {
         .flat_map(|p| fs::read(p).unwrap())
         .collect();
     assert!(!log.windows(13).any(|w| w == b"hunter2-spare"), "no env value in the log");
-    // And the one after that is handed to the spare started after this run.
-    let next = ready_spare(&ledger, &dir, &spares);
-    assert_ne!(next, spare);
+}
+
+/// Proves: a spare left idle — its word that it is ready never read by anyone, as
+/// in a daemon between requests — takes the next run and runs it itself (the
+/// caller's end of the channel is read to the end before it closes, so the spare
+/// never sees its run reset away).
+#[test]
+fn an_idle_spare_runner_runs_the_next_command_itself() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    for _ in 0..3 {
+        let spare = idle_spare(&ledger, &dir, &spares);
+        let v = run_with_spares(&ledger, &dir, &spares, &["/bin/sh", "-c", "echo idle"], &[]);
+        assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+        assert_eq!(v.terminal.as_ref().unwrap().stdout_tail, "idle\n");
+        assert_eq!(runner_pid(&ledger, v.id), spare, "the idle spare ran it");
+    }
+}
+
+/// Proves: a run handed to a spare and not waited for (`wait_ms: 0`) still runs,
+/// by the spare, to its recorded end.
+#[test]
+fn a_run_handed_to_a_spare_without_waiting_runs_to_its_end() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = idle_spare(&ledger, &dir, &spares);
+    let v = run_with_spares_waiting(&ledger, &dir, &spares, &["/bin/sh", "-c", "echo later"], &[], 0);
+    let id = v.id;
+    let p = until(&dir, id, "succeeded", |p| p["status"] == "succeeded");
+    assert_eq!(p["stdout_tail"], "later\n");
+    assert_eq!(runner_pid(&ledger, id), spare, "the spare ran it");
 }
 
 /// Proves: a spare that is gone before its run (killed) costs nothing but its
@@ -983,26 +1043,25 @@ fn a_spare_runner_killed_before_its_run_is_replaced_by_a_fresh_runner() {
 }
 
 /// Proves: a spare that was handed its run and then died without starting it
-/// (stopped, then killed) is followed by a fresh runner: the command runs once,
-/// the answer is its result, never a process left `requested`.
+/// (stopped before the hand-over, killed after it) is followed by a fresh runner,
+/// even though no one waits for the answer (`wait_ms: 0`): the command runs once,
+/// to its recorded end, never left `requested`.
 #[test]
 fn a_spare_runner_that_dies_holding_its_run_is_followed_by_a_fresh_runner() {
     let (t, dir) = new_log();
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     let spares = fencelog::supervisor::Spares::new();
-    let spare = ready_spare(&ledger, &dir, &spares);
+    let spare = idle_spare(&ledger, &dir, &spares);
     // SAFETY: signals a process this test started (through `spares`).
     unsafe { libc::kill(spare as i32, libc::SIGSTOP) };
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        kill9(spare);
-    });
     let marker = t.path().join("marker");
     let script = format!("echo ran >> {}", marker.display());
-    let v = run_with_spares(&ledger, &dir, &spares, &["/bin/sh", "-c", &script], &[]);
-    killer.join().unwrap();
-    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
-    assert_ne!(runner_pid(&ledger, v.id), spare);
+    // Returns once the run was handed over (the stopped spare's socket buffers it).
+    let v = run_with_spares_waiting(&ledger, &dir, &spares, &["/bin/sh", "-c", &script], &[], 0);
+    assert_eq!(v.status.as_str(), "requested", "{v:?}");
+    kill9(spare);
+    let p = until(&dir, v.id, "succeeded", |p| p["status"] == "succeeded");
+    assert_ne!(runner_pid(&ledger, v.id), spare, "a fresh runner ran it: {p}");
     assert_eq!(lines(&marker), 1, "the command ran once");
 }
 

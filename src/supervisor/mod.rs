@@ -340,13 +340,16 @@ impl Spares {
             return;
         }
         let (this, dir, exe) = (self.clone(), dir.to_path_buf(), exe.to_path_buf());
-        std::thread::spawn(move || {
+        let started = std::thread::Builder::new().name("fencelog-spare-start".into()).spawn(move || {
             // Without a spare, runs start their own runner, as without spares.
             if let Ok(runner) = runner::SpareRunner::start(&dir, &exe) {
                 *this.slot() = Some(Spare { dir, exe, runner });
             }
             this.starting.store(false, Ordering::Release);
         });
+        if started.is_err() {
+            self.starting.store(false, Ordering::Release);
+        }
     }
 
     /// Wait up to `timeout` for a spare for `dir` (from `exe`) to be kept and to
@@ -355,8 +358,11 @@ impl Spares {
     pub fn wait_ready(&self, dir: &Path, exe: &Path, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(s) = self.slot().as_mut().filter(|s| s.dir == dir && s.exe == exe) {
-                return s.runner.wait_ready(deadline.saturating_duration_since(Instant::now()));
+            // A look of at most 1 ms under the lock: runs are never held up by it.
+            if let Some(s) = self.slot().as_mut().filter(|s| s.dir == dir && s.exe == exe)
+                && s.runner.wait_ready(Duration::from_millis(1))
+            {
+                return true;
             }
             if Instant::now() >= deadline {
                 return false;
@@ -434,16 +440,12 @@ pub fn run_until(
     // say) starts one now. Runners race safely: only one `started` record lands.
     let p = find(ledger, process)?;
     let mut runner = None;
-    // A spare that ends without starting the process (it could not open the log,
-    // say) is followed by one fresh runner; runners race safely.
-    let mut fresh_after_spare = None;
     if p.status() == ProcessStatus::Requested {
+        // A spare that is gone, or does not take the run, is passed over; one that
+        // dies holding it is followed by a fresh runner (see `SpareRunner::assign`).
         let spare = spares.and_then(|s| s.take(dir, self_exe)).and_then(|s| s.assign(process, &env).ok());
         let settled = match spare {
-            Some(settled) => {
-                fresh_after_spare = Some(());
-                Ok(settled)
-            }
+            Some(settled) => Ok(settled),
             None => runner::start_runner(dir, process, self_exe, &env),
         };
         match settled {
@@ -461,12 +463,7 @@ pub fn run_until(
         }
     }
     let done = |p: &Process| p.status().is_terminal() || abort.load(Ordering::Relaxed);
-    let fresh = |p: &Process| {
-        (p.status() == ProcessStatus::Requested && fresh_after_spare.take().is_some())
-            .then(|| runner::start_runner(dir, process, self_exe, &env).ok())
-            .flatten()
-    };
-    let p = wait_for_runner(ledger, process, req.wait_ms, runner, fresh, done);
+    let p = wait_for_runner(ledger, process, req.wait_ms, runner, done);
     // The next run's spare starts once this one is answered: its start-up (an exec
     // and the log's replay) never competes with this run for the machine.
     if let Some(s) = spares {
@@ -491,21 +488,19 @@ const WAIT_NAP_QUICK: Duration = Duration::from_micros(750);
 const WAIT_NAP_MAX: Duration = Duration::from_millis(20);
 
 fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process) -> bool) -> Result<Process, OpError> {
-    wait_for_runner(ledger, process, wait_ms, None, |_| None, done)
+    wait_for_runner(ledger, process, wait_ms, None, done)
 }
 
 /// [`wait_for`] that also wakes the moment the runner it started has settled the
 /// outcome or exited (`runner`: the read end of its stdout, from
 /// [`runner::start_runner`]) — so a quick command's answer is read as soon as its
 /// exit record is durable, not at the end of a nap. After that the wait goes on by
-/// naps (a runner that died without its record: recovery's), unless `next`, asked
-/// with the process as it is then, starts another runner to wait on.
+/// naps (a runner that died without its record: recovery's).
 fn wait_for_runner(
     ledger: &Ledger,
     process: u64,
     wait_ms: u64,
     mut runner: Option<std::os::fd::OwnedFd>,
-    mut next: impl FnMut(&Process) -> Option<std::os::fd::OwnedFd>,
     done: impl Fn(&Process) -> bool,
 ) -> Result<Process, OpError> {
     // Short naps while a quick command is likely to end (a look at the log costs
@@ -518,9 +513,6 @@ fn wait_for_runner(
         let now = Instant::now();
         if done(&p) || now >= deadline {
             return Ok(p);
-        }
-        if runner.is_none() {
-            runner = next(&p);
         }
         let nap_now = nap.min(deadline - now);
         match &runner {

@@ -68,61 +68,114 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
             return 1;
         }
     };
-    run_process(dir, &ledger, process, None, gate)
+    run_process(dir, &ledger, process, None, gate, &mut StartNotice(false))
 }
 
 /// A spare runner's life (`fencelog __runner --dir D --spare`, see [`SpareRunner`]):
-/// open the log, say so, wait for the process to run, then run it as
-/// [`runner_main`] would. Its stdin is its channel to the caller; end of file
-/// there before an assignment means the caller is gone: nothing to do.
+/// open the log, say so (`R` on its channel, its stdin), keep up with the log
+/// while it waits for its run, then run it as [`runner_main`] would, saying `S`
+/// once the start is settled. End of file on the channel before a run means the
+/// caller is gone: nothing to do.
 pub fn spare_main(dir: &Path) -> i32 {
     let gate = Gate::start();
     let ledger = match Ledger::open(dir, ledger_options()) {
         Ok(l) => l,
-        // Its stderr is /dev/null until it has a process: the caller, whose
-        // assignment then fails or ends unstarted, starts a fresh runner instead,
-        // and that one says why in the process's runner.log.
+        // Its stderr is /dev/null until it has a process: the caller's watch of
+        // this channel sees it end, and starts a fresh runner, which says why in the
+        // process's runner.log.
         Err(_) => return 1,
     };
     // SAFETY: fd 0 is the channel this runner was started with; ManuallyDrop keeps
-    // it from being closed here (it is replaced below).
+    // it from being closed here (StartNotice replaces it).
     let mut chan = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
     let _ = chan.write_all(&[SPARE_READY]);
-    let mut message = Vec::new();
-    let read = (&mut *chan).take(ASSIGNMENT_BYTES_MAX as u64 + 16).read_to_end(&mut message);
-    // Nothing of the caller's is held while the command runs.
-    // SAFETY: open(2) of a constant path, dup2(2) onto fd 0, close(2) of the new fd.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if null >= 0 {
-            libc::dup2(null, 0);
-            libc::close(null);
+    // While it waits, it keeps up with the log: a run's catch-up is then only what
+    // was appended since the last look.
+    loop {
+        let mut fds = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut fds, 1, SPARE_CATCH_UP_MS) } {
+            0 => {
+                let _ = ledger.refresh_with(|_| ());
+            }
+            n if n > 0 => break,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return 1,
         }
     }
-    if read.is_err() || message.is_empty() {
+    let mut header = [0u8; 16];
+    if chan.read_exact(&mut header).is_err() {
         return 0; // the caller is gone before it had anything for this runner
     }
-    let Some((process, env)) = parse_assignment(&message) else {
+    let process = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+    if len > ASSIGNMENT_BYTES_MAX as u64 {
+        return 2;
+    }
+    let mut entries = vec![0u8; len as usize];
+    if chan.read_exact(&mut entries).is_err() {
+        return 2; // a caller that died while it was sending
+    }
+    let Some(env) = parse_environment(&entries) else {
         return 2;
     };
-    // From here on its diagnostics go where a fresh runner's go: runner.log.
-    if let Ok(log) = private_process_dir(dir, process).and_then(|d| open_runner_log(&d)) {
-        // SAFETY: dup2(2) of a descriptor we own onto fd 2.
-        unsafe { libc::dup2(log.as_raw_fd(), 2) };
+    let mut notice = StartNotice(true);
+    // From here on its diagnostics go where a fresh runner's go: runner.log. A
+    // runner that cannot have one is a runner that could not be started.
+    match private_process_dir(dir, process).and_then(|d| open_runner_log(&d)) {
+        Ok(log) => {
+            // SAFETY: dup2(2) of a descriptor we own onto fd 2.
+            unsafe { libc::dup2(log.as_raw_fd(), 2) };
+        }
+        Err(e) => {
+            end_unstarted(&ledger, process, "SPAWN_FAILED", &format!("cannot start a runner: {e}"));
+            notice.settled();
+            return 1;
+        }
     }
-    run_process(dir, &ledger, process, Some(env), gate)
+    run_process(dir, &ledger, process, Some(env), gate, &mut notice)
+}
+
+/// How often a waiting spare runner catches up with the log.
+const SPARE_CATCH_UP_MS: libc::c_int = 100;
+/// The byte a spare runner sends once its start is settled: recorded by it, found
+/// taken by another, or recorded as never run.
+const SPARE_SETTLED: u8 = b'S';
+
+/// A spare runner's word to its caller that the start is settled (see
+/// [`SPARE_SETTLED`]): after it, the caller's watch ends and no fresh runner is
+/// started for the process. A fresh runner has no one to tell (`StartNotice(false)`).
+struct StartNotice(bool);
+
+impl StartNotice {
+    fn settled(&mut self) {
+        if std::mem::take(&mut self.0) {
+            // SAFETY: write(2) of one byte to the channel (fd 0), then dup2(2) of
+            // /dev/null onto it: nothing of the caller's is held while the command
+            // runs.
+            unsafe {
+                libc::write(0, [SPARE_SETTLED].as_ptr().cast(), 1);
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                if null >= 0 {
+                    libc::dup2(null, 0);
+                    libc::close(null);
+                }
+            }
+        }
+    }
 }
 
 /// A runner's life once its log is open: `env` is the environment for the
 /// command (a spare's assignment), or `None` for this runner's own; `gate` is the
 /// gate started for it (closed, the command never started, on every way out
-/// before the start is on record).
+/// before the start is on record); `notice` is told once the start is settled.
 fn run_process(
     dir: &Path,
     ledger: &Ledger,
     process: u64,
     env: Option<Environment>,
     gate: std::io::Result<Gate>,
+    notice: &mut StartNotice,
 ) -> i32 {
     let p = match ledger.refresh_with(|p| p.processes.get(&process).cloned()) {
         Ok(Some(p)) => p,
@@ -136,6 +189,7 @@ fn run_process(
         }
     };
     if p.started.is_some() || p.ended.is_some() {
+        notice.settled();
         say(process, format!("already {}; nothing started", p.status().as_str()));
         return EXIT_ALREADY_STARTED;
     }
@@ -162,6 +216,7 @@ fn run_process(
                 found.unwrap_or_else(|e| e.to_string())
             );
             end_unstarted(ledger, process, "EXE_CHANGED", &detail);
+            notice.settled();
             return 1;
         }
     }
@@ -173,6 +228,7 @@ fn run_process(
         Ok(g) => g,
         Err(e) => {
             end_unstarted(ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
+            notice.settled();
             return 1;
         }
     };
@@ -189,8 +245,9 @@ fn run_process(
         ))
     });
     match r {
-        Ok(_) => {}
+        Ok(_) => notice.settled(),
         Err(LedgerError::Refused(r @ (Refusal::AlreadyStarted { .. } | Refusal::AlreadyTerminal { .. }))) => {
+            notice.settled();
             say(process, format!("{r}; nothing started"));
             return EXIT_ALREADY_STARTED;
         }
@@ -912,7 +969,17 @@ pub struct SpareRunner {
     settled: OwnedFd,
     pid: u32,
     ready: bool,
+    dir: std::path::PathBuf,
+    self_exe: std::path::PathBuf,
 }
+
+/// How long sending a spare runner its run may block (a spare that is stopped,
+/// say): past it the run gets a fresh runner.
+const SPARE_SEND_TIMEOUT_MS: u64 = 2_000;
+/// How long a handed-over run waits for its spare to say the start is settled
+/// (the spare may still be opening a long log) before a fresh runner is started
+/// beside it (runners race safely: one start lands).
+const SPARE_SETTLE_WAIT_MS: u64 = 30_000;
 
 impl SpareRunner {
     /// Start one for the log in `dir`, from the fencelog binary `self_exe`.
@@ -922,7 +989,7 @@ impl SpareRunner {
         let (chan, theirs) = std::os::unix::net::UnixStream::pair()?;
         let args = [OsStr::new("__runner"), OsStr::new("--dir"), dir.as_os_str(), OsStr::new("--spare")];
         let (settled, pid) = spawn_runner(self_exe, &args, Some(theirs.as_raw_fd()), None, runner_environment(&[]))?;
-        Ok(SpareRunner { chan, settled, pid, ready: false })
+        Ok(SpareRunner { chan, settled, pid, ready: false, dir: dir.into(), self_exe: self_exe.into() })
     }
 
     /// Its process id.
@@ -931,8 +998,8 @@ impl SpareRunner {
     }
 
     /// Wait up to `timeout` for it to have its log open; true once it has. (A run
-    /// never needs this: an assignment waits in the channel. A benchmark does, to
-    /// measure a run that finds it ready.)
+    /// never needs this: a run handed to a spare still opening waits in the
+    /// channel. A benchmark does, to measure a run that finds one ready.)
     pub fn wait_ready(&mut self, timeout: Duration) -> bool {
         if !self.ready {
             let mut b = [0u8];
@@ -944,7 +1011,12 @@ impl SpareRunner {
 
     /// Hand it `process`, whose command runs with this process's environment and
     /// `env` added (as a fresh runner's would). Returns what [`start_runner`]
-    /// returns; an error if the spare is gone (start a fresh runner then).
+    /// returns; an error if the spare is gone or does not take it within
+    /// [`SPARE_SEND_TIMEOUT_MS`] (start a fresh runner then). Once handed over, a
+    /// thread of ours watches the channel until the spare says the start is settled;
+    /// if it ends first (the spare died holding the run) or stays silent for
+    /// [`SPARE_SETTLE_WAIT_MS`], that thread starts a fresh runner: the run is never
+    /// left `requested` for want of one, whether or not anyone still waits for it.
     pub fn assign(self, process: u64, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
         use std::os::unix::ffi::OsStrExt;
         let mut entries = Vec::new();
@@ -964,6 +1036,7 @@ impl SpareRunner {
         message.extend_from_slice(&process.to_le_bytes());
         message.extend_from_slice(&(entries.len() as u64).to_le_bytes());
         message.extend_from_slice(&entries);
+        self.chan.set_write_timeout(Some(Duration::from_millis(SPARE_SEND_TIMEOUT_MS)))?;
         let mut sent = 0;
         while sent < message.len() {
             // SAFETY: sends from a live buffer on a socket we own. MSG_NOSIGNAL: a
@@ -986,18 +1059,46 @@ impl SpareRunner {
                 }
             }
         }
-        // Dropping our end is the end of the message (the runner reads to end of file).
-        Ok(self.settled)
+        let SpareRunner { chan, settled, dir, self_exe, .. } = self;
+        let env = env.to_vec();
+        let watch = move || {
+            if !settled_by_spare(chan) {
+                // Runners race safely: if the spare did record the start after all,
+                // this one finds it and starts nothing.
+                let _ = start_runner(&dir, process, &self_exe, &env);
+            }
+        };
+        // Without the watch (no thread to be had), the spare still has the run.
+        let _ = std::thread::Builder::new().name("fencelog-spare-watch".into()).spawn(watch);
+        Ok(settled)
     }
 }
 
-/// The process and environment of a spare runner's assignment, if well formed.
-fn parse_assignment(message: &[u8]) -> Option<(u64, Environment)> {
+/// Read a spare runner's channel until it says the start is settled (true), or
+/// it ends, fails, or stays silent for [`SPARE_SETTLE_WAIT_MS`] (false). Reads
+/// everything the spare sent before our end closes.
+fn settled_by_spare(mut chan: std::os::unix::net::UnixStream) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(SPARE_SETTLE_WAIT_MS);
+    let mut b = [0u8];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || chan.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match chan.read(&mut b) {
+            Ok(1) if b[0] == SPARE_SETTLED => return true,
+            Ok(1) => {} // SPARE_READY
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return false,
+        }
+    }
+}
+
+/// The environment of a spare runner's assignment (`NAME=VALUE\0` entries), if
+/// well formed.
+fn parse_environment(entries: &[u8]) -> Option<Environment> {
     use std::os::unix::ffi::OsStrExt;
-    let process = u64::from_le_bytes(message.get(..8)?.try_into().ok()?);
-    let len = u64::from_le_bytes(message.get(8..16)?.try_into().ok()?);
-    let entries = message.get(16..)?;
-    if entries.len() as u64 != len || entries.last().is_some_and(|&b| b != 0) {
+    if entries.last().is_some_and(|&b| b != 0) {
         return None;
     }
     let mut env = Environment::new();
@@ -1005,7 +1106,7 @@ fn parse_assignment(message: &[u8]) -> Option<(u64, Environment)> {
         let eq = e.iter().position(|&b| b == b'=')?;
         env.insert(std::ffi::OsStr::from_bytes(&e[..eq]).into(), std::ffi::OsStr::from_bytes(&e[eq + 1..]).into());
     }
-    Some((process, env))
+    Some(env)
 }
 
 /// Start `self_exe args…` as a runner: `posix_spawn` (the caller is not copied:

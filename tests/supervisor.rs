@@ -1073,8 +1073,58 @@ fn a_spare_runner_let_go_exits_having_appended_nothing() {
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     let spares = fencelog::supervisor::Spares::new();
     let spare = ready_spare(&ledger, &dir, &spares);
+    let gates = children_of(spare);
+    assert_eq!(gates.len(), 1, "the spare's gate waits beside it: {gates:?}");
     let head = ledger.refresh_with(|p| p.last_seq).unwrap();
     drop(spares);
     wait_gone(spare);
+    wait_gone(gates[0]);
     assert_eq!(ledger.refresh_with(|p| p.last_seq).unwrap(), head);
+}
+
+/// The live children of `parent`, from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f[1].parse::<u32>().ok() == Some(parent) && f[0] != "Z" {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Proves: a command holds nothing but its three standard descriptors — none of
+/// its runner's (the log, the caller's pipe, runner.log, a spare's socket) — both
+/// when a fresh runner starts it (`fencelog run`) and when a spare does.
+#[test]
+fn a_command_holds_only_its_three_standard_descriptors() {
+    let (_t, dir) = new_log();
+    let list = ["/bin/sh", "-c", "ls /proc/$$/fd"];
+    let (code, v) = run(&dir, &[], &list);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["stdout_tail"], "0\n1\n2\n", "{v}");
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = idle_spare(&ledger, &dir, &spares);
+    let v = run_with_spares(&ledger, &dir, &spares, &list, &[]);
+    assert_eq!(runner_pid(&ledger, v.id), spare);
+    assert_eq!(v.terminal.as_ref().unwrap().stdout_tail, "0\n1\n2\n", "{v:?}");
+}
+
+/// Proves: an executable file without a `#!` line runs under /bin/sh, as `execvp`
+/// (a shell, `env`, any other launcher) runs it.
+#[test]
+fn an_executable_script_without_a_shebang_line_runs_under_sh() {
+    let (t, dir) = new_log();
+    let script = t.path().join("no-shebang");
+    fs::write(&script, "echo \"ran as a script: $1\"\n").unwrap();
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, v) = run(&dir, &[], &[script.to_str().unwrap(), "arg"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["status"], "succeeded", "{v}");
+    assert_eq!(v["stdout_tail"], "ran as a script: arg\n", "{v}");
 }

@@ -799,14 +799,17 @@ pub fn gate_main() -> i32 {
     let ptrs = |v: &[&CStr]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
     let (argv_p, env_p) = (ptrs(argv), ptrs(env));
     // SAFETY: SIGPIPE back to its default for the command (this process, a Rust
-    // program, ignores it); chdir(2) and execve(2) with NUL-terminated strings and
+    // program, ignores it); chdir(2) and execvpe(3) with NUL-terminated strings and
     // null-terminated arrays that live across the calls.
     let e = unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         if libc::chdir(cwd.as_ptr()) != 0 {
             std::io::Error::last_os_error()
         } else {
-            libc::execve(exe.as_ptr(), argv_p.as_ptr(), env_p.as_ptr());
+            // execvpe, not execve: the path has a slash, so no search, but a file
+            // without a `#!` line is run by /bin/sh, as execvp (and so a command
+            // started any other way) runs it.
+            libc::execvpe(exe.as_ptr(), argv_p.as_ptr(), env_p.as_ptr());
             std::io::Error::last_os_error()
         }
     };
@@ -1062,10 +1065,21 @@ impl SpareRunner {
         let SpareRunner { chan, settled, dir, self_exe, .. } = self;
         let env = env.to_vec();
         let watch = move || {
-            if !settled_by_spare(chan) {
-                // Runners race safely: if the spare did record the start after all,
-                // this one finds it and starts nothing.
-                let _ = start_runner(&dir, process, &self_exe, &env);
+            if settled_by_spare(chan) {
+                return;
+            }
+            // Runners race safely: if the spare did record the start after all, this
+            // one finds it and starts nothing.
+            if let Err(e) = start_runner(&dir, process, &self_exe, &env) {
+                // As a caller that cannot start a runner says so: unless a start
+                // landed meanwhile, the process never ran.
+                let detail = format!("cannot start a runner: {e}");
+                let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail };
+                if let Ok(ledger) = Ledger::open(&dir, ledger_options()) {
+                    let _ = ledger.submit(None, |_, t, w| {
+                        Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
+                    });
+                }
             }
         };
         // Without the watch (no thread to be had), the spare still has the run.

@@ -1128,3 +1128,25 @@ fn an_executable_script_without_a_shebang_line_runs_under_sh() {
     assert_eq!(v["status"], "succeeded", "{v}");
     assert_eq!(v["stdout_tail"], "ran as a script: arg\n", "{v}");
 }
+
+/// Ignored signals as /proc/PID/status shows them (`SigIgn`, a hex mask).
+fn sig_ign(status: &str) -> u64 {
+    let line = status.lines().find(|l| l.starts_with("SigIgn:")).expect("a SigIgn line");
+    u64::from_str_radix(line["SigIgn:".len()..].trim(), 16).unwrap()
+}
+
+/// Proves: a command starts with the signal dispositions of the program that
+/// asked for it, less what fencelog's own machinery ignores — SIGPIPE (a Rust
+/// program ignores it) and glibc's internal 32 and 33 (`posix_spawn` leaves them
+/// ignored) are back to their defaults — and with nothing blocked.
+#[test]
+fn a_command_starts_with_default_signal_dispositions_and_nothing_blocked() {
+    let (_t, dir) = new_log();
+    let mine = sig_ign(&fs::read_to_string("/proc/self/status").unwrap());
+    let expected = mine & !(1 << (libc::SIGPIPE - 1)) & !(1 << 31) & !(1 << 32);
+    let (code, v) = run(&dir, &[], &["/bin/grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"]);
+    assert_eq!(code, 0, "{v}");
+    let out = v["stdout_tail"].as_str().unwrap();
+    assert_eq!(sig_ign(out), expected, "{out}");
+    assert!(out.contains("SigBlk:\t0000000000000000"), "{out}");
+}

@@ -803,6 +803,15 @@ pub fn gate_main() -> i32 {
     // null-terminated arrays that live across the calls.
     let e = unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // glibc's posix_spawn leaves its two internal signals (32, 33) ignored in
+        // the child, and glibc refuses to touch them through sigaction(3): back to
+        // their defaults by the system call, with an all-zero (SIG_DFL, no flags,
+        // empty mask) kernel sigaction, as any command started from a shell has
+        // them.
+        let dfl = [0u64; 4];
+        for sig in [32, 33] {
+            libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<libc::c_void>(), 8);
+        }
         if libc::chdir(cwd.as_ptr()) != 0 {
             std::io::Error::last_os_error()
         } else {

@@ -77,13 +77,19 @@ fn lines(path: &Path) -> usize {
 
 /// Members of process group `pgid` still alive (zombies excluded).
 fn group_members(pgid: u32) -> Vec<u32> {
+    live_processes_where(2, pgid)
+}
+
+/// Live (not zombie) processes whose /proc stat field `field` (counted after the
+/// state: 1 = parent pid, 2 = process group) is `value`.
+fn live_processes_where(field: usize, value: u32) -> Vec<u32> {
     let mut out = vec![];
     for e in fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
         let rest = &stat[stat.rfind(')').unwrap() + 2..];
         let f: Vec<&str> = rest.split_whitespace().collect();
-        if f[2].parse::<u32>().ok() == Some(pgid) && f[0] != "Z" {
+        if f[field].parse::<u32>().ok() == Some(value) && f[0] != "Z" {
             out.push(pid);
         }
     }
@@ -1084,17 +1090,7 @@ fn a_spare_runner_let_go_exits_having_appended_nothing() {
 
 /// The live children of `parent`, from /proc.
 fn children_of(parent: u32) -> Vec<u32> {
-    let mut out = vec![];
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if f[1].parse::<u32>().ok() == Some(parent) && f[0] != "Z" {
-            out.push(pid);
-        }
-    }
-    out
+    live_processes_where(1, parent)
 }
 
 /// Proves: a command holds nothing but its three standard descriptors — none of

@@ -1146,3 +1146,50 @@ fn a_command_starts_with_default_signal_dispositions_and_nothing_blocked() {
     assert_eq!(sig_ign(out), expected, "{out}");
     assert!(out.contains("SigBlk:\t0000000000000000"), "{out}");
 }
+
+/// Proves: callers sharing one `Spares` concurrently (as a daemon's requests do)
+/// each get their command run exactly once, whether a spare or a fresh runner
+/// takes it, and two of them asking with one request id get one process.
+#[test]
+fn concurrent_runs_sharing_spares_each_run_once() {
+    let (t, dir) = new_log();
+    let spares = fencelog::supervisor::Spares::new();
+    let callers: Vec<_> = (0..8)
+        .map(|i| {
+            let (dir, spares, root) = (dir.clone(), spares.clone(), t.path().to_path_buf());
+            std::thread::spawn(move || {
+                let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+                let never = std::sync::atomic::AtomicBool::new(false);
+                let mut ids = vec![];
+                for n in 0..4 {
+                    // Callers 0 and 1 share their request ids (and so their marker).
+                    let key = if i < 2 { format!("shared-{n}") } else { format!("{i}-{n}") };
+                    let marker = root.join(format!("marker-{key}"));
+                    let script = format!("echo ran >> {}", marker.display());
+                    let mut req = spare_request(&["/bin/sh", "-c", &script], &[], 20_000);
+                    req.request_id = Some(key.clone());
+                    let v = fencelog::supervisor::run_until(
+                        &ledger,
+                        &dir,
+                        &req,
+                        Path::new(FENCELOG),
+                        &never,
+                        Some(&spares),
+                    )
+                    .expect("run");
+                    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+                    ids.push((key, v.id, marker));
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut by_key = std::collections::BTreeMap::new();
+    for c in callers {
+        for (key, id, marker) in c.join().unwrap() {
+            assert_eq!(*by_key.entry(key).or_insert(id), id, "one request id, one process");
+            assert_eq!(lines(&marker), 1, "{} ran once", marker.display());
+        }
+    }
+    assert_eq!(by_key.len(), 4 + 6 * 4);
+}

@@ -1099,7 +1099,9 @@ fn children_of(parent: u32) -> Vec<u32> {
 #[test]
 fn a_command_holds_only_its_three_standard_descriptors() {
     let (_t, dir) = new_log();
-    let list = ["/bin/sh", "-c", "ls /proc/$$/fd"];
+    // `; :` keeps the shell (`$$`) alive while `ls` runs: bash would otherwise exec
+    // `ls` in its place, and list `ls`'s own descriptor on the directory too.
+    let list = ["/bin/sh", "-c", "ls /proc/$$/fd; :"];
     let (code, v) = run(&dir, &[], &list);
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["stdout_tail"], "0\n1\n2\n", "{v}");
@@ -1148,12 +1150,25 @@ fn a_command_starts_with_default_signal_dispositions_and_nothing_blocked() {
 }
 
 /// Proves: callers sharing one `Spares` concurrently (as a daemon's requests do)
-/// each get their command run exactly once, whether a spare or a fresh runner
-/// takes it, and two of them asking with one request id get one process.
+/// each get their command run exactly once — spares take some of the runs, fresh
+/// runners the rest — and two of them asking with one request id get one process.
 #[test]
 fn concurrent_runs_sharing_spares_each_run_once() {
     let (t, dir) = new_log();
     let spares = fencelog::supervisor::Spares::new();
+    // The spares kept while the callers run (each is kept until a run takes it).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (spares, stop) = (spares.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seen.extend(spares.spare_pid());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            seen
+        })
+    };
     let callers: Vec<_> = (0..8)
         .map(|i| {
             let (dir, spares, root) = (dir.clone(), spares.clone(), t.path().to_path_buf());
@@ -1192,4 +1207,9 @@ fn concurrent_runs_sharing_spares_each_run_once() {
         }
     }
     assert_eq!(by_key.len(), 4 + 6 * 4);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let spare_pids = watcher.join().unwrap();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let by_spares = by_key.values().filter(|&&id| spare_pids.contains(&runner_pid(&ledger, id))).count();
+    assert!(by_spares > 0, "some runs were taken by spares ({} spares seen)", spare_pids.len());
 }

@@ -810,7 +810,14 @@ pub fn gate_main() -> i32 {
         // them.
         let dfl = [0u64; 4];
         for sig in [32, 33] {
-            libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<libc::c_void>(), 8);
+            let (sig, sigset_bytes): (libc::c_long, libc::c_long) = (sig, 8);
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                dfl.as_ptr(),
+                std::ptr::null_mut::<libc::c_void>(),
+                sigset_bytes,
+            );
         }
         if libc::chdir(cwd.as_ptr()) != 0 {
             std::io::Error::last_os_error()
@@ -1027,8 +1034,8 @@ impl SpareRunner {
     /// [`SPARE_SEND_TIMEOUT_MS`] (start a fresh runner then). Once handed over, a
     /// thread of ours watches the channel until the spare says the start is settled;
     /// if it ends first (the spare died holding the run) or stays silent for
-    /// [`SPARE_SETTLE_WAIT_MS`], that thread starts a fresh runner: the run is never
-    /// left `requested` for want of one, whether or not anyone still waits for it.
+    /// [`SPARE_SETTLE_WAIT_MS`], that thread starts a fresh runner (or records
+    /// `SPAWN_FAILED` if it cannot), whether or not anyone still waits for the run.
     pub fn assign(self, process: u64, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
         use std::os::unix::ffi::OsStrExt;
         let mut entries = Vec::new();

@@ -1213,3 +1213,31 @@ fn concurrent_runs_sharing_spares_each_run_once() {
     let by_spares = by_key.values().filter(|&&id| spare_pids.contains(&runner_pid(&ledger, id))).count();
     assert!(by_spares > 0, "some runs were taken by spares ({} spares seen)", spare_pids.len());
 }
+
+/// Proves: a run whose environment is more than a spare runner takes (4 MiB) is
+/// not handed to the spare, and a fresh runner cannot be started with it either
+/// (the system's limit on an exec's environment is lower): the run is refused
+/// with the reason, recorded `SPAWN_FAILED`, and nothing ran.
+#[test]
+fn a_run_with_an_environment_too_large_for_any_runner_fails_on_record() {
+    let (t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    idle_spare(&ledger, &dir, &spares);
+    let value = "x".repeat(110 * 1024);
+    let env: Vec<String> = (0..40).map(|i| format!("BIG_{i}={value}")).collect();
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let marker = t.path().join("marker");
+    let script = format!("echo ran >> {}", marker.display());
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let req = spare_request(&["/bin/sh", "-c", &script], &env, 20_000);
+    let e = fencelog::supervisor::run_until(&ledger, &dir, &req, Path::new(FENCELOG), &never, Some(&spares))
+        .expect_err("no runner can take it");
+    assert!(e.to_string().contains("cannot start a runner"), "{e}");
+    let ended = ledger
+        .refresh_with(|p| p.processes.values().last().and_then(|p| p.ended.clone()))
+        .unwrap()
+        .expect("the process ended on record");
+    assert!(matches!(&ended.end, ProcessEnd::Failed { code, .. } if code == "SPAWN_FAILED"), "{ended:?}");
+    assert!(!marker.exists(), "nothing ran");
+}

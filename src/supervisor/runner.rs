@@ -150,17 +150,10 @@ struct StartNotice(bool);
 impl StartNotice {
     fn settled(&mut self) {
         if std::mem::take(&mut self.0) {
-            // SAFETY: write(2) of one byte to the channel (fd 0), then dup2(2) of
-            // /dev/null onto it: nothing of the caller's is held while the command
-            // runs.
-            unsafe {
-                libc::write(0, [SPARE_SETTLED].as_ptr().cast(), 1);
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-                if null >= 0 {
-                    libc::dup2(null, 0);
-                    libc::close(null);
-                }
-            }
+            // SAFETY: write(2) of one byte from a live buffer to the channel (fd 0).
+            unsafe { libc::write(0, [SPARE_SETTLED].as_ptr().cast(), 1) };
+            // Nothing of the caller's is held while the command runs.
+            null_onto(0, libc::O_RDONLY);
         }
     }
 }
@@ -767,14 +760,7 @@ pub fn gate_main() -> i32 {
     if read.is_err() || spec.is_empty() {
         return 0; // closed: nothing runs
     }
-    // SAFETY: open(2) of a constant path, dup2(2) onto fd 0, close(2) of the new fd.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if null >= 0 {
-            libc::dup2(null, 0);
-            libc::close(null);
-        }
-    }
+    null_onto(0, libc::O_RDONLY);
     let fail = |what: &[u8], e: std::io::Error| -> i32 {
         let errno = e.raw_os_error().unwrap_or(libc::EIO).to_ne_bytes();
         // SAFETY: write(2) of a local buffer to the status descriptor.
@@ -1210,15 +1196,25 @@ pub fn nap_until_settled(settled: &OwnedFd, nap: std::time::Duration) -> bool {
 /// `/dev/null`, and the caller reads the log now rather than once this process has
 /// exited. Nothing is written: a caller that has stopped waiting is not disturbed.
 fn tell_caller_settled() {
-    // SAFETY: open(2) of a constant path, dup2(2) onto stdout (which closes the
-    // pipe there atomically), close(2) of the descriptor just opened.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if null >= 0 {
-            libc::dup2(null, 1);
-            libc::close(null);
-        } else {
-            libc::close(1);
-        }
+    if !null_onto(1, libc::O_WRONLY) {
+        // SAFETY: close(2) of stdout: the pipe is let go all the same.
+        unsafe { libc::close(1) };
     }
+}
+
+/// Put `/dev/null` (opened with `flags`) on descriptor `fd`, which lets go of
+/// what was there atomically; false if `/dev/null` cannot be opened (`fd` is then
+/// left as it was).
+fn null_onto(fd: libc::c_int, flags: libc::c_int) -> bool {
+    // SAFETY: open(2) of a constant path, dup2(2) onto `fd`, close(2) of the
+    // descriptor just opened.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), flags | libc::O_CLOEXEC);
+        if null < 0 {
+            return false;
+        }
+        libc::dup2(null, fd);
+        libc::close(null);
+    }
+    true
 }

@@ -228,7 +228,8 @@ impl Axis {
         let from_ms = times.iter().copied().min().unwrap_or(0);
         let to_ms = times.iter().copied().max().unwrap_or(0);
         // A little room on the right for the still-active tenure, at least a second.
-        let to_ms = (to_ms + (to_ms - from_ms) / 20).max(from_ms + 1000);
+        // Saturating: a record's time is whatever its writer (or a forger) wrote.
+        let to_ms = to_ms.saturating_add((to_ms - from_ms) / 20).max(from_ms.saturating_add(1000));
         Axis { from_ms, to_ms }
     }
 

@@ -828,12 +828,26 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
                 if gone {
                     return;
                 }
-                let mut v = crate::inspect::record_json(r, std::path::Path::new(""), 0);
-                if let Value::Object(o) = &mut v {
-                    o.remove("segment");
-                    o.remove("offset");
-                }
-                let ev = SseEvent::default().id(r.seq.to_string()).event("record").data(v.to_string());
+                // Whatever a record holds (it may be tampered with), the stream
+                // ends with an `error` event naming it, never silently: a client
+                // that resumed would otherwise meet the same end forever.
+                let json = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut v = crate::inspect::record_json(r, std::path::Path::new(""), 0);
+                    if let Value::Object(o) = &mut v {
+                        o.remove("segment");
+                        o.remove("offset");
+                    }
+                    v.to_string()
+                }));
+                let ev = match json {
+                    Ok(data) => SseEvent::default().id(r.seq.to_string()).event("record").data(data),
+                    Err(_) => {
+                        gone = true;
+                        let detail = format!("record {} could not be shown; the stream ends before it", r.seq);
+                        let _ = tx.blocking_send(Ok(SseEvent::default().event("error").data(detail)));
+                        return;
+                    }
+                };
                 gone = tx.blocking_send(Ok(ev)).is_err();
             });
             if gone {

@@ -28,6 +28,12 @@ pub use segment::{
 /// reader to allocate or checksum gigabytes.
 pub const PAYLOAD_BYTES_HARD_MAX: u32 = 64 * 1024 * 1024;
 
+/// Hard upper bound on a frame body (the payload's hard bound and the body's fixed
+/// fields): what a reader that does not know the writer's `payload_bytes_max` is
+/// given, so that it reads every log any writer may write and still never
+/// checksums or allocates more than this for one length field.
+pub const BODY_BYTES_HARD_MAX: u32 = PAYLOAD_BYTES_HARD_MAX + BODY_FIXED_BYTES as u32;
+
 /// Hard upper bound on `segment_bytes_max`. With it, no segment file can be longer
 /// than [`segment_file_bytes_max`], and a longer one is refused unread.
 pub const SEGMENT_BYTES_HARD_MAX: u64 = 64 * 1024 * 1024;

@@ -384,7 +384,28 @@ fn whole_body_after_rotten_length(rest: &[u8]) -> bool {
 /// A payload that itself contains a complete frame could be mistaken for one; that
 /// errs towards refusing, never towards dropping data.
 pub fn find_next_frame(buf: &[u8], from: usize, body_max: u32, min_seq: u64) -> Option<usize> {
-    (from..buf.len()).find(|&o| matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= min_seq))
+    (from..buf.len()).find(|&o| {
+        plausible_frame_at(&buf[o..], body_max, min_seq)
+            && matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= min_seq)
+    })
+}
+
+/// The checks of [`decode_frame`] that cost no checksum, for a candidate frame at
+/// the start of `buf`: a length in range that fits, a `payload_len` field that
+/// matches it, a sequence of at least `min_seq`. A frame that fails one of them is
+/// never one `find_next_frame` finds (it would not decode as an intact record of
+/// that sequence), so skipping its CRC changes no result — and keeps a resync
+/// through damaged bytes linear, not a checksum of up to a largest frame at every
+/// offset whose four bytes happen to read as a possible length.
+fn plausible_frame_at(buf: &[u8], body_max: u32, min_seq: u64) -> bool {
+    let Some(len) = buf.get(..4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))) else { return false };
+    if (len as usize) < BODY_FIXED_BYTES || len > body_max || buf.len() < FRAME_HEADER_BYTES + len as usize {
+        return false;
+    }
+    let body = &buf[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len as usize];
+    let at = |o: usize| u64::from_le_bytes(body[o..o + 8].try_into().expect("8 bytes"));
+    // Body offsets 0 (seq) and 64 (payload_len), FORMAT.md §3.
+    at(64) == u64::from(len) - BODY_FIXED_BYTES as u64 && at(0) >= min_seq
 }
 
 #[cfg(test)]

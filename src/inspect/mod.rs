@@ -13,12 +13,16 @@ use serde_json::{Value, json};
 
 use crate::format::{RecordRef, frame_bytes, hex};
 use crate::model::{Event, Projection, Txn, decode_txn, flatten_tagged};
-use crate::storage::{Error, LogOptions, Problem, ReadSummary, ScanItem, Tailer, list_segments, scan_dir};
+use crate::storage::{Error, Problem, ReadSummary, ScanItem, Tailer, list_segments, scan_dir};
 pub use time::{format_ms, parse_time};
 
-/// Largest frame body the inspector accepts (the writer's default limit).
+/// Largest frame body the inspector, the audit and the daemon's watch accept: the
+/// format's hard bound. They read logs that any writer wrote, with whatever
+/// `payload_bytes_max` it was given (FORMAT.md §5: a reader's limit must be at
+/// least the writer's); the hard bound still keeps one corrupt length field
+/// from costing more than one largest frame.
 pub fn body_max() -> u32 {
-    LogOptions::default().body_max()
+    crate::format::BODY_BYTES_HARD_MAX
 }
 
 fn file_name(p: &Path) -> String {
@@ -55,7 +59,8 @@ impl Progress {
         let mut total = 0;
         for (_, p) in list_segments(dir).unwrap_or_default() {
             base.insert(file_name(&p), total);
-            total += std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+            // The entry itself (a symlink is not followed: it is refused unread).
+            total += std::fs::symlink_metadata(&p).map(|m| m.len()).unwrap_or(0);
         }
         Progress { bar: new_bar(total, what), base, ticks: 0 }
     }
@@ -297,11 +302,14 @@ fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary,
 /// the content of the last one (a preallocated segment keeps its length while
 /// appends overwrite its zeros). Read before each pass, and after one that found
 /// damage.
-fn log_fingerprint(dir: &Path) -> Result<(Vec<(u64, u64)>, u32), Error> {
+fn log_fingerprint(dir: &Path) -> Result<(Vec<(u64, u64)>, u64), Error> {
     // A directory the scan reports problems with (odd names, say) has no fingerprint.
     let segments = list_segments(dir).unwrap_or_default();
-    let lens = segments.iter().map(|(s, p)| (*s, std::fs::metadata(p).map_or(0, |m| m.len()))).collect();
-    let last = segments.last().map_or(0, |(_, p)| std::fs::read(p).map_or(0, |b| crc32fast::hash(&b)));
+    let lens = segments.iter().map(|(s, p)| (*s, std::fs::symlink_metadata(p).map_or(0, |m| m.len()))).collect();
+    // Read as the scan reads it: never through a symlink, never a FIFO or device,
+    // never more than a segment may hold (a hostile last segment is refused unread
+    // here too, not read without bound).
+    let last = segments.last().map_or(0, |(_, p)| crate::storage::segment_fingerprint(p, body_max()));
     Ok((lens, last))
 }
 
@@ -851,7 +859,7 @@ pub fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::Log;
+    use crate::storage::{Log, LogOptions};
 
     /// A log of format `version` whose last frame lost its second half (cut off the
     /// file in v1; in v2 zeros where it and the end mark after it were, as a write

@@ -4,8 +4,24 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The last instant RFC 3339 can write (`9999-12-31T23:59:59.999Z`), in Unix ms.
+pub const RFC3339_MS_MAX: u64 = 253_402_300_799_999;
+
+/// Total: every `u64` formats. A time no RFC 3339 year can hold (a tampered or
+/// garbled record: the forensic tools exist for those) is written as its number,
+/// `unix-ms:N (after 9999-12-31)`, never a panic.
 pub fn format_ms(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    if ms > RFC3339_MS_MAX {
+        return format!("unix-ms:{ms} (after 9999-12-31)");
+    }
+    let mut out = String::with_capacity(24);
+    let at = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms));
+    // `Display` of humantime's timestamp fails only past year 9999 (excluded above);
+    // a formatting error is still never a panic here.
+    if std::fmt::write(&mut out, format_args!("{at}")).is_err() {
+        return format!("unix-ms:{ms}");
+    }
+    out
 }
 
 /// Accepts Unix milliseconds, `YYYY-MM-DD` (midnight UTC), or RFC 3339 in UTC
@@ -49,6 +65,20 @@ mod tests {
         assert_eq!(parse_time("2026-01-01T00:00:01Z"), Ok(1_767_225_601_000));
         assert_eq!(parse_time("2026-01-01T00:00:01.5Z"), Ok(1_767_225_601_500));
         assert!(parse_time("yesterday").is_err() && parse_time("2026-13-01").is_err());
+    }
+
+    /// Proves: every u64 formats (a record's `time_ms` is whatever its writer, or a
+    /// forger, put there), the last writable instant as RFC 3339, anything later
+    /// as its number.
+    #[test]
+    fn every_u64_formats_without_panicking() {
+        assert_eq!(format_ms(RFC3339_MS_MAX), "9999-12-31T23:59:59.999Z");
+        assert_eq!(format_ms(RFC3339_MS_MAX + 1), "unix-ms:253402300800000 (after 9999-12-31)");
+        assert_eq!(format_ms(u64::MAX), "unix-ms:18446744073709551615 (after 9999-12-31)");
+        for shift in 0..64 {
+            let _ = format_ms(1u64 << shift);
+            let _ = format_ms(u64::MAX >> shift);
+        }
     }
 
     #[test]

@@ -129,8 +129,8 @@ fn is_trace_of_records(name: &str) -> bool {
     is_evidence(name) && !name.contains(&format!("{EVIDENCE_INFIX}torn-segment-"))
 }
 
-/// A first segment being created by [`create_first_segment`]:
-/// `.<segment name>.<pid>-<n>.tmp`.
+/// A first segment being created by [`create_first_segment`], or a segment being
+/// rewritten by [`rewrite_prefix`]: `.<segment name>.<pid>-<n>.tmp`.
 fn is_segment_temp(name: &str) -> bool {
     let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(TEMP_SUFFIX)) else { return false };
     let Some((seg, tag)) = rest.rsplit_once('.') else { return false };
@@ -205,6 +205,68 @@ fn open_checked(path: &Path, bytes_max: u64, seq: u64, write: bool) -> Result<(F
         });
     }
     Ok((f, meta.len))
+}
+
+/// The bytes of a log file, read as [`open_regular`] opens it: only a regular file
+/// of at most `bytes_max` bytes, and no more than its length when opened (a file
+/// that grows meanwhile is read to that length; one cut meanwhile, to its end).
+/// What every whole-file read of a segment goes through: no input makes it read
+/// without bound, block on a FIFO, or follow a symlink.
+pub(crate) fn read_regular(path: &Path, bytes_max: u64, seq: u64) -> Result<Vec<u8>> {
+    let (f, len) = open_regular(path, bytes_max, seq)?;
+    debug_assert!(len <= bytes_max, "open_regular bounds the length");
+    let mut b = vec![0u8; len as usize];
+    let mut got = 0;
+    while got < b.len() {
+        match std::os::unix::fs::FileExt::read_at(&f, &mut b[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("read", path)(e)),
+        }
+    }
+    b.truncate(got);
+    Ok(b)
+}
+
+/// Replace the file at `path` by a new file holding its first `keep_bytes`
+/// bytes: written beside it, synced, renamed over it, the directory synced.
+/// Never a truncation in place: a reader that mapped the old file (a sealed
+/// segment: readers take no lock) keeps reading the old inode, whole, instead of
+/// dying with SIGBUS on the pages a truncation would take from under it.
+pub(crate) fn rewrite_prefix(path: &Path, keep_bytes: u64) -> Result<()> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}-{n}{TEMP_SUFFIX}", std::process::id()));
+    let written = (|| {
+        let src = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(Error::io("open", path))?;
+        let len = stat_file(&src).map_err(Error::io("stat", path))?.len;
+        assert!(keep_bytes <= len, "rewrite_prefix keeps at most the file ({keep_bytes} > {len} bytes)");
+        let mut dst = open_private(&tmp, true)?;
+        let copied =
+            std::io::copy(&mut std::io::Read::take(&src, keep_bytes), &mut dst).map_err(Error::io("copy", path))?;
+        if copied != keep_bytes {
+            return Err(Error::io("copy", path)(std::io::Error::other(format!(
+                "copied {copied} of {keep_bytes} bytes: the file shrank meanwhile"
+            ))));
+        }
+        fail::fail_point!("segment::truncate", |_| {
+            Err(Error::io("truncate", path)(std::io::Error::other("injected truncate failure")))
+        });
+        dst.sync_all().map_err(Error::io("fsync", &tmp))?;
+        fs::rename(&tmp, path).map_err(Error::io("rename", path))
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(dir)
 }
 
 /// What a segment's readers and writer need to know of a file: size, identity,

@@ -25,7 +25,9 @@ pub use dir::{
 pub use error::{Error, Result};
 pub use history::check_whole_history;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
-pub use reader::{Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, scan_dir, verify_dir};
+pub use reader::{
+    Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, scan_dir, segment_fingerprint, verify_dir,
+};
 pub use recovery::{OpenReport, Repair};
 pub use repair::{Cut, InitReport, RepairReport, init, repair};
 pub use writer::{Appended, Locked, Log};

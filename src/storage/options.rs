@@ -97,9 +97,14 @@ impl std::fmt::Debug for LogOptions {
 }
 
 impl LogOptions {
-    /// Largest frame body a reader of this log accepts.
+    /// Largest frame body a reader of this log accepts — this writer's recovery
+    /// and catch-up included: the format's hard bound, whatever this writer's own
+    /// `payload_bytes_max` (which bounds only what it appends). A log is read by
+    /// writers and readers opened with other limits than the writer that wrote a
+    /// record (FORMAT.md §5); the hard bound still keeps a corrupt length field
+    /// from costing more than one largest frame.
     pub fn body_max(&self) -> u32 {
-        self.payload_bytes_max + crate::format::BODY_FIXED_BYTES as u32
+        crate::format::BODY_BYTES_HARD_MAX
     }
 
     /// Longest segment file a reader of this log accepts (see

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::ahead::with_links_ahead;
-use super::dir::{list_segments, listing, open_regular};
+use super::dir::{list_segments, listing, open_regular, read_regular};
 use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
@@ -132,22 +132,9 @@ pub fn scan_dir(
         // The last segment (which a recovering writer may truncate) is read into
         // memory; sealed ones are mapped.
         let held = if is_last {
-            open_regular(path, bytes_max, *name_seq).and_then(|(f, len)| {
-                // What is there: a writer sealing it may have cut it to its last
-                // record since it was measured.
-                let mut b = vec![0u8; len as usize];
-                let mut got = 0;
-                while got < b.len() {
-                    match std::os::unix::fs::FileExt::read_at(&f, &mut b[got..], got as u64) {
-                        Ok(0) => break,
-                        Ok(n) => got += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(Error::io("read", path)(e)),
-                    }
-                }
-                b.truncate(got);
-                Ok(Held::Owned(b))
-            })
+            // What is there: a writer sealing it may have cut it to its last
+            // record since it was measured.
+            read_regular(path, bytes_max, *name_seq).map(Held::Owned)
         } else {
             Mapped::open(path, bytes_max, *name_seq).map(Held::Mapped)
         };
@@ -329,9 +316,10 @@ fn merge(into: &mut ReadSummary, from: ReadSummary) {
 
 /// Where the frames of the segment at `path` end: its length for a version 1
 /// segment, the start of its zeros for a preallocated one — or the first damage.
-/// (For tools and tests that look at a segment's bytes; it reads the whole file.)
+/// (For tools and tests that look at a segment's bytes; it reads the whole file,
+/// as every reader does: a regular file of at most a segment's hard bound.)
 pub fn frames_end(path: &Path) -> Result<u64> {
-    let bytes = fs::read(path).map_err(Error::io("read", path))?;
+    let bytes = read_regular(path, segment_file_bytes_max(crate::format::BODY_BYTES_HARD_MAX), 0)?;
     let header = SegmentHeader::decode(&bytes).map_err(|e| super::recovery::header_error(path, e, 0))?;
     let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
     let layout = header.layout();
@@ -340,6 +328,18 @@ pub fn frames_end(path: &Path) -> Result<u64> {
         ScanOutcome::ZeroTail { offset } => offset,
         ScanOutcome::Damaged(d) => d.offset,
     })
+}
+
+/// A fingerprint of a segment's content that changes when anything is appended
+/// (`inspect verify` compares one taken before and after a pass that found
+/// damage). Read as every reader reads a segment: a symlink, FIFO, device or
+/// file longer than a segment may be is never read, and fingerprints as what it
+/// is (so its damage, already reported, stands).
+pub fn segment_fingerprint(path: &Path, body_max: u32) -> u64 {
+    match read_regular(path, segment_file_bytes_max(body_max), 0) {
+        Ok(b) => (b.len() as u64) << 32 | u64::from(crc32fast::hash(&b)),
+        Err(e) => u64::from(crc32fast::hash(e.code().as_bytes())) | 1 << 63,
+    }
 }
 
 /// Largest read the tailer makes at once (a frame is at most 64 MiB + 80 bytes, and

@@ -8,13 +8,14 @@ use memmap2::Mmap;
 use serde::Serialize;
 
 use super::ahead::with_links_ahead;
-use super::dir::{create_first_segment, listing, open_regular, segment_path, sync_dir, write_evidence};
+use super::dir::{create_first_segment, listing, open_regular, read_regular, segment_path, sync_dir, write_evidence};
 use super::error::{Error, Result};
 use super::history::check_history;
 use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
-    Action, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
-    SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_ahead,
+    Action, BODY_BYTES_HARD_MAX, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome,
+    SegmentHeader, SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_ahead,
+    segment_file_bytes_max,
 };
 
 /// One repair made while opening, with the evidence file that keeps what was cut.
@@ -73,9 +74,12 @@ impl Mapped {
         if len == 0 {
             return Ok(Mapped { map: None });
         }
-        // SAFETY: segments are only ever appended to, or truncated under the append
-        // lock; the writer maps them while holding that lock, and readers map only
-        // sealed segments (FORMAT.md §6), so the mapping never shrinks underneath.
+        // SAFETY: a mapped file never shrinks underneath. Readers map only sealed
+        // segments, and a sealed segment is never truncated in place: `repair`
+        // replaces it with a new file (`dir::rewrite_prefix`), so a mapping keeps
+        // the old inode whole. Only the last segment is cut in place (a torn tail,
+        // sealing), under the append lock; the writer maps it only while holding
+        // that lock, and readers read it into memory instead (FORMAT.md §7).
         let map = unsafe { Mmap::map(&f) }.map_err(Error::io("mmap", path))?;
         Ok(Mapped { map: Some(map) })
     }
@@ -112,7 +116,9 @@ pub(crate) fn header_error(path: &Path, err: SegmentHeaderError, expected_seq: u
 
 /// Move a segment that was being created when the process died out of the way.
 pub(crate) fn set_aside_torn_segment(dir: &Path, path: &Path, expected_seq: u64) -> Result<Repair> {
-    let bytes = fs::read(path).map_err(Error::io("read", path))?;
+    // Torn while being created: at most a header's worth of bytes, and no frame;
+    // read as any segment is (a regular file, bounded).
+    let bytes = read_regular(path, segment_file_bytes_max(BODY_BYTES_HARD_MAX), expected_seq)?;
     let evidence = write_evidence(path, "torn-segment", 0, &bytes)?;
     fs::remove_file(path).map_err(Error::io("remove", path))?;
     sync_dir(dir)?;

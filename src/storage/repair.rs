@@ -130,7 +130,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     if offset == 0 {
         cuts.push(set_aside_whole(dir, &segment)?);
     } else {
-        let bytes = std::fs::read(&segment).map_err(Error::io("read", &segment))?;
+        let bytes = super::dir::read_regular(&segment, opts.segment_file_bytes_max(), damage.seq)?;
         let mut tail = &bytes[(offset as usize).min(bytes.len())..];
         if crate::format::SegmentHeader::decode(&bytes).is_ok_and(|h| h.layout() == crate::format::Layout::Preallocated)
         {
@@ -138,12 +138,10 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
             tail = &tail[..tail.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1)];
         }
         let evidence = write_evidence(&segment, "repair-cut", offset, tail)?;
-        fail::fail_point!("segment::truncate", |_| {
-            Err(Error::io("truncate", &segment)(std::io::Error::other("injected truncate failure")))
-        });
-        let f = std::fs::OpenOptions::new().write(true).open(&segment).map_err(Error::io("open", &segment))?;
-        f.set_len(offset).map_err(Error::io("truncate", &segment))?;
-        f.sync_all().map_err(Error::io("fsync", &segment))?;
+        // A new file holding the kept prefix replaces the segment (never a cut in
+        // place): a reader may have this segment mapped — it takes no lock — and
+        // keeps reading the old file whole instead of dying of SIGBUS.
+        super::dir::rewrite_prefix(&segment, offset)?;
         cuts.push(Cut { segment: segment.clone(), offset, bytes: tail.len() as u64, evidence });
     }
     sync_dir(dir)?;

@@ -142,7 +142,7 @@ pub fn written_bytes(seg: &Path) -> Vec<u8> {
 /// Where record `seq` is: its segment and the byte offset of its frame.
 pub fn record_at(dir: &Path, seq: u64) -> (PathBuf, usize) {
     let mut at = None;
-    fencelog::storage::scan_dir(dir, 1, 1 << 20, |item| {
+    fencelog::storage::scan_dir(dir, 1, fencelog::format::BODY_BYTES_HARD_MAX, |item| {
         if let fencelog::storage::ScanItem::Record { rec, segment, offset } = item
             && rec.seq == seq
         {

@@ -33,3 +33,4 @@ pub mod model;
 pub mod ops;
 pub mod storage;
 pub mod supervisor;
+pub mod view;

@@ -902,3 +902,106 @@ fn handover_with_traffic_running_loses_nothing_and_answers_nothing_twice() {
     assert_eq!((s, st["subjects"][0]["generation"].as_u64()), (200, Some(1)));
     assert_eq!(b.term(), Some(0));
 }
+
+/// Proves (issue 23, item 8): `serve --dir D` on a missing D under umask 002 (the
+/// default for users with a private group) creates D 0700, as `init` does, and
+/// boots — before the fix it created D 0775 and then refused it
+/// (`UNSAFE_PERMISSIONS`, exit 1), so the README's first command failed.
+#[test]
+fn serve_under_umask_002_creates_its_directory_0700_and_boots() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let (_t, dir) = log_dir();
+    let mut cmd = Command::new(FENCELOG);
+    cmd.args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    // SAFETY: umask is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o002);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
+    assert!(ready.get("listening").is_some(), "serve did not boot: {line}");
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the log directory is private");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// Proves (issue 23, item 9): every field that names an owner is kept from the
+/// daemon's home — a lease held by the home's tenure, a run on its behalf and a
+/// cancel "as the home" are refused `HOME_RESERVED` (409) and nothing is written;
+/// the same requests under another owner are answered as before. Before the fix
+/// only `subject` was checked and all three were answered 200.
+#[test]
+fn no_request_acts_as_the_daemons_home() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let home = "fencelog/serve";
+    let home_gen = d.ready["home_generation"].as_u64().unwrap();
+    let head = || d.get("/v1/head").1["seq"].as_u64().unwrap();
+    let before = head();
+    let (s, e) =
+        d.post("/v1/lease/acquire", json!({"resource": "db", "mode": "write", "owner": home, "generation": home_gen}));
+    assert_eq!((s, e["code"].as_str()), (409, Some("HOME_RESERVED")), "{e}");
+    let (s, e) = d.post("/v1/run", json!({"command": ["true"], "owner": home, "generation": home_gen, "wait_ms": 0}));
+    assert_eq!((s, e["code"].as_str()), (409, Some("HOME_RESERVED")), "{e}");
+    let (s, run) = d.post("/v1/run", json!({"command": ["sleep", "30"], "wait_ms": 0}));
+    assert_eq!(s, 200, "{run}");
+    let id = run["id"].as_u64().unwrap();
+    let after_run = head();
+    let (s, e) = d.post(&format!("/v1/processes/{id}/cancel"), json!({"owner": home, "generation": home_gen}));
+    assert_eq!((s, e["code"].as_str()), (409, Some("HOME_RESERVED")), "{e}");
+    assert_eq!(before + 1, after_run, "only the run that names no owner was written");
+    let (s, c) = d.post(&format!("/v1/processes/{id}/cancel"), json!({}));
+    assert_eq!(s, 200, "{c}");
+    assert_eq!(d.term(), Some(0));
+}
+
+/// Proves (issue 23, item 11): a request id with a control character — in the
+/// HTTP body's `request_id` or the CLI's `--request-id` — is refused
+/// `INVALID_INPUT` and never reaches the log; and the text reports escape control
+/// characters that a field holds (a lock claim's action, here): no ESC byte and no
+/// forged line reaches the terminal from `inspect dump`, `inspect state` or `audit`.
+#[test]
+fn request_ids_are_printable_and_text_reports_escape_control_characters() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let before = d.get("/v1/head").1["seq"].as_u64().unwrap();
+    for id in ["esc\u{1b}[2J", "line\nforged", "nul\u{0}"] {
+        let (s, e) = d.post("/v1/claim", json!({"subject": "x", "request_id": id}));
+        assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "{id:?}: {e}");
+    }
+    assert_eq!(d.get("/v1/head").1["seq"].as_u64().unwrap(), before, "nothing written");
+    assert_eq!(d.term(), Some(0));
+    let d_s = dir.to_str().unwrap();
+    let out = Command::new(FENCELOG)
+        .args(["claim", "--dir", d_s, "--subject", "y", "--request-id", "r\u{1b}]0;owned\u{7}"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "INVALID_INPUT", "{v}");
+    // A field that may hold any text: a lock claim's action.
+    let out = Command::new(FENCELOG)
+        .args(["claim", "--dir", d_s, "--subject", "lock/z", "--request-id", "r1"])
+        .args(["--action", "deploy\u{1b}[31m\n    99  1970-01-01T00:00:00.000Z  forged"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    for args in [vec!["inspect", "dump", d_s], vec!["inspect", "state", d_s], vec!["audit", d_s]] {
+        let out = Command::new(FENCELOG).args(&args).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(!text.contains('\u{1b}'), "{args:?} printed an ESC byte: {text}");
+        assert!(!text.lines().any(|l| l.trim_start().starts_with("99 ")), "{args:?} printed a forged line: {text}");
+        if args[0] != "audit" {
+            assert!(text.contains("deploy\\u{1b}[31m\\n"), "{args:?} shows the action escaped: {text}");
+        }
+    }
+}

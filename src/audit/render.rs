@@ -64,7 +64,7 @@ fn refusal_text(f: &Fenced) -> String {
 }
 
 fn story_text(s: &SubjectStory, out: &mut String) {
-    let _ = writeln!(out, "subject {:?}", s.subject);
+    let _ = crate::text_line!(out, "subject {:?}", s.subject);
     for (i, t) in s.tenures.iter().enumerate() {
         if i > 0
             && let Some(g) = s.gaps.get(i - 1)
@@ -74,30 +74,39 @@ fn story_text(s: &SubjectStory, out: &mut String) {
                 "handed_over_in_one_record" => "no ownerless instant (replaced in one record)",
                 other => other,
             };
-            let _ = writeln!(
+            let _ = crate::text_line!(
                 out,
                 "  gap {} ms between generation {} and {}: {who}",
-                g.gap_ms, g.after_generation, g.before_generation
+                g.gap_ms,
+                g.after_generation,
+                g.before_generation
             );
         }
-        let _ = writeln!(
+        let _ = crate::text_line!(
             out,
             "  tenure generation {}: instance {} pid {} (start {} boot {} exe {})",
-            t.generation, t.owner.instance, t.owner.pid, t.owner.start_ticks, t.owner.boot_id, t.owner.exe
+            t.generation,
+            t.owner.instance,
+            t.owner.pid,
+            t.owner.start_ticks,
+            t.owner.boot_id,
+            t.owner.exe
         );
-        let _ = writeln!(out, "    began seq {} at {}: {}", t.began_seq, format_ms(t.began_ms), began(&t.began));
-        let _ = writeln!(out, "    heartbeats {}, last {}", t.heartbeats, format_ms(t.last_heartbeat_ms));
-        let _ = writeln!(out, "    ended: {}", ended(t));
+        let _ =
+            crate::text_line!(out, "    began seq {} at {}: {}", t.began_seq, format_ms(t.began_ms), began(&t.began));
+        let _ = crate::text_line!(out, "    heartbeats {}, last {}", t.heartbeats, format_ms(t.last_heartbeat_ms));
+        let _ = crate::text_line!(out, "    ended: {}", ended(t));
         if t.refused_attempts + t.late_records > 0 {
-            let _ = writeln!(
+            let _ = crate::text_line!(
                 out,
                 "    against this tenure: {} refused attempt(s) recorded, {} late record(s)",
-                t.refused_attempts, t.late_records
+                t.refused_attempts,
+                t.late_records
             );
         }
     }
     for c in &s.cutovers {
-        let _ = writeln!(
+        let _ = crate::text_line!(
             out,
             "  cutover at seq {} ({}): generation {} -> {}: {}",
             c.seq,
@@ -107,41 +116,54 @@ fn story_text(s: &SubjectStory, out: &mut String) {
             c.how
         );
         if c.leases_live.is_empty() {
-            let _ = writeln!(out, "    leases held across it: none");
+            let _ = crate::text_line!(out, "    leases held across it: none");
         }
         for l in &c.leases_live {
-            let _ = writeln!(
+            let _ = crate::text_line!(
                 out,
                 "    lease {} on {} (holder {:?}, token {}): {}",
-                l.lease, l.resource, l.holder, l.token, l.fate
+                l.lease,
+                l.resource,
+                l.holder,
+                l.token,
+                l.fate
             );
         }
         for x in &c.processes_in_flight {
             let ended = x.ended_seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
-            let _ = writeln!(
+            let _ = crate::text_line!(
                 out,
                 "    process {} {:?} (owner generation {}): {}{ended}",
-                x.process, x.argv, x.owner_generation, x.status
+                x.process,
+                x.argv,
+                x.owner_generation,
+                x.status
             );
         }
         if c.requests_in_flight.is_empty() {
-            let _ = writeln!(out, "    requests in flight: none");
+            let _ = crate::text_line!(out, "    requests in flight: none");
         }
         for r in &c.requests_in_flight {
-            let _ = writeln!(out, "    request {:?} ({}): {}", r.request, r.kinds.join(","), r.said);
+            let _ = crate::text_line!(out, "    request {:?} ({}): {}", r.request, r.kinds.join(","), r.said);
         }
     }
     for f in &s.fenced_attempts {
-        let _ = writeln!(out, "  {}", refusal_text(f));
+        let _ = crate::text_line!(out, "  {}", refusal_text(f));
         if let Some(c) = &f.refused_content {
             let retired = c.retired_cut_off_seq.map_or(String::new(), |s| format!(", retired after seq {s}"));
-            let _ = writeln!(out, "    refused content: {} bytes blake3 {} {:?}{retired}", c.bytes, c.blake3, c.head);
+            let _ = crate::text_line!(
+                out,
+                "    refused content: {} bytes blake3 {} {:?}{retired}",
+                c.bytes,
+                c.blake3,
+                c.head
+            );
         }
     }
     for c in &s.attempts_by_caller {
         let codes: Vec<String> = c.codes.iter().map(|(k, n)| format!("{k} x{n}")).collect();
         let gens: Vec<String> = c.generations.iter().map(u64::to_string).collect();
-        let _ = writeln!(
+        let _ = crate::text_line!(
             out,
             "  refused caller {}: {} attempt(s) in {} record(s) ({}) against generation(s) {}, {} .. {}",
             c.who,
@@ -154,31 +176,35 @@ fn story_text(s: &SubjectStory, out: &mut String) {
         );
     }
     for l in &s.late_records {
-        let _ = writeln!(
+        let _ = crate::text_line!(
             out,
             "  late record at seq {}: {} by writer {} under retired generation {} (current {}): kept, not authoritative",
-            l.seq, l.kind, l.writer, l.presented_generation, l.current_generation
+            l.seq,
+            l.kind,
+            l.writer,
+            l.presented_generation,
+            l.current_generation
         );
     }
-    let _ = writeln!(out, "verdict {:?}: {}", s.subject, s.verdict);
+    let _ = crate::text_line!(out, "verdict {:?}: {}", s.subject, s.verdict);
 }
 
 pub fn text(r: &Report) -> String {
     let mut out = String::new();
     let last = r.last_seq.map_or("none".into(), |s| s.to_string());
-    let _ = writeln!(out, "audit of {} records (last seq {last}), chain head {}", r.records, r.chain_head);
+    let _ = crate::text_line!(out, "audit of {} records (last seq {last}), chain head {}", r.records, r.chain_head);
     for p in &r.log_problems {
-        let _ = writeln!(out, "log problem: {p} (the story stops being complete there)");
+        let _ = crate::text_line!(out, "log problem: {p} (the story stops being complete there)");
     }
     for f in &r.findings {
-        let _ = writeln!(out, "finding: {f}");
+        let _ = crate::text_line!(out, "finding: {f}");
     }
     for s in &r.subjects {
         out.push('\n');
         story_text(s, &mut out);
     }
     for c in &r.daemon_cutovers {
-        let _ = writeln!(
+        let _ = crate::text_line!(
             out,
             "\ndaemon cutover at seq {} ({}): {}@{} ({}), {} request(s) settled",
             c.seq,
@@ -190,16 +216,25 @@ pub fn text(r: &Report) -> String {
         );
         for r in &c.settled {
             let at = r.seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
-            let _ = writeln!(out, "  request {:?} ({}): {}{at}", r.request, r.op, r.how);
+            let _ = crate::text_line!(out, "  request {:?} ({}): {}{at}", r.request, r.op, r.how);
         }
         if c.more > 0 {
-            let _ = writeln!(out, "  … and {} more", c.more);
+            let _ = crate::text_line!(out, "  … and {} more", c.more);
         }
     }
     out
 }
 
+/// HTML text: the markup characters as entities, and every control character but
+/// newline and tab (whitespace in HTML) as its escape, so that the page shown in a
+/// terminal (`cat`, `less -r`) sends it nothing either.
 fn esc(s: &str) -> String {
+    let s: String = s
+        .split(['\n', '\t'])
+        .map(|part| crate::view::escape_controls(part).into_owned())
+        .zip(s.match_indices(['\n', '\t']).map(|(_, m)| m).chain(std::iter::once("")))
+        .map(|(part, sep)| part + sep)
+        .collect();
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
 }
 

@@ -352,6 +352,24 @@ fn typed<T: DeserializeOwned>(m: serde_json::Map<String, Value>) -> Result<T, Re
         .map_err(|e| Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("invalid request: {e}"))))
 }
 
+/// The field of a request body that names the daemon's home subject, if any:
+/// `subject` (claim, heartbeat, release, takeover, rotate-fence, note) or `owner`
+/// (a lease or a run held by an owner's tenure, a cancel on an owner's behalf).
+fn names_home(app: &App, m: &serde_json::Map<String, Value>) -> Option<&'static str> {
+    ["subject", "owner"].into_iter().find(|f| m.get(*f).and_then(Value::as_str) == Some(app.home.subject.as_str()))
+}
+
+fn home_reserved(app: &App, field: &str) -> Response {
+    plain(
+        StatusCode::CONFLICT,
+        "HOME_RESERVED",
+        &format!(
+            "{} is this daemon's home subject ({field}); nobody acts on it or as it over its own API",
+            app.home.subject
+        ),
+    )
+}
+
 fn overloaded() -> Response {
     plain(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", "too many requests in flight; retry shortly")
 }
@@ -401,13 +419,10 @@ where
     if headers.get_all("idempotency-key").iter().count() > 1 {
         return plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "one Idempotency-Key header, not several");
     }
-    // The daemon's home is its own: no client may release, rotate or take it.
-    if m.get("subject").and_then(Value::as_str) == Some(app.home.subject.as_str()) {
-        return plain(
-            StatusCode::CONFLICT,
-            "HOME_RESERVED",
-            &format!("{} is this daemon's home subject; it is not changed over its own API", app.home.subject),
-        );
+    // The daemon's home is its own: no client may release, rotate or take it, nor
+    // act as it (a lease or a run held by the home's tenure).
+    if let Some(field) = names_home(&app, &m) {
+        return home_reserved(&app, field);
     }
     let header_id = headers.get("idempotency-key").map(|v| v.to_str().map(str::to_owned));
     let body_id = m.get("request_id").and_then(Value::as_str).map(str::to_owned);
@@ -654,7 +669,14 @@ async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Bod
     if !app.admitting.load(Ordering::SeqCst) {
         return not_admitting();
     }
-    let c: CancelBody = match body_object(b).and_then(typed) {
+    let m = match body_object(b) {
+        Ok(m) => m,
+        Err(r) => return *r,
+    };
+    if let Some(field) = names_home(&app, &m) {
+        return home_reserved(&app, field);
+    }
+    let c: CancelBody = match typed(m) {
         Ok(c) => c,
         Err(r) => return *r,
     };

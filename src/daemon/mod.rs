@@ -308,12 +308,39 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u
 pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     let t0 = Instant::now();
     limit_malloc_arenas();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(CONCURRENT_REQUESTS_MAX + WATCH_STREAMS_MAX + 16)
+        .enable_all()
+        .build()
+        .map_err(|e| (exit::IO, io("starting the runtime", e)))?;
+    // The signal handlers first, before anything is claimed or announced: a
+    // SIGTERM from the moment the ready line (or READY=1) is out — or earlier,
+    // during boot — is a cutover, never the default action that kills the daemon
+    // with its home held.
+    let stop_signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _in_runtime = runtime.enter();
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(term), Ok(int)) => (term, int),
+            (Err(e), _) | (_, Err(e)) => return Err((exit::IO, io("installing the signal handlers", e))),
+        }
+    };
     let fail = |code: u8| move |e: OpError| (code, e);
     // A --unix path that is not a socket is refused before anything is claimed.
     if let Some(path) = &o.unix {
         unix_path_usable(path).map_err(|e| (exit::HOME_HELD, e))?;
     }
-    std::fs::create_dir_all(&o.dir).map_err(|e| (exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
+    // Created 0700, as `init` creates a log (the directory is refused when group-
+    // or world-writable: under umask 002 a plain create_dir_all made one).
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&o.dir)
+            .map_err(|e| (exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
+    }
     let dir = std::fs::canonicalize(&o.dir).map_err(|e| (exit::IO, io("log directory", e)))?;
     let ledger = Arc::new(Ledger::open(&dir, LedgerOptions::default()).map_err(|e| {
         let e = OpError::from(e);
@@ -329,12 +356,6 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             .map_err(fail(exit::IO))?;
     tracing::info!(?recovered, "process recovery");
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(CONCURRENT_REQUESTS_MAX + WATCH_STREAMS_MAX + 16)
-        .enable_all()
-        .build()
-        .map_err(|e| (exit::IO, io("starting the runtime", e)))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(o.listen)
             .await
@@ -389,7 +410,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         }
         sd_notify("READY=1");
         // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
-        tokio::spawn(signals(cut_tx.clone()));
+        tokio::spawn(signals(stop_signals, cut_tx.clone()));
         tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
         let router = http::router(Arc::clone(&app));
         let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
@@ -459,11 +480,11 @@ pub fn sd_notify(state: &str) {
     }
 }
 
-async fn signals(cut: tokio::sync::mpsc::Sender<(String, bool)>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return;
-    };
+/// SIGTERM or SIGINT (handlers installed at the start of `serve`) starts the cutover.
+async fn signals(
+    (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    cut: tokio::sync::mpsc::Sender<(String, bool)>,
+) {
     let why = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",

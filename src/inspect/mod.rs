@@ -342,14 +342,14 @@ pub fn verify_json(s: &ReadSummary) -> Value {
 }
 
 pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> {
-    writeln!(out, "segments {}  bytes {}  records {}", s.segments, s.bytes, s.records)?;
+    crate::text_line!(out, "segments {}  bytes {}  records {}", s.segments, s.bytes, s.records)?;
     if let (Some(a), Some(b)) = (s.first_seq, s.last_seq) {
-        writeln!(out, "sequence {a}..{b}")?;
+        crate::text_line!(out, "sequence {a}..{b}")?;
     }
     if let (Some(a), Some(b)) = (s.first_time_ms, s.last_time_ms) {
-        writeln!(out, "time {} .. {}", format_ms(a), format_ms(b))?;
+        crate::text_line!(out, "time {} .. {}", format_ms(a), format_ms(b))?;
     }
-    writeln!(out, "chain head {}", s.chain_head)?;
+    crate::text_line!(out, "chain head {}", s.chain_head)?;
     for p in &s.problems {
         let what = match p.kind.as_str() {
             _ if p.torn_tail => "torn tail: recovery would truncate it",
@@ -357,7 +357,7 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
             "head_mismatch" | "log_shorter_than_pinned" => "the log does not hold a pinned head",
             _ => "corruption: recovery refuses",
         };
-        writeln!(
+        crate::text_line!(
             out,
             "problem: {} at segment {} byte {} (sequence {}), {} bytes: {} [{what}]",
             p.kind,
@@ -382,7 +382,7 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
         "corrupt" => "DAMAGED: corruption (a writer refuses to open this log)",
         _ => "DAMAGED: torn tail only (a writer would truncate it on open)",
     };
-    writeln!(out, "status: {status}")
+    crate::text_line!(out, "status: {status}")
 }
 
 /// One decoded record as stable JSON (the `dump --json` line).
@@ -673,7 +673,7 @@ pub fn dump(dir: &Path, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Writ
             }
         };
         let keep_going = raw || !damage;
-        if let Err(e) = writeln!(out, "{line}") {
+        if let Err(e) = writeln!(out, "{}", crate::view::escape_controls(&line)) {
             io_err = Some(e);
             return false;
         }
@@ -706,10 +706,10 @@ pub fn state_at(dir: &Path, at: Option<u64>) -> Result<(Projection, ReadSummary)
 }
 
 pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
-    writeln!(out, "state as of sequence {}", p.last_seq)?;
+    crate::text_line!(out, "state as of sequence {}", p.last_seq)?;
     for (name, s) in &p.subjects {
         match &s.owner {
-            Some(o) => writeln!(
+            Some(o) => crate::text_line!(
                 out,
                 "  {name:?}  gen {}  owner {} pid {} since seq {}  heartbeat {}  stale after {} ms{}",
                 s.generation,
@@ -720,14 +720,14 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
                 o.stale_after_ms,
                 o.lock.as_ref().map(|l| format!("  lock {}/{}", l.action, l.request)).unwrap_or_default()
             )?,
-            None => writeln!(out, "  {name:?}  gen {}  free", s.generation)?,
+            None => crate::text_line!(out, "  {name:?}  gen {}  free", s.generation)?,
         }
         if s.fenced_attempts + s.late_notes > 0 {
-            writeln!(out, "      fenced attempts {}  late notes {}", s.fenced_attempts, s.late_notes)?;
+            crate::text_line!(out, "      fenced attempts {}  late notes {}", s.fenced_attempts, s.late_notes)?;
         }
     }
     for l in p.leases.values() {
-        writeln!(
+        crate::text_line!(
             out,
             "  lease {} on {} {} holder {:?} token {} expires {}  {}",
             l.id,
@@ -740,7 +740,12 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
         )?;
     }
     if p.anomalies + p.undecodable > 0 {
-        writeln!(out, "  WARNING: {} records did not validate, {} did not decode", p.anomalies, p.undecodable)?;
+        crate::text_line!(
+            out,
+            "  WARNING: {} records did not validate, {} did not decode",
+            p.anomalies,
+            p.undecodable
+        )?;
     }
     Ok(())
 }
@@ -835,7 +840,7 @@ pub fn follow(
             } else {
                 record_text(rec)
             };
-            if let Err(e) = writeln!(out, "{line}").and_then(|_| out.flush()) {
+            if let Err(e) = writeln!(out, "{}", crate::view::escape_controls(&line)).and_then(|_| out.flush()) {
                 failed = Some(e);
             }
             printed += 1;

@@ -414,12 +414,21 @@ impl Planned {
     }
 }
 
-/// An empty request id is no request id at all: refused, as invalid input.
-fn valid_request_id(id: Option<&str>) -> Result<(), OpError> {
+/// A request id is printable text: an empty one is no request id at all, and one
+/// with a control character (ESC, newline, NUL, …) is refused before it can reach
+/// the log, where every tool and client would show it. Both are invalid input.
+/// (The model does not judge this on replay: logs of earlier builds keep reading.)
+pub(crate) fn valid_request_id(id: Option<&str>) -> Result<(), OpError> {
     match id {
         Some(id) if id.trim().is_empty() => {
             Err(OpError::Refused(Refusal::InvalidInput { detail: "a request id is not empty".into() }))
         }
+        Some(id) if id.chars().any(char::is_control) => Err(OpError::Refused(Refusal::InvalidInput {
+            detail: format!(
+                "a request id is printable text, without control characters: {:?}",
+                id.chars().take(64).collect::<String>()
+            ),
+        })),
         _ => Ok(()),
     }
 }

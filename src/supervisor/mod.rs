@@ -388,9 +388,7 @@ pub fn run_until(
     abort: &AtomicBool,
     spares: Option<&Spares>,
 ) -> Result<ProcessView, OpError> {
-    if req.request_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
-        return Err(invalid("a request id is not empty"));
-    }
+    crate::ops::valid_request_id(req.request_id.as_deref())?;
     if req.wait_ms > WAIT_MS_MAX || req.lease_wait_ms > LEASE_WAIT_MS_MAX || req.timeout_ms > TIMEOUT_MS_MAX {
         return Err(invalid(format!(
             "wait_ms is at most {WAIT_MS_MAX}, lease_wait_ms at most {LEASE_WAIT_MS_MAX}, timeout_ms at most \

@@ -18,6 +18,13 @@
 //! prints `ACK <seq> <request id>` once it is committed (durable) and
 //! `REFUSED <code> <request id>` when refused.
 
+//!
+//! usage: `fencelog-torture eio SYSCALLS PROGRAM ARGS...`
+//! Makes the kernel fail every call of the named system calls (comma-separated:
+//! `fdatasync`, `fsync`) with EIO for this process and what it `exec`s (a seccomp
+//! filter, kept across `exec`), then `exec`s PROGRAM: a real I/O error where a
+//! disk would give one, for the real binary.
+
 use std::io::Write;
 use std::sync::Mutex;
 
@@ -30,6 +37,9 @@ fn main() {
     }
     if args.get(1).map(String::as_str) == Some("lock") {
         return hold_lock(&args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some("eio") {
+        return eio_then_exec(&args[2..]);
     }
     if args.len() < 4 {
         eprintln!("usage: fencelog-torture DIR TAG COUNT [THREADS] [SEGMENT_BYTES_MAX]");
@@ -210,4 +220,61 @@ fn ledger(args: &[String]) {
             });
         }
     });
+}
+
+/// `eio SYSCALLS PROGRAM ARGS...`: a seccomp filter that answers the named system
+/// calls with EIO (everything else passes), then `exec` PROGRAM under it.
+fn eio_then_exec(args: &[String]) {
+    use std::os::unix::process::CommandExt;
+    let [syscalls, program, rest @ ..] = args else {
+        eprintln!("usage: fencelog-torture eio SYSCALLS PROGRAM ARGS...");
+        std::process::exit(2);
+    };
+    let numbers: Vec<u32> = syscalls
+        .split(',')
+        .map(|name| match name {
+            "fdatasync" => libc::SYS_fdatasync as u32,
+            "fsync" => libc::SYS_fsync as u32,
+            other => {
+                eprintln!("eio: unknown system call {other:?} (fdatasync, fsync)");
+                std::process::exit(2)
+            }
+        })
+        .collect();
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xC000_003E;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xC000_00B7;
+    let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let ret_allow = stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW);
+    let ret_eio = stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ERRNO | libc::EIO as u32);
+    // seccomp_data: nr at offset 0, arch at offset 4.
+    let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4), jeq(AUDIT_ARCH, 1, 0), ret_allow];
+    prog.push(stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0));
+    for (i, nr) in numbers.iter().enumerate() {
+        // Equal: jump to the EIO return after the remaining tests and the allow.
+        let to_eio = (numbers.len() - i) as u8;
+        prog.push(jeq(*nr, to_eio, 0));
+    }
+    prog.push(ret_allow);
+    prog.push(ret_eio);
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: plain prctl calls; `fprog` points at `prog`, alive across the call.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) != 0
+        {
+            eprintln!("eio: installing the seccomp filter: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+    }
+    let e = std::process::Command::new(program).args(rest).exec();
+    eprintln!("eio: exec {program}: {e}");
+    std::process::exit(1);
 }

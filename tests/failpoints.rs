@@ -16,19 +16,24 @@ use common::{claim, hash_tree, me, records};
 use fencelog::ledger::{Ledger, LedgerError, LedgerOptions};
 use fencelog::storage::{Log, LogOptions, segment_path, verify_dir};
 
-/// Proves: an injected write failure that leaves half a frame on disk poisons the
-/// writer (every later append fails with WRITER_POISONED), and reopening recovers by
-/// cutting the torn bytes.
+/// Proves: a write that fails part way (20 bytes of the frame on disk) is cut back
+/// at once, under the append lock — `NOT_COMMITTED`, the segment holds exactly what
+/// it held before — and the writer is poisoned (every later append fails with
+/// WRITER_POISONED) until reopen, which finds nothing to cut.
 #[test]
-fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
+fn a_write_that_fails_part_way_is_cut_back_and_not_committed() {
     let d = tempfile::tempdir().unwrap();
     let _fp = fail::FailScenario::setup();
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     log.append(b"one").unwrap();
     log.append(b"two").unwrap();
+    let written = common::written_bytes(&segment_path(d.path(), 1));
     fail::cfg("segment::write", "return(20)").unwrap();
     let err = log.append(b"three").unwrap_err();
-    assert_eq!(err.code(), "IO_ERROR", "{err}");
+    assert_eq!(err.code(), "NOT_COMMITTED", "{err}");
+    assert!(err.to_string().contains("injected write failure"), "{err}");
+    let after = std::fs::read(segment_path(d.path(), 1)).unwrap();
+    assert_eq!(&after[..], &written[..written.len() - fencelog::format::FRAMES_END_MARK.len()], "cut to the frames");
     for _ in 0..3 {
         let err = log.append(b"later").unwrap_err();
         assert_eq!(err.code(), "WRITER_POISONED", "{err}");
@@ -37,42 +42,46 @@ fn injected_write_failure_poisons_the_writer_and_reopen_recovers() {
     assert!(log.close().is_err(), "close reports the poisoning");
     fail::remove("segment::write");
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
-    let r = &log.open_report().repairs;
-    assert_eq!((r.len(), r[0].bytes, r[0].seq), (1, 20, 3));
+    assert!(log.open_report().repairs.is_empty(), "nothing torn was left");
     assert_eq!(log.append(b"three again").unwrap().first_seq, 3);
     log.close().unwrap();
     let recs = records(d.path());
     assert_eq!(recs.iter().map(|r| r.1.as_slice()).collect::<Vec<_>>(), vec![&b"one"[..], b"two", b"three again"]);
 }
 
-/// Proves: a failed sync poisons the writer; the unacknowledged record's outcome is
-/// unknown (its bytes reached the page cache), and reopen recovers a consistent log.
+/// Proves (issue 23, item 5): a failed sync is cut back before anyone else can
+/// append — `NOT_COMMITTED`, and another reader of the log, while the poisoned
+/// writer is still open, sees none of it (before the fix the record sat in the
+/// page cache, where every reader and writer acted on it, while a power cut could
+/// still erase it). The writer stays poisoned until reopen, which finds a
+/// consistent log.
 #[test]
-fn injected_sync_failure_poisons_the_writer_and_reopen_recovers() {
+fn a_failed_sync_is_cut_back_before_anyone_can_read_it() {
     let d = tempfile::tempdir().unwrap();
     let _fp = fail::FailScenario::setup();
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     log.append(b"acknowledged").unwrap();
     fail::cfg("segment::fdatasync", "return").unwrap();
-    assert_eq!(log.append(b"unknown outcome").unwrap_err().code(), "IO_ERROR");
+    let err = log.append(b"never committed").unwrap_err();
+    assert_eq!(err.code(), "NOT_COMMITTED", "{err}");
+    assert_eq!(records(d.path()), vec![(1, b"acknowledged".to_vec())], "nobody else can see the failed group");
     assert_eq!(log.append(b"refused").unwrap_err().code(), "WRITER_POISONED");
     drop(log);
     fail::remove("segment::fdatasync");
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     assert!(log.open_report().repairs.is_empty());
-    let next = log.append(b"after reopen").unwrap().first_seq;
+    assert_eq!(log.append(b"after reopen").unwrap().first_seq, 2);
     log.close().unwrap();
     let recs = records(d.path());
-    assert_eq!(recs[0].1, b"acknowledged");
-    assert_eq!(recs.last().unwrap(), &(next, b"after reopen".to_vec()));
-    assert!(!recs.iter().any(|r| r.1 == b"refused"), "nothing after the poisoning is written");
+    assert_eq!(recs, vec![(1, b"acknowledged".to_vec()), (2, b"after reopen".to_vec())]);
 }
 
-/// Proves: raw appenders waiting on a group whose sync fails all hear it — the
-/// leader IO_ERROR, everyone else WRITER_POISONED — none is acknowledged, and
-/// nothing acknowledged before is lost. Eight threads append at once; each write
-/// pauses 50 ms (so that followers queue behind the leader's group) and every sync
-/// fails.
+/// Proves: raw appenders waiting on a group whose sync fails all hear that their
+/// records were not committed — `NOT_COMMITTED` (the group, and what was queued
+/// after it, cut back), or `WRITER_POISONED` for one that came after the failure
+/// — none is acknowledged, and the log holds exactly what it held before. Eight
+/// threads append at once; each write pauses 50 ms (so that followers queue behind
+/// the leader's group) and every sync fails.
 #[test]
 fn a_failed_sync_fails_every_raw_appender_waiting_on_it() {
     let d = tempfile::tempdir().unwrap();
@@ -94,21 +103,23 @@ fn a_failed_sync_fails_every_raw_appender_waiting_on_it() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(codes.iter().filter(|c| **c == "IO_ERROR").count(), 1, "{codes:?}");
-    assert_eq!(codes.iter().filter(|c| **c == "WRITER_POISONED").count(), 7, "{codes:?}");
+    assert!(codes.contains(&"NOT_COMMITTED"), "the leader's group was cut back: {codes:?}");
+    assert!(codes.iter().all(|c| ["NOT_COMMITTED", "WRITER_POISONED"].contains(c)), "{codes:?}");
+    assert_eq!(records(d.path()), vec![(1, b"acknowledged".to_vec())], "none of them is in the log");
     assert_eq!(log.append(b"later").unwrap_err().code(), "WRITER_POISONED");
     drop(log);
     fail::remove("segment::write");
     fail::remove("segment::fdatasync");
     let recs = records(d.path());
-    assert_eq!(recs[0], (1, b"acknowledged".to_vec()));
-    assert!(!recs.iter().any(|r| r.1 == b"later"), "nothing after the poisoning is written");
+    assert_eq!(recs, vec![(1, b"acknowledged".to_vec())]);
 }
 
 /// Proves: when the sync of a group fails, no transaction of it is acknowledged —
-/// neither the claim nor the refusals judged against it — every later call fails
-/// with WRITER_POISONED until reopen, and the reopened ledger works and holds every
-/// transaction acknowledged before the failure.
+/// neither the claim nor the refusals judged against it: each hears NOT_COMMITTED
+/// (or WRITER_POISONED, if it came after the failure) — a read-only view of the
+/// log sees none of them, every later call fails with WRITER_POISONED until
+/// reopen, and the reopened ledger works and holds every transaction acknowledged
+/// before the failure.
 #[test]
 fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
     let d = tempfile::tempdir().unwrap();
@@ -134,11 +145,14 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
     });
     for r in &results {
         match r {
-            Err(LedgerError::Storage(_)) => {}
+            Err(e @ LedgerError::Storage(_)) if ["NOT_COMMITTED", "WRITER_POISONED"].contains(&e.code()) => {}
             other => panic!("nothing judged on a failed sync may be answered: {other:?}"),
         }
     }
-    assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| e.code() == "WRITER_POISONED")));
+    assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| e.code() == "NOT_COMMITTED")));
+    let view = Ledger::read_only(d.path(), &LedgerOptions::default()).unwrap();
+    assert!(view.projection.subject("contested").is_none(), "the cut-back group is nowhere in the log");
+    assert_eq!(view.projection.last_seq, 5);
     let later = ledger.submit(None, claim("after", &owner)).unwrap_err();
     assert_eq!(later.code(), "WRITER_POISONED");
     assert_eq!(ledger.refresh().unwrap_err().code(), "WRITER_POISONED");
@@ -153,9 +167,12 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
     assert_eq!(c.seq, Some(p.last_seq + 1));
 }
 
-/// Proves: a failure creating the next segment (rotation) or syncing the directory
-/// after it poisons the writer; every record acknowledged before is there after a
-/// reopen, and appending continues.
+/// Proves: a failure creating the next segment (rotation) cuts the group back
+/// (`NOT_COMMITTED`) and poisons the writer; a reopen finds every acknowledged
+/// record and appending continues. A directory fsync that keeps failing fails the
+/// cut back too (it removes the half-made segment): the log is then halted
+/// (`SYNC_FAILED`) for every writer until `repair` cuts from the group's first
+/// record — after which every acknowledged record is there and appending goes on.
 #[test]
 fn failed_segment_creation_or_directory_sync_poisons_and_reopen_recovers() {
     for point in ["segment::create", "dir::fsync"] {
@@ -172,16 +189,27 @@ fn failed_segment_creation_or_directory_sync_poisons_and_reopen_recovers() {
             }
             assert!(acked.len() < 100, "{point}: the rotation never failed");
         };
-        assert_eq!(err.code(), "IO_ERROR", "{point}: {err}");
+        let want = if point == "segment::create" { "NOT_COMMITTED" } else { "SYNC_FAILED" };
+        assert_eq!(err.code(), want, "{point}: {err}");
         assert!(err.to_string().contains("injected"), "{err}");
         assert_eq!(log.append(b"later").unwrap_err().code(), "WRITER_POISONED");
         drop(log);
         fail::remove(point);
+        if point == "dir::fsync" {
+            assert!(d.path().join(fencelog::storage::SYNC_FAILED_FILE).exists());
+            let refused = Log::open(d.path(), opts.clone()).err().expect("halted");
+            assert_eq!(refused.code(), "SYNC_FAILED", "{refused}");
+            let seq = acked.len() as u64 + 1;
+            let r = fencelog::storage::repair(d.path(), seq, &opts).unwrap();
+            assert!(r.intact && r.last_seq == acked.len() as u64, "{r:?}");
+            assert!(!d.path().join(fencelog::storage::SYNC_FAILED_FILE).exists());
+        }
         let log = Log::open(d.path(), opts).unwrap();
         log.append(b"after").unwrap();
         drop(log);
         let got: Vec<Vec<u8>> = records(d.path()).into_iter().map(|(_, p)| p).collect();
         assert_eq!(&got[..acked.len()], &acked[..], "{point}: every acknowledged record");
+        assert_eq!(got.len(), acked.len() + 1, "{point}: nothing of the failed group");
         assert_eq!(got.last().unwrap(), b"after");
     }
 }
@@ -277,12 +305,13 @@ fn failed_snapshot_writes_cost_only_the_snapshot() {
 }
 
 /// Proves, through a real child process: a `fencelog` command whose sync fails
-/// (FAILPOINTS in its environment) exits 1 with IO_ERROR — its outcome unknown:
-/// the bytes may be in the page cache — and the request id resolves it: `request
-/// show` answers from the log, and a retry with the same id, without the failure,
-/// gets the one committed result (deduplicated) instead of claiming twice.
+/// (FAILPOINTS in its environment) exits 1 with NOT_COMMITTED (`retryable`
+/// evidence aside, the message says the group was cut back); `request show`
+/// answers "never committed" from the log; and a retry with the same id, without
+/// the failure, commits once (not a deduplicated copy of a record the page cache
+/// held, as before the fix).
 #[test]
-fn a_cli_command_whose_sync_fails_exits_1_and_its_request_id_resolves_the_outcome() {
+fn a_cli_command_whose_sync_fails_is_not_committed_and_a_retry_commits_once() {
     const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_str().unwrap();
@@ -291,15 +320,13 @@ fn a_cli_command_whose_sync_fails_exits_1_and_its_request_id_resolves_the_outcom
     let claim = ["claim", "--dir", dir, "--subject", "fp/a", "--pid", &pid, "--request-id", "r-1"];
     let out = Command::new(FENCELOG).args(claim).env("FAILPOINTS", "segment::fdatasync=return").output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((out.status.code(), v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
+    assert_eq!((out.status.code(), v["error"]["code"].as_str()), (Some(1), Some("NOT_COMMITTED")), "{v}");
     let out = Command::new(FENCELOG).args(["request", "show", "--dir", dir, "r-1"]).output().unwrap();
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert_eq!((out.status.code(), shown["status"].as_str()), (Some(0), Some("never_committed")), "{shown}");
     let out = Command::new(FENCELOG).args(claim).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(0), "{v}");
-    assert_eq!(v["seq"], 1, "{v}");
-    // The page cache kept the first attempt's record: the retry is that result.
-    assert_eq!((shown["status"].as_str(), v["deduplicated"].as_bool()), (Some("committed"), Some(true)), "{shown} {v}");
+    assert_eq!((v["seq"].as_u64(), v["deduplicated"].as_bool()), (Some(1), Some(false)), "{v}");
     assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
 }

@@ -139,6 +139,10 @@ pub fn problem_status(e: &OpError) -> StatusCode {
     match e {
         OpError::Refused(Refusal::UnknownProcess { .. } | Refusal::UnknownLease { .. }) => StatusCode::NOT_FOUND,
         OpError::Ledger(crate::ledger::LedgerError::Draining) => StatusCode::SERVICE_UNAVAILABLE,
+        // Known not to be in the log (a failed sync cut back): retry elsewhere.
+        OpError::Ledger(crate::ledger::LedgerError::Storage(crate::storage::Error::NotCommitted { .. })) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         e => match e.exit_code() {
             3 => StatusCode::CONFLICT,
             2 => StatusCode::BAD_REQUEST,
@@ -148,7 +152,10 @@ pub fn problem_status(e: &OpError) -> StatusCode {
 }
 
 fn op_problem(app: &App, e: &OpError) -> Response {
-    if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Storage(_))) && e.code() == "WRITER_POISONED" {
+    // The writer is poisoned after any of these: not ready until restarted.
+    if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Storage(_)))
+        && matches!(e.code(), "WRITER_POISONED" | "NOT_COMMITTED" | "SYNC_FAILED")
+    {
         app.broken.store(true, Ordering::SeqCst);
     }
     let status = problem_status(e);
@@ -159,6 +166,8 @@ fn op_problem(app: &App, e: &OpError) -> Response {
     let mut code = inner.remove("code").and_then(|c| c.as_str().map(str::to_owned)).unwrap_or_default();
     if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Draining)) {
         code = "NOT_COMMITTED".into();
+    }
+    if code == "NOT_COMMITTED" {
         inner.insert("retryable".into(), json!(true));
     }
     problem(status, &code, &detail, inner)

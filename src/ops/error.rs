@@ -137,7 +137,8 @@ impl OpError {
             OpError::Refused(r) => ErrorDetail::Refused { refusal: r.clone(), message },
             OpError::Ledger(LedgerError::Storage(e)) => {
                 let (segment, offset, seq) = match e {
-                    storage::Error::Corruption { segment, offset, seq, .. } => {
+                    storage::Error::Corruption { segment, offset, seq, .. }
+                    | storage::Error::SyncFailed { segment, offset, seq, .. } => {
                         (Some(segment.clone()), Some(*offset), Some(*seq))
                     }
                     _ => (None, None, None),

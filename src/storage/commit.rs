@@ -165,8 +165,10 @@ enum Signal {
     Durable(Option<ChainLink>),
     /// Another writer appended first: judge again.
     Retry,
-    /// The group failed; the engine is poisoned.
-    Failed(String),
+    /// The group failed; the engine is poisoned. What each waiter hears:
+    /// `WRITER_POISONED` with the cause, or `NOT_COMMITTED` when the failed group
+    /// was cut back (nothing of it, nor of what was queued after it, is in the log).
+    Failed(Error),
 }
 
 /// A waiting thread's own condition variable: the leader puts one signal in it and
@@ -369,10 +371,26 @@ impl<S> Core<S> {
     /// the log outside a group, e.g. a catch-up that failed half-way.)
     pub fn poison(&mut self, cause: String) {
         self.poisoned.get_or_insert(cause);
+        let cause = self.poisoned.clone().expect("just set");
+        self.fail_all(Error::Poisoned { cause });
+    }
+
+    /// Poison after a group that failed with `error`: when storage cut the group
+    /// back (`NOT_COMMITTED`), every waiter hears that — its records, in the group
+    /// or queued after it, were never appended and never will be — else it hears
+    /// `WRITER_POISONED`, its outcome unknown.
+    fn poison_after(&mut self, error: &Error) {
+        if self.poisoned.is_some() || !matches!(error, Error::NotCommitted { .. }) {
+            return self.poison(error.to_string());
+        }
+        self.poisoned = Some(error.to_string());
+        self.fail_all(error.clone());
+    }
+
+    fn fail_all(&mut self, error: Error) {
         self.queued.clear();
         self.last_seq = self.durable_seq;
-        let cause = self.poisoned.clone().expect("just set");
-        self.wake_all(Signal::Failed(cause));
+        self.wake_all(Signal::Failed(error));
     }
 }
 
@@ -845,7 +863,7 @@ impl<S> GroupCommit<S> {
                     Some(Signal::Durable(link)) => Some(Ok(Settled { answer, link })),
                     Some(Signal::Retry) => None,
                     // The leader hears what failed (an I/O error, say).
-                    Some(Signal::Failed(cause)) => Some(Err(error.unwrap_or_else(|| poisoned(cause)))),
+                    Some(Signal::Failed(e)) => Some(Err(error.unwrap_or(CommitError::Storage(e)))),
                     None => Some(Err(error
                         .unwrap_or_else(|| poisoned("the group ended without settling the leader's records".into())))),
                 }
@@ -982,7 +1000,7 @@ impl<S> GroupCommit<S> {
                         Err(e) => (e.to_string(), e),
                     };
                     tracing::error!(%cause, "a commit group did not become durable; the log is poisoned");
-                    core.poison(cause);
+                    core.poison_after(&error);
                     core.phase = Phase::Idle;
                     self.wake_phase();
                     // The leader reports what failed (an I/O error, say); the others
@@ -1018,7 +1036,7 @@ impl<S> GroupCommit<S> {
         match slot.take() {
             Signal::Durable(link) => Some(Ok(Settled { answer, link })),
             Signal::Retry => None,
-            Signal::Failed(cause) => Some(Err(CommitError::Storage(Error::Poisoned { cause }))),
+            Signal::Failed(e) => Some(Err(CommitError::Storage(e))),
         }
     }
 
@@ -1103,7 +1121,7 @@ impl<S> GroupCommit<S> {
                 notified.await;
                 continue;
             };
-            let failed = |cause| AsyncCommit::Done(Err(CommitError::Storage(Error::Poisoned { cause })));
+            let failed = |e| AsyncCommit::Done(Err(CommitError::Storage(e)));
             match rx.await {
                 Ok(Signal::Durable(link)) => return AsyncCommit::Done(Ok(Settled { answer, link })),
                 Ok(Signal::Retry) => {
@@ -1115,7 +1133,7 @@ impl<S> GroupCommit<S> {
                     }
                     tracing::debug!("judging again: another writer appended first");
                 }
-                Ok(Signal::Failed(cause)) => return failed(cause),
+                Ok(Signal::Failed(e)) => return failed(e),
                 Err(_) => return AsyncCommit::Done(Err(CommitError::Storage(Error::Closed))),
             }
         }
@@ -1182,7 +1200,7 @@ impl<S> GroupCommit<S> {
                 Ok(Signal::Retry) => {
                     Err(Error::Poisoned { cause: "another writer appended inside the exclusive section".into() })
                 }
-                Ok(Signal::Failed(cause)) => Err(Error::Poisoned { cause }),
+                Ok(Signal::Failed(e)) => Err(e),
                 Err(_) => Err(Error::Closed),
             });
         }

@@ -58,7 +58,11 @@ pub fn listing(dir: &Path) -> Result<Listing> {
             out.segments.push((seq, entry.path()));
         } else if raw.as_encoded_bytes().ends_with(SEGMENT_SUFFIX.as_bytes()) {
             out.odd_segment_names.push(name);
-        } else if name == LOCK_FILE || name == SERVE_TOKEN_FILE || is_trace_of_records(&name) {
+        } else if name == LOCK_FILE
+            || name == SERVE_TOKEN_FILE
+            || name == super::halt::SYNC_FAILED_FILE
+            || is_trace_of_records(&name)
+        {
             out.log_traces.push(name);
         } else if name == SNAPSHOT_DIR || name == PROCESS_DIR {
             // Created only in a log (snapshots/ right after the first segment): it

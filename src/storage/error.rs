@@ -44,6 +44,27 @@ pub enum Error {
     )]
     Poisoned { cause: String },
 
+    /// A commit group's write or sync failed, and the group was cut back (the
+    /// segment truncated to where the group began, and that made durable) before
+    /// anyone else could append: records `first_seq..=last_seq` were never
+    /// committed and never will be. Retrying is safe (after a reopen: the writer
+    /// is poisoned).
+    #[error(
+        "not committed: {cause}; the group (records {first_seq}..={last_seq}) was cut back before anyone else could          append, so none of it is in the log"
+    )]
+    NotCommitted { first_seq: u64, last_seq: u64, cause: String },
+
+    /// A commit group's write or sync failed and cutting it back failed too: its
+    /// bytes may sit in the page cache, where every other writer would act on them,
+    /// yet may not survive a power cut. The log is refused to every writer (and
+    /// every command that answers from it) until `fencelog repair` cuts from
+    /// `seq` — the file `SYNC_FAILED` in the log directory says where.
+    #[error(
+        "the sync of a commit group failed at {segment} byte {offset} (sequence {seq}) and it could not be cut back:          {detail}; the log is refused until `fencelog repair --dir {dir} --cut-from {seq}` cuts it",
+        dir = segment.parent().map_or_else(|| ".".into(), |d| d.display().to_string())
+    )]
+    SyncFailed { segment: PathBuf, offset: u64, seq: u64, detail: String },
+
     #[error("could not take the append lock on {path} within {waited_ms} ms{}", holder_text(*holder_pid))]
     LockTimeout { path: PathBuf, waited_ms: u64, holder_pid: Option<u32> },
 
@@ -72,6 +93,8 @@ impl Error {
             Error::EmptyBatch => "EMPTY_BATCH",
             Error::HeadMoved { .. } => "HEAD_MOVED",
             Error::Poisoned { .. } => "WRITER_POISONED",
+            Error::NotCommitted { .. } => "NOT_COMMITTED",
+            Error::SyncFailed { .. } => "SYNC_FAILED",
             Error::LockTimeout { .. } => "LOCK_TIMEOUT",
             Error::InvalidOption { .. } => "INVALID_OPTION",
             Error::Closed => "CLOSED",

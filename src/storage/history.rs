@@ -32,6 +32,9 @@ pub fn check_whole_history(dir: &Path, body_max: u32) -> Result<()> {
         found.refuse_lost_history(dir)?;
         return Err(Error::no_log_here(dir));
     }
+    // A commit group in doubt (its sync failed, it could not be cut back): no
+    // answer from a history that may hold records a power cut would take away.
+    super::halt::check(dir)?;
     check_history(dir, &found.segments, body_max)
 }
 

@@ -7,6 +7,7 @@ mod backend;
 pub(crate) mod commit;
 mod dir;
 mod error;
+mod halt;
 mod history;
 mod lock;
 mod options;
@@ -23,6 +24,7 @@ pub use dir::{
     listing, segment_path,
 };
 pub use error::{Error, Result};
+pub use halt::SYNC_FAILED_FILE;
 pub use history::check_whole_history;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use reader::{

@@ -116,6 +116,15 @@ pub fn scan_dir(
     let mut sum = ReadSummary { segments: segments.len(), chain_head: hex(&GENESIS_LINK), ..Default::default() };
     let mut cursor: Option<Cursor> = None;
     let mut stopped = false;
+    if let Some((segment, offset, seq)) = super::halt::halted_at(dir) {
+        let detail = format!(
+            "{}: the sync of the commit group from sequence {seq} failed and it could not be cut back; the records \
+             from there on may not be durable (writers refuse the log until `fencelog repair --cut-from {seq}`)",
+            super::halt::SYNC_FAILED_FILE
+        );
+        let p = problem("sync_failed", &segment, offset, seq, false, 0, detail);
+        report(&mut on, &mut sum, p, &mut stopped);
+    }
     for name in &found.odd_segment_names {
         let detail = "named like a segment but not a valid segment name (20 decimal digits of a u64, then .seg): \
                       a renamed or planted segment; not read"

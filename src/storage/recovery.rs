@@ -45,7 +45,7 @@ pub struct OpenReport {
 }
 
 /// The state a writer continues from.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct TailState {
     pub segment: PathBuf,
     pub segment_first_seq: u64,
@@ -223,6 +223,9 @@ pub(crate) fn create_segment(dir: &Path, cursor: &Cursor, version: u16) -> Resul
 
 /// Recover the directory for writing. The caller holds the append lock.
 pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenReport)> {
+    // A commit group whose sync failed and could not be cut back: refused until
+    // `repair` cuts it (its bytes may be in the page cache, not on the disk).
+    super::halt::check(dir)?;
     let body_max = opts.body_max();
     let bytes_max = opts.segment_file_bytes_max();
     let mut repairs = Vec::new();

@@ -64,7 +64,7 @@ pub struct RepairReport {
 /// damaged record or earlier (cutting after the damage would leave it in place).
 pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<RepairReport> {
     super::history::check_whole_history(dir, opts.body_max()).or_else(|e| match e {
-        Error::Corruption { .. } => Ok(()), // what repair is for
+        Error::Corruption { .. } | Error::SyncFailed { .. } => Ok(()), // what repair is for
         other => Err(other),
     })?;
     let lock = AppendLock::open(dir)?;
@@ -78,11 +78,30 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
             }
             true
         }
+        // Taken from the marker below (the scan reports it before any record).
+        ScanItem::Damage(p) if p.kind == "sync_failed" => true,
         ScanItem::Damage(p) => {
             damage = Some(p.clone());
             false
         }
     })?;
+    // A commit group whose sync failed and could not be cut back is damage there,
+    // however intact its bytes read from the page cache.
+    let halted = super::halt::halted_at(dir);
+    if let Some((segment, offset, seq)) = &halted
+        && damage.as_ref().is_none_or(|d| d.seq > *seq)
+    {
+        let detail = format!("the sync of the group from sequence {seq} failed and it was not cut back");
+        damage = Some(super::reader::Problem {
+            kind: "sync_failed".into(),
+            segment: segment.clone(),
+            offset: *offset,
+            seq: *seq,
+            torn_tail: false,
+            damaged_bytes: 0,
+            detail,
+        });
+    }
     let Some(damage) = damage else {
         return Err(Error::InvalidOption {
             detail: "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
@@ -145,6 +164,10 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         cuts.push(Cut { segment: segment.clone(), offset, bytes: tail.len() as u64, evidence });
     }
     sync_dir(dir)?;
+    if halted.is_some() {
+        // The records in doubt are cut (and that is durable): the log is whole again.
+        super::halt::clear(dir)?;
+    }
     // Snapshots of state that included the cut records describe a history the log
     // no longer has: set aside too (never adopted, never read as "records cut").
     let mut snapshots_set_aside = Vec::new();

@@ -469,6 +469,8 @@ impl Writer {
     /// segment, then any segments they created. Holding the lock, an incomplete
     /// frame at the end can only be a dead writer's torn write, so it is cut.
     fn catch_up(&mut self) -> Result<()> {
+        // A group another writer could not cut back: its bytes must not be adopted.
+        super::halt::check(&self.dir)?;
         let body_max = self.opts.body_max();
         loop {
             let path = self.tail.segment.clone();
@@ -610,7 +612,79 @@ impl Writer {
 
     /// Encode `payloads` as the next records, write them (rotating segments as
     /// needed) and sync; `links` gets the chain link of each record.
+    ///
+    /// If any step fails, the group is cut back before anyone else can append
+    /// (this writer holds the append lock): `NOT_COMMITTED`, and the log is as it
+    /// was before the group. Its bytes may be in the page cache, where another
+    /// writer's catch-up would adopt them (a takeover in force that a power cut can
+    /// still erase), so "outcome unknown" would not do. If the cut fails too, the
+    /// log is halted until `repair` (`halt.rs`).
     fn write_group(&mut self, payloads: &[Vec<u8>]) -> Result<Appended> {
+        let start = self.tail.clone();
+        match self.write_group_at(payloads) {
+            Ok(a) => Ok(a),
+            Err(e) => Err(self.cut_back(start, payloads.len() as u64, e)),
+        }
+    }
+
+    /// Put the log back where the group that failed with `cause` began (`start`):
+    /// remove the segments it created, cut the segment it began in to where it
+    /// began, and make that durable.
+    fn cut_back(&mut self, start: TailState, records: u64, cause: Error) -> Error {
+        let first_seq = start.cursor.next_seq;
+        let last_seq = first_seq + records.saturating_sub(1);
+        let cut = (|| -> Result<()> {
+            fail::fail_point!("segment::cut_back", |_| {
+                Err(Error::io("cut back", &start.segment)(std::io::Error::other("injected cut-back failure")))
+            });
+            // Under the lock, caught up: a segment after the one the group began in
+            // is one this group created.
+            let created: Vec<PathBuf> = super::dir::listing(&self.dir)?
+                .segments
+                .into_iter()
+                .filter(|(seq, _)| *seq > start.segment_first_seq)
+                .map(|(_, p)| p)
+                .collect();
+            for p in &created {
+                std::fs::remove_file(p).map_err(Error::io("remove", p))?;
+            }
+            if !created.is_empty() {
+                super::dir::sync_dir(&self.dir)?;
+            }
+            if created.is_empty() && self.tail.segment == start.segment {
+                // The last segment all along: readers read it into memory, never
+                // map it, so it is cut in place.
+                self.file.set_len(start.segment_len).map_err(Error::io("truncate", &start.segment))?;
+                self.file.sync_all().map_err(Error::io("fsync", &start.segment))?;
+            } else {
+                // Sealed meanwhile (a rotation in the group): a reader may have it
+                // mapped; a new file replaces it.
+                super::dir::rewrite_prefix(&start.segment, start.segment_len)?;
+                let max = self.opts.segment_file_bytes_max();
+                self.file = open_regular_rw(&start.segment, max, start.segment_first_seq)?.0;
+            }
+            let len = stat_file(&self.file).map_err(Error::io("stat", &start.segment))?.len;
+            assert_eq!(len, start.segment_len, "the segment ends where the failed group began");
+            Ok(())
+        })();
+        match cut {
+            Ok(()) => {
+                tracing::error!(error = %cause, first_seq, last_seq, segment = %start.segment.display(),
+                    "a commit group failed; it was cut back, nothing of it is in the log");
+                self.tail = TailState { alloc_len: start.segment_len, ..start };
+                Error::NotCommitted { first_seq, last_seq, cause: cause.to_string() }
+            }
+            Err(cut) => super::halt::halt(
+                &self.dir,
+                &start.segment,
+                start.segment_len,
+                first_seq,
+                format!("{cause}; cutting the group back failed: {cut}"),
+            ),
+        }
+    }
+
+    fn write_group_at(&mut self, payloads: &[Vec<u8>]) -> Result<Appended> {
         let now_ms = self.opts.now_ms();
         self.buf.clear();
         self.links.clear();

@@ -7,7 +7,7 @@
 //!
 //! usage: `fencelog-torture lock DIR WAIT_MS HOLD_MS`
 //! Takes the append lock of an existing log (waiting at most WAIT_MS), prints `HELD`
-//! and holds it for HOLD_MS; exits 3 printing `TIMEOUT <holder pid or ?>` if the lock
+//! and holds it for HOLD_MS (printing `WAITING` once another writer says it waits); exits 3 printing `TIMEOUT <holder pid or ?>` if the lock
 //! could not be had in time.
 //!
 //! usage: `fencelog-torture ledger DIR TAG THREADS OPS SUBJECTS`
@@ -95,10 +95,19 @@ fn hold_lock(args: &[String]) {
         std::process::exit(1);
     };
     let log = Log::open(dir, opts).unwrap_or_else(|e| timeout(e));
-    log.with_lock(|_| {
+    log.with_lock(|l| {
         println!("HELD");
         std::io::stdout().flush().unwrap();
-        std::thread::sleep(hold);
+        // Says once when another writer says it waits (a condition a test can wait on).
+        let (start, mut said) = (std::time::Instant::now(), false);
+        while start.elapsed() < hold {
+            if !said && fencelog::storage::Exclusive::others_waiting(l) {
+                println!("WAITING");
+                std::io::stdout().flush().unwrap();
+                said = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1).min(hold.saturating_sub(start.elapsed())));
+        }
     })
     .unwrap_or_else(|e| timeout(e));
 }

@@ -1005,3 +1005,65 @@ fn request_ids_are_printable_and_text_reports_escape_control_characters() {
         }
     }
 }
+
+/// The torture helper holding the append lock of `dir` until killed; returns it
+/// once it says `HELD`, with its stdout for the `WAITING` line.
+fn hold_the_lock(dir: &Path) -> (Child, BufReader<std::process::ChildStdout>) {
+    let torture = {
+        let exe = std::env::current_exe().unwrap();
+        exe.parent().and_then(Path::parent).unwrap().join("examples").join("fencelog-torture")
+    };
+    let mut holder = Command::new(torture)
+        .args(["lock", dir.to_str().unwrap(), "10000", "120000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "HELD");
+    (holder, out)
+}
+
+/// Proves (issue 23, item 6): the drain grace bounds every admitted request, also
+/// one still waiting for the append lock that another process holds. A claim is
+/// admitted while a CLI writer (the torture helper) holds the lock; once the claim
+/// waits for it (the holder sees it waiting) the daemon gets SIGTERM with a 300 ms
+/// grace. The claim is answered — while the holder still holds the lock, so not by
+/// a turn of it — 503 `NOT_COMMITTED`, `retryable`, and it never reaches the log:
+/// the cutover record lists it `not_committed`, and its subject is nobody's. Before
+/// the fix the claim waited for the lock (answered at 5.7 s with a 6 s holder) and
+/// then committed after the cutover had begun. When the holder lets go, the
+/// daemon records its cutover, releases its home and exits 0.
+#[test]
+fn a_request_waiting_for_another_processs_lock_is_withdrawn_at_the_grace() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &["--drain-grace-ms", "300"]);
+    let (mut holder, mut holder_out) = hold_the_lock(&dir);
+    let (url, token) = (d.url("/v1/claim"), d.token.clone());
+    let claim = std::thread::spawn(move || {
+        call(&url, "POST", Some(&token), Some(json!({"subject": "blocked"})), &[("Idempotency-Key", "waits-1")])
+    });
+    let mut line = String::new();
+    holder_out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "WAITING", "the claim waits for the lock");
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    let (s, e, hs) = claim.join().unwrap();
+    assert!(holder.try_wait().unwrap().is_none(), "answered while the lock is still held by another process");
+    assert_eq!((s, e["code"].as_str(), e["retryable"].as_bool()), (503, Some("NOT_COMMITTED"), Some(true)), "{e}");
+    assert_eq!(header(&hs, "retry-after"), Some("1"));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let mut d = d;
+    assert_eq!(d.child.wait().unwrap().code(), Some(0));
+    let shown = request_in_log(&dir, "waits-1");
+    assert_eq!(shown["status"], "never_committed", "{shown}");
+    let dump = Command::new(FENCELOG).args(["inspect", "dump", dir.to_str().unwrap(), "--json"]).output().unwrap();
+    let records: Vec<Value> =
+        String::from_utf8_lossy(&dump.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let cutover = records.iter().find(|r| r["kinds"] == json!(["cutover"])).expect("a cutover record");
+    let settled = &cutover["events"][0]["settled"];
+    assert_eq!((settled[0]["request"].as_str(), settled[0]["how"].as_str()), (Some("waits-1"), Some("not_committed")));
+    assert!(!records.iter().any(|r| r["subjects"].as_array().is_some_and(|s| s.contains(&json!("blocked")))));
+}

@@ -379,6 +379,7 @@ impl LogBackend for AlwaysOvertaken {
     }
     fn exclusive(
         &self,
+        _give_up: &dyn Fn() -> bool,
         f: &mut dyn FnMut(&mut dyn fencelog::storage::Exclusive) -> fencelog::storage::Result<()>,
     ) -> fencelog::storage::Result<()> {
         struct Plain<'a>(&'a AlwaysOvertaken);

@@ -1224,9 +1224,10 @@ impl Hooks<LedgerState> for Ledger {
 
     fn exclusive(
         &self,
+        give_up: &dyn Fn() -> bool,
         f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), storage::Error>,
     ) -> Result<(), storage::Error> {
-        self.backend.exclusive(f)
+        self.backend.exclusive(give_up, f)
     }
 
     fn catch_up(&self, core: &mut Inner, _x: &mut dyn Exclusive) -> Result<(), LedgerError> {

@@ -80,8 +80,10 @@ pub trait LogBackend: Send + Sync {
         Ok(())
     }
     /// Run `f` with exclusive appending where the backend offers it (the file
-    /// backend holds its cross-process lock, having caught up), else plainly.
-    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()>;
+    /// backend holds its cross-process lock, having caught up), else plainly. A
+    /// backend that must wait for it asks `give_up` while it waits, and gives up
+    /// with [`Error::Withdrawn`] (nothing run) when it says so.
+    fn exclusive(&self, give_up: &dyn Fn() -> bool, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()>;
     /// Store a snapshot body covering `seq` (chain link `head`).
     fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta>;
     /// The newest stored snapshots, newest first (each checked on its own), with a
@@ -170,8 +172,8 @@ impl LogBackend for FileBackend {
         outcome(self.log()?.append_if_head(expect_seq, payloads))
     }
 
-    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
-        self.log()?.with_lock(|l| f(l))?
+    fn exclusive(&self, give_up: &dyn Fn() -> bool, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
+        self.log()?.with_lock_or_give_up(give_up, |l| f(l))?
     }
 
     fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
@@ -322,7 +324,11 @@ impl LogBackend for MemoryBackend {
         Ok(AppendOutcome::Appended(Appended { first_seq, last_seq: cursor.next_seq - 1, chain_head: cursor.prev_link }))
     }
 
-    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
+    fn exclusive(
+        &self,
+        _give_up: &dyn Fn() -> bool,
+        f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>,
+    ) -> Result<()> {
         struct Plain<'a>(&'a MemoryBackend);
         impl Exclusive for Plain<'_> {
             fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {

@@ -117,7 +117,11 @@ pub trait Hooks<S> {
     type Error;
     /// Run `f` in the backend's exclusive section (the file backend: holding the
     /// cross-process append lock, after catching up with the files).
-    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>) -> Result<(), Error>;
+    fn exclusive(
+        &self,
+        give_up: &dyn Fn() -> bool,
+        f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>,
+    ) -> Result<(), Error>;
     /// In the exclusive section, before a group opens: bring the state up to the
     /// log's head (what other processes appended) and say where it is
     /// ([`Core::caught_up_to`]).
@@ -749,7 +753,7 @@ impl<S> GroupCommit<S> {
                 Phase::Idle if !blocked => {
                     core.phase = Phase::Starting;
                     drop(core);
-                    return self.lead_started(hooks, act);
+                    return self.lead_started(hooks, admission, act);
                 }
                 _ => {
                     #[cfg(test)]
@@ -772,6 +776,7 @@ impl<S> GroupCommit<S> {
     fn lead_started<H: Hooks<S>, T>(
         &self,
         hooks: &H,
+        admission: Admission,
         act: &mut Act<'_, S, T>,
     ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
         let (mut own, mut panicked, mut opened) = (None, None, false);
@@ -780,9 +785,19 @@ impl<S> GroupCommit<S> {
         let mut failed: Option<CommitError<H::Error>> = None;
         // A panic anywhere in the leader's turn (a hook, the backend) must not
         // leave the phase taken and the waiters asleep for ever.
+        // A drain that begins while this leader waits for the exclusive section
+        // (another process's turn of the lock) withdraws it: nothing of its turn
+        // has been judged, so nothing is, and the wait ends at once — a cutover's
+        // grace bounds every admitted request, not only those already judged.
+        let drained = || admission == Admission::Callers && self.lock().draining;
         let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            hooks.exclusive(&mut |x| {
+            hooks.exclusive(&drained, &mut |x| {
                 let mut core = self.lock();
+                if core.draining && admission == Admission::Callers {
+                    // Entered after the drain began: judge nothing.
+                    failed = Some(CommitError::Draining);
+                    return Ok(());
+                }
                 if let Err(e) = hooks.catch_up(&mut core, x) {
                     failed = Some(CommitError::Hook(e));
                     return Ok(());
@@ -827,6 +842,9 @@ impl<S> GroupCommit<S> {
             }
         };
         let error = match (entered, failed) {
+            // Withdrawn by the drain while it waited: the drain's answer, which
+            // those waiting for this turn hear from the drain itself.
+            (Err(Error::Withdrawn { .. }), _) => Some(CommitError::Draining),
             (Err(e), _) => {
                 if !opened {
                     // Those who waited for this turn hear why it never came.
@@ -1234,7 +1252,11 @@ mod tests {
 
     impl Hooks<()> for Fake {
         type Error = Error;
-        fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>) -> Result<(), Error> {
+        fn exclusive(
+            &self,
+            _give_up: &dyn Fn() -> bool,
+            f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>,
+        ) -> Result<(), Error> {
             self.entered.fetch_add(1, Ordering::SeqCst);
             drop(self.gate.lock().unwrap());
             match &self.fail_with {

@@ -68,6 +68,12 @@ pub enum Error {
     #[error("could not take the append lock on {path} within {waited_ms} ms{}", holder_text(*holder_pid))]
     LockTimeout { path: PathBuf, waited_ms: u64, holder_pid: Option<u32> },
 
+    /// A wait for the append lock given up because its caller said so (a cutover
+    /// withdrawing what has not been judged): nothing was written. The commit
+    /// engine answers it as its drain (`NOT_COMMITTED` at a daemon).
+    #[error("withdrawn after waiting {waited_ms} ms for the append lock; nothing was written")]
+    Withdrawn { waited_ms: u64 },
+
     #[error("invalid option: {detail}")]
     InvalidOption { detail: String },
 
@@ -97,6 +103,7 @@ impl Error {
             Error::SyncFailed { .. } => "SYNC_FAILED",
             Error::LockTimeout { .. } => "LOCK_TIMEOUT",
             Error::InvalidOption { .. } => "INVALID_OPTION",
+            Error::Withdrawn { .. } => "WITHDRAWN",
             Error::Closed => "CLOSED",
         }
     }

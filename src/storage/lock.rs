@@ -127,6 +127,14 @@ impl AppendLock {
     /// Take the lock within `wait_ms_max`: the directory, then `LOCK`, with one
     /// deadline for both.
     pub fn acquire(&self, wait_ms_max: u64) -> Result<Held<'_>> {
+        self.acquire_or_give_up(wait_ms_max, &|| false)
+    }
+
+    /// [`acquire`](Self::acquire), giving up (`WITHDRAWN`, nothing taken) as soon as
+    /// `give_up` says so while it waits — asked at least every
+    /// [`GIVE_UP_POLL_MS`] ms of a wait (a daemon's cutover withdraws a request
+    /// still waiting for another process's turn: its grace bounds that wait).
+    pub fn acquire_or_give_up(&self, wait_ms_max: u64, give_up: &dyn Fn() -> bool) -> Result<Held<'_>> {
         fail::fail_point!("lock::acquire", |_| {
             Err(Error::io("lock", &self.dir.path)(std::io::Error::other("injected lock failure")))
         });
@@ -153,14 +161,18 @@ impl AppendLock {
                 self.set_waiting(true);
             }
         };
-        let Acquired::Locked(dir) = self.dir.acquire(deadline, &mut contended)? else {
-            return Err(timeout(&self.dir));
+        let withdrawn = || Error::Withdrawn { waited_ms: start.elapsed().as_millis() as u64 };
+        let dir = match self.dir.acquire(deadline, &mut contended, give_up)? {
+            Acquired::Locked(dir) => dir,
+            Acquired::GaveUp => return Err(withdrawn()),
+            Acquired::Absent | Acquired::TimedOut => return Err(timeout(&self.dir)),
         };
         let mut held = Held { lock: self, dir: Some(dir), legacy: None };
-        match self.legacy.acquire(deadline, &mut contended)? {
+        match self.legacy.acquire(deadline, &mut contended, give_up)? {
             Acquired::Locked(f) => held.legacy = Some(f),
             Acquired::Absent => {} // a log being created: `LOCK` comes right after its first segment
             Acquired::TimedOut => return Err(timeout(&self.legacy)),
+            Acquired::GaveUp => return Err(withdrawn()),
         }
         drop(waiting);
         Ok(held)
@@ -172,7 +184,12 @@ enum Acquired {
     /// The target does not exist (only `LOCK` may be absent).
     Absent,
     TimedOut,
+    /// The caller's `give_up` said so while it waited.
+    GaveUp,
 }
+
+/// How often a wait for the lock asks its caller whether to give up.
+pub const GIVE_UP_POLL_MS: u64 = 5;
 
 impl Target {
     /// A fresh description, or `None` when `LOCK` does not exist (it is created
@@ -216,7 +233,7 @@ impl Target {
     /// the deadline passes first, the helper closes its description as soon as it
     /// wins, which releases a lock nobody else believes they hold.
     /// `contended` runs once the first try finds the lock taken.
-    fn acquire(&self, deadline: Instant, contended: &mut dyn FnMut()) -> Result<Acquired> {
+    fn acquire(&self, deadline: Instant, contended: &mut dyn FnMut(), give_up: &dyn Fn() -> bool) -> Result<Acquired> {
         let start = Instant::now();
         let spare = self.spare.lock().expect("spare").take();
         let Some(file) = spare.map_or_else(|| self.open_description(), |f| Ok(Some(f)))? else {
@@ -242,10 +259,16 @@ impl Target {
                 let _ = tx.send((got, file));
             })
             .map_err(Error::io("spawn lock waiter", &self.path))?;
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((Ok(()), file)) => Ok(Acquired::Locked(file)),
-            Ok((Err(e), _)) => Err(Error::io("lock", &self.path)(e)),
-            Err(_) => Ok(Acquired::TimedOut),
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(GIVE_UP_POLL_MS))) {
+                Ok((Ok(()), file)) => return Ok(Acquired::Locked(file)),
+                Ok((Err(e), _)) => return Err(Error::io("lock", &self.path)(e)),
+                // Dropping `rx` makes the helper close its description when it wins.
+                Err(mpsc::RecvTimeoutError::Timeout) if give_up() => return Ok(Acquired::GaveUp),
+                Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {}
+                Err(_) => return Ok(Acquired::TimedOut),
+            }
         }
     }
 

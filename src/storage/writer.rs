@@ -217,7 +217,17 @@ impl Log {
     /// log, validates and then appends through [`Locked::append_if_head`] is never
     /// overtaken. The ledger's transactions run this way.
     pub fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
-        self.inner.with_lock(f)
+        self.inner.with_lock(&|| false, f)
+    }
+
+    /// [`with_lock`](Self::with_lock), giving up the wait for the lock
+    /// (`WITHDRAWN`, `f` not run) once `give_up` says so.
+    pub fn with_lock_or_give_up<R>(
+        &self,
+        give_up: &dyn Fn() -> bool,
+        f: impl FnOnce(&mut Locked<'_>) -> R,
+    ) -> Result<R> {
+        self.inner.with_lock(give_up, f)
     }
 
     /// Close the log: no append is admitted any more (an async append whose
@@ -253,7 +263,7 @@ impl LogInner {
         self.shared.poison_check()
     }
 
-    fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
+    fn with_lock<R>(&self, give_up: &dyn Fn() -> bool, f: impl FnOnce(&mut Locked<'_>) -> R) -> Result<R> {
         self.shared.poison_check()?;
         let mut w = match self.writer.lock() {
             Ok(w) => w,
@@ -267,7 +277,7 @@ impl LogInner {
             }
         };
         let lock = Arc::clone(&w.lock);
-        let _held = lock.acquire(w.opts.lock_wait_ms_max)?;
+        let _held = lock.acquire_or_give_up(w.opts.lock_wait_ms_max, give_up)?;
         if let Err(e) = w.catch_up() {
             w.poison(&e);
             return Err(e);
@@ -324,8 +334,8 @@ fn raw_error(e: CommitError<Error>) -> Error {
 impl Hooks<()> for LogInner {
     type Error = Error;
 
-    fn exclusive(&self, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
-        self.with_lock(|l| f(l))?
+    fn exclusive(&self, give_up: &dyn Fn() -> bool, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()> {
+        self.with_lock(give_up, |l| f(l))?
     }
 
     /// `with_lock` has caught the tail up and noted its head.

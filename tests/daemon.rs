@@ -1067,3 +1067,43 @@ fn a_request_waiting_for_another_processs_lock_is_withdrawn_at_the_grace() {
     assert_eq!((settled[0]["request"].as_str(), settled[0]["how"].as_str()), (Some("waits-1"), Some("not_committed")));
     assert!(!records.iter().any(|r| r["subjects"].as_array().is_some_and(|s| s.contains(&json!("blocked")))));
 }
+
+/// Proves (issue 23, item 7): the daemon's `GET /v1/processes/{id}` and `POST
+/// /v1/processes/{id}/wait` of a process whose runner and command were both
+/// killed (-9, no exit record) answer `completed_unknown` — recorded once, after a
+/// short grace for the exit record — instead of `running` until a `recover`.
+#[test]
+fn the_daemon_settles_a_process_whose_runner_and_command_are_gone() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let (s, run) = d.post("/v1/run", json!({"command": ["sleep", "300"], "wait_ms": 0}));
+    assert_eq!(s, 200, "{run}");
+    let id = run["id"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let (_, v) = d.get(&format!("/v1/processes/{id}"));
+        if v["status"] == "running" {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "never started: {v}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (runner, pid) = (v["runner_pid"].as_i64().unwrap() as i32, v["pid"].as_i64().unwrap() as i32);
+    unsafe { libc::kill(runner, libc::SIGKILL) };
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fencelog::ledger::identity::start_ticks(runner as u32).is_some()
+        || fencelog::ledger::identity::start_ticks(pid as u32).is_some()
+    {
+        assert!(Instant::now() < deadline, "the runner or the command survived kill -9");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (s, v) = d.get(&format!("/v1/processes/{id}"));
+    assert_eq!((s, v["status"].as_str()), (200, Some("completed_unknown")), "{v}");
+    let (s, w) = d.post(&format!("/v1/processes/{id}/wait"), json!({"timeout_ms": 60000}));
+    assert_eq!(
+        (s, w["status"].as_str(), w["end_code"].as_str()),
+        (200, Some("completed_unknown"), Some("process_dead"))
+    );
+    assert_eq!(d.term(), Some(0));
+}

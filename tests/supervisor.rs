@@ -1241,3 +1241,43 @@ fn a_run_with_an_environment_too_large_for_any_runner_fails_on_record() {
     assert!(matches!(&ended.end, ProcessEnd::Failed { code, .. } if code == "SPAWN_FAILED"), "{ended:?}");
     assert!(!marker.exists(), "nothing ran");
 }
+
+/// Proves (issue 23, item 7; seed 004's `waitForProcess` and its receipt grace):
+/// `process wait` of a process whose runner and command are both dead (kill -9 of
+/// each, no exit record) settles it — after a short grace for the exit record —
+/// as `completed_unknown` with the runner's failed identity check as its end code
+/// (never `failed` by guess, never run again), and answers that; before the fix
+/// it waited out its whole timeout and answered `running`, and only `recover`
+/// settled it. A process whose command still runs is left running.
+#[test]
+fn process_wait_settles_a_process_whose_runner_and_command_are_gone() {
+    let (t, dir) = new_log();
+    let marker = t.path().join("marker");
+    let (code, v) =
+        run(&dir, &["--wait-ms", "0"], &["sh", "-c", &format!("echo ran >> {}; sleep 300", marker.display())]);
+    assert_eq!(code, 0, "{v}");
+    let v = until(&dir, 1, "running", |v| v["status"] == "running");
+    let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
+    kill9(runner);
+    wait_gone(runner);
+    // Its command still runs: a short wait is answered `running`, nothing recorded.
+    let (code, w) = fl(&dir, &["process", "wait", "1", "--timeout-ms", "50"]);
+    assert_eq!((code, w["status"].as_str()), (0, Some("running")), "{w}");
+    fencelog::supervisor::runner::signal_group(pid, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !group_members(pid).is_empty() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, w) = fl(&dir, &["process", "wait", "1", "--timeout-ms", "600000"]);
+    assert_eq!(code, 0, "{w}");
+    assert_eq!(
+        (w["status"].as_str(), w["end_code"].as_str()),
+        (Some("completed_unknown"), Some("process_dead")),
+        "{w}"
+    );
+    assert_eq!(show(&dir, 1)["status"], "completed_unknown", "it is on record");
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["completed_unknown"].clone()), (0, serde_json::json!([])), "nothing left to settle: {r}");
+    assert_eq!(lines(&marker), 1, "never run again");
+}

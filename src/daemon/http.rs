@@ -644,7 +644,7 @@ async fn processes(State(app): State<Arc<App>>, Query(q): Query<ProcessFilter>) 
 }
 
 async fn process_show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
-    read(app, move |app| to_value(app.ledger.refresh_with(|p| supervisor::show(p, id))?)).await
+    read(app, move |app| to_value(supervisor::show_settled(&app.ledger, id))).await
 }
 
 #[derive(Deserialize, Default)]

@@ -507,7 +507,12 @@ fn wait_for_runner(
     let deadline = started + Duration::from_millis(wait_ms);
     let mut nap = Duration::from_micros(250);
     loop {
-        let p = find(ledger, process)?;
+        let mut p = find(ledger, process)?;
+        if !done(&p) && orphaned(&p).is_some() {
+            // Its runner and its command are both gone: no exit record will come
+            // after a short grace; settled as `recover` would, never waited out.
+            p = settle_orphan(ledger, p)?;
+        }
         let now = Instant::now();
         if done(&p) || now >= deadline {
             return Ok(p);
@@ -524,6 +529,54 @@ fn wait_for_runner(
         let cap = if started.elapsed() < QUICK_COMMAND_MS { WAIT_NAP_QUICK } else { WAIT_NAP_MAX };
         nap = (nap * 3 / 2).min(cap);
     }
+}
+
+/// How long a wait (or the daemon's `process show`) gives a gone runner's exit
+/// record to appear before it records `completed_unknown` — the seed runtimes'
+/// `PROCESS_RECOVERY_RECEIPT_GRACE_MS`. A runner makes its exit record durable
+/// before it exits, so on one host the record is there already; the grace is for
+/// a reader that looked between the two.
+pub const EXIT_RECORD_GRACE_MS: u64 = 500;
+
+/// How often the grace looks again.
+const EXIT_RECORD_POLL_MS: u64 = 25;
+
+/// Why `p` can only have ended unseen: started, not ended, its runner provably
+/// dead (the code of its failed identity check), and nothing of its command still
+/// running. `None` otherwise (not started, ended, or a runner or command alive).
+fn orphaned(p: &Process) -> Option<&'static str> {
+    if p.ended.is_some() {
+        return None;
+    }
+    runner_dead(p).filter(|_| !command_group_alive(p))
+}
+
+/// Settle an orphaned process (see [`orphaned`]): wait at most
+/// [`EXIT_RECORD_GRACE_MS`] for its runner's exit record, then record
+/// `completed_unknown` — never a guessed failure, never a second run — exactly as
+/// `fencelog recover` would (the state machine refuses it if the exit record came
+/// meanwhile: that record stands). Returns the process as the log now has it.
+pub fn settle_orphan(ledger: &Ledger, mut p: Process) -> Result<Process, OpError> {
+    let grace_end = Instant::now() + Duration::from_millis(EXIT_RECORD_GRACE_MS);
+    while Instant::now() < grace_end {
+        std::thread::sleep(Duration::from_millis(EXIT_RECORD_POLL_MS));
+        p = find(ledger, p.id)?;
+        if orphaned(&p).is_none() {
+            return Ok(p);
+        }
+    }
+    let Some(reason) = orphaned(&p) else { return Ok(p) };
+    tracing::warn!(process = p.id, reason, "runner and command gone without an exit record: completed_unknown");
+    end_unknown(ledger, p.id, reason)?;
+    find(ledger, p.id)
+}
+
+/// `process show` at a writer (the daemon): the process, settled first if its
+/// runner and command are both gone ([`settle_orphan`]).
+pub fn show_settled(ledger: &Ledger, process: u64) -> Result<ProcessView, OpError> {
+    let p = find(ledger, process)?;
+    let p = if orphaned(&p).is_some() { settle_orphan(ledger, p)? } else { p };
+    Ok(ProcessView::of(&p, false))
 }
 
 /// `process show`.

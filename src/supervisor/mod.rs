@@ -661,65 +661,158 @@ pub fn recorded_output(p: &Process, stream: Stream) -> Option<(u64, [u8; 32])> {
 }
 
 /// `process logs`: the kept output of `stream` from byte `from` on (at most
-/// [`OUTPUT_BYTES_MAX_LIMIT`] bytes, more than any stream keeps). Nothing before a
-/// runner started the process (a file under its name then is not its own; in the
-/// moment between the start and the runner creating its files, which sets aside
-/// whatever had the names, an older file can still be read — the ended process's
-/// count and digest below keep it from passing for this one's). Once
-/// the exit is on record, exactly the bytes the record says were kept: an empty
-/// stream's file is never synced, so after a crash it may be missing, or an older
-/// file of that name may be back in its place; neither shows. A file that holds
-/// fewer bytes than the record says were kept (and synced), or whose bytes read
-/// from the start do not match the record's digest, is damage: `IO_ERROR` saying
-/// which. Before the exit (or after a runner that recorded none), whatever the
-/// file holds so far.
+/// [`OUTPUT_BYTES_MAX_LIMIT`] bytes, more than any stream keeps), in memory: what
+/// [`stream_output`] gives, collected (the CLI's follow reads what is new this way).
 pub fn read_output(dir: &Path, p: &Process, stream: Stream, from: u64) -> Result<Vec<u8>, OpError> {
-    use std::io::{Read, Seek, SeekFrom};
-    if p.started.is_none() {
-        return Ok(Vec::new());
-    }
-    let recorded = recorded_output(p, stream);
-    let want =
-        recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |(kept, _)| kept.saturating_sub(from).min(OUTPUT_BYTES_MAX_LIMIT));
-    if want == 0 {
-        return Ok(Vec::new());
-    }
-    let path = output_path(dir, p.id, stream);
-    // Named below the log directory, never by its absolute path (the daemon
-    // returns this to clients).
-    let name = format!("{PROCESS_DIR}/{}/{}", p.id, stream.file_name());
-    let io = |e: std::io::Error| OpError::Io { message: format!("process {} output {name}: {e}", p.id) };
     let mut buf = Vec::new();
-    let mut file_len = 0;
-    match std::fs::File::open(&path) {
-        Ok(mut f) => {
-            file_len = f.metadata().map_err(io)?.len();
-            f.seek(SeekFrom::Start(from)).map_err(io)?;
-            f.take(want).read_to_end(&mut buf).map_err(io)?;
-        }
-        // Missing: nothing yet, or (with kept bytes on record) the shortfall below.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    if let Some((kept, digest)) = recorded {
-        if (buf.len() as u64) < want {
-            return Err(OpError::Io {
-                message: format!(
-                    "process {}'s exit record says {kept} bytes were kept, the file {name} holds {file_len}",
-                    p.id
-                ),
-            });
-        }
-        if from == 0 && buf.len() as u64 == kept && *blake3::hash(&buf).as_bytes() != digest {
-            return Err(OpError::Io {
-                message: format!(
-                    "process {}: the {kept} bytes in {name} are not the ones its exit record kept (blake3 differs)",
-                    p.id
-                ),
-            });
-        }
-    }
+    stream_output(dir, p, stream, from, |chunk| {
+        buf.extend_from_slice(chunk);
+        Ok(())
+    })?;
     Ok(buf)
+}
+
+/// Largest piece of a process's output read (and handed on) at once: what one
+/// reader of a 64 MiB output holds in memory, not the output.
+pub const OUTPUT_CHUNK_BYTES: usize = 64 << 10;
+
+/// The kept output of `stream` from byte `from` on, handed to `sink` in pieces of
+/// at most [`OUTPUT_CHUNK_BYTES`] (at most [`OUTPUT_BYTES_MAX_LIMIT`] bytes in all);
+/// returns how many bytes it handed on.
+///
+/// Nothing before a runner started the process (a file under its name then is not
+/// its own; in the moment between the start and the runner creating its files,
+/// which sets aside whatever had the names, an older file can still be read — the
+/// ended process's count and digest below keep it from passing for this one's).
+/// Once the exit is on record, exactly the bytes the record says were kept: an
+/// empty stream's file is never synced, so after a crash it may be missing, or an
+/// older file of that name may be back in its place; neither shows. A file that
+/// holds fewer bytes than the record says were kept (and synced), or whose bytes
+/// read from the start do not match the record's digest, is damage: `IO_ERROR`
+/// saying which — found by a first pass over the file (in pieces, hashing) before
+/// `sink` sees a byte, and checked again on the bytes handed on. Before the exit
+/// (or after a runner that recorded none), whatever the file holds so far.
+pub fn stream_output(
+    dir: &Path,
+    p: &Process,
+    stream: Stream,
+    from: u64,
+    mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> Result<u64, OpError> {
+    let Some(mut out) = OutputFile::open(dir, p, stream, from)? else { return Ok(0) };
+    if out.checks_digest() {
+        // The whole kept range, hashed before anything is handed on.
+        out.pass(|_| Ok(()))?;
+        out.rewind()?;
+    }
+    out.pass(|chunk| sink(chunk))
+}
+
+/// A process's kept output, opened to be read in pieces (see [`stream_output`]).
+struct OutputFile {
+    file: Option<std::fs::File>,
+    process: u64,
+    /// Below the log directory, never the absolute path (the daemon returns it).
+    name: String,
+    from: u64,
+    /// Bytes to read: what the record kept from `from` on, or the limit.
+    want: u64,
+    file_len: u64,
+    recorded: Option<(u64, [u8; 32])>,
+}
+
+impl OutputFile {
+    fn open(dir: &Path, p: &Process, stream: Stream, from: u64) -> Result<Option<OutputFile>, OpError> {
+        if p.started.is_none() {
+            return Ok(None);
+        }
+        let recorded = recorded_output(p, stream);
+        let want =
+            recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |(kept, _)| kept.saturating_sub(from).min(OUTPUT_BYTES_MAX_LIMIT));
+        if want == 0 {
+            return Ok(None);
+        }
+        let name = format!("{PROCESS_DIR}/{}/{}", p.id, stream.file_name());
+        let mut out = OutputFile { file: None, process: p.id, name, from, want, file_len: 0, recorded };
+        match std::fs::File::open(output_path(dir, p.id, stream)) {
+            Ok(f) => {
+                out.file_len = f.metadata().map_err(|e| out.io(e))?.len();
+                out.file = Some(f);
+            }
+            // Missing: nothing yet, or (with kept bytes on record) the shortfall below.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(out.io(e)),
+        }
+        if let Some((kept, _)) = recorded
+            && out.file_len < from + want
+        {
+            return Err(OpError::Io {
+                message: format!(
+                    "process {}'s exit record says {kept} bytes were kept, the file {} holds {}",
+                    p.id, out.name, out.file_len
+                ),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    fn io(&self, e: std::io::Error) -> OpError {
+        OpError::Io { message: format!("process {} output {}: {e}", self.process, self.name) }
+    }
+
+    /// Read from the start of the whole kept range: its digest is checked.
+    fn checks_digest(&self) -> bool {
+        self.from == 0 && self.recorded.is_some_and(|(kept, _)| kept == self.want)
+    }
+
+    fn rewind(&mut self) -> Result<(), OpError> {
+        use std::io::{Seek, SeekFrom};
+        let Some(f) = self.file.as_mut() else { return Ok(()) };
+        f.seek(SeekFrom::Start(0)).map(drop).map_err(|e| OpError::Io { message: e.to_string() })
+    }
+
+    /// One pass over the range, in pieces: count, hash, hand on. With a record,
+    /// a short read or other bytes than it kept are `IO_ERROR`.
+    fn pass(&mut self, mut sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<u64, OpError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Some(f) = self.file.as_mut() else { return Ok(0) };
+        let (process, name) = (self.process, self.name.clone());
+        let io = |e: std::io::Error| OpError::Io { message: format!("process {process} output {name}: {e}") };
+        f.seek(SeekFrom::Start(self.from)).map_err(io)?;
+        let mut reader = f.take(self.want);
+        let mut chunk = vec![0u8; OUTPUT_CHUNK_BYTES.min(self.want as usize)];
+        let (mut got, mut hasher) = (0u64, blake3::Hasher::new());
+        loop {
+            let n = match reader.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(e)),
+            };
+            hasher.update(&chunk[..n]);
+            got += n as u64;
+            sink(&chunk[..n]).map_err(io)?;
+        }
+        if let Some((kept, digest)) = self.recorded {
+            if got < self.want {
+                return Err(OpError::Io {
+                    message: format!(
+                        "process {process}'s exit record says {kept} bytes were kept, the file {name} holds {}",
+                        self.from + got
+                    ),
+                });
+            }
+            if self.checks_digest() && *hasher.finalize().as_bytes() != digest {
+                return Err(OpError::Io {
+                    message: format!(
+                        "process {process}: the {kept} bytes in {name} are not the ones its exit record kept (blake3 \
+                         differs)"
+                    ),
+                });
+            }
+        }
+        Ok(got)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

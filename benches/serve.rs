@@ -10,6 +10,7 @@
 //!   cargo bench --bench serve -- --quick --json    # short run, one JSON object
 //!   cargo bench --bench serve -- --rss-only        # the resident-memory figure alone
 //!   cargo bench --bench serve -- --clients 64 --no-etcd   # one row, fencelog alone, no RSS
+//!   cargo bench --bench serve -- --reads [--fencelog-a OLD/fencelog]  # what reads cost (issue 23)
 //!
 //! Without etcd the bench says so and reports fencelog alone. Files live under
 //! $FENCELOG_BENCH_DIR (default target/bench-tmp).
@@ -414,10 +415,146 @@ fn start_etcd(dir: &Path) -> Result<(Etcd, String), String> {
     Ok((Etcd { pid: v["pid"].as_u64().unwrap_or(0) as u32 }, v["endpoint"].as_str().unwrap_or("").to_owned()))
 }
 
+fn start_daemon_with(bin: &Path, dir: &Path) -> Daemon {
+    let mut child = Command::new(bin)
+        .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(line.trim()).expect("ready line");
+    let token = std::fs::read_to_string(dir.join("serve.token")).unwrap();
+    Daemon {
+        child,
+        url: format!("http://{}", ready["listening"].as_str().unwrap()),
+        auth: format!("Bearer {}", token.trim()),
+    }
+}
+
+/// A log like the one issue 23 measured reads on: 8,000 subjects, then heartbeats
+/// with request ids up to 65,000 records — written through the embedded ledger
+/// (8 threads share its syncs), before any daemon starts.
+fn populate_for_reads(dir: &Path, subjects: u64, records: u64) {
+    use fencelog::ledger::{Ledger, LedgerOptions, identity, intent_digest};
+    use fencelog::model::{Event, Txn};
+    let ledger = Ledger::open(dir, LedgerOptions::default()).expect("ledger");
+    let me = identity::probe(std::process::id(), uuid::Uuid::new_v4()).expect("own identity");
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (ledger, me) = (&ledger, &me);
+            s.spawn(move || {
+                for i in (t..records).step_by(8) {
+                    let subject = format!("r/{}", i % subjects);
+                    let id = format!("pre-{i}");
+                    let event = if i < subjects {
+                        Event::Claim {
+                            subject,
+                            owner: me.clone(),
+                            stale_after_ms: 3_600_000,
+                            lock: None,
+                            previous: None,
+                        }
+                    } else {
+                        Event::Heartbeat { subject, generation: 1 }
+                    };
+                    ledger
+                        .submit(Some((id.clone(), intent_digest(&id))), |_, t, w| {
+                            Ok(Txn::new(t, w, vec![event.clone()]))
+                        })
+                        .expect("populate");
+                }
+            });
+        }
+    });
+}
+
+/// p50 (µs) of `n` sequential GETs of `path`.
+fn get_p50_us(d: &Daemon, path: &str, n: usize) -> f64 {
+    let a = agent();
+    let url = format!("{}{path}", d.url);
+    let mut lat: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            let r = a.get(&url).header("Authorization", &d.auth).call().expect("GET");
+            assert_eq!(r.status().as_u16(), 200, "{path}");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    lat[lat.len() / 2]
+}
+
+/// Issue 23, item 12: what reads cost, and what they cost writers. For each
+/// daemon binary (`--fencelog-a PATH`, the code before, and this build), in one
+/// run, on the same kind of log: p50 of `GET /v1/head` and `GET
+/// /v1/requests/{id}`, and one client's heartbeat p50 alone and beside four loops
+/// of `GET /v1/head`.
+fn reads_bench(root: &Path, bins: &[(String, PathBuf)], quick: bool) -> Value {
+    let (subjects, records) = (8_000, if quick { 20_000 } else { 65_000 });
+    let run_for = Duration::from_millis(if quick { 2000 } else { 5000 });
+    let mut out = serde_json::Map::new();
+    out.insert("subjects".into(), json!(subjects));
+    out.insert("records".into(), json!(records));
+    for (name, bin) in bins {
+        let tmp = tempfile::Builder::new().prefix("reads").tempdir_in(root).unwrap();
+        let dir = tmp.path().join("log");
+        populate_for_reads(&dir, subjects, records);
+        let d = start_daemon_with(bin, &dir);
+        let head_p50 = get_p50_us(&d, "/v1/head", 200);
+        let request_p50 = get_p50_us(&d, "/v1/requests/pre-1234", 200);
+        let alone = fencelog_heartbeats(&d, 1, run_for, 0);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let loops: Vec<_> = (0..4)
+            .map(|_| {
+                let (url, auth, stop) = (format!("{}/v1/head", d.url), d.auth.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let a = agent();
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = a.get(&url).header("Authorization", &auth).call();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let beside = fencelog_heartbeats(&d, 1, run_for, 1);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads: u64 = loops.into_iter().map(|t| t.join().unwrap()).sum();
+        let row = json!({
+            "binary": bin.display().to_string(),
+            "get_head_p50_us": head_p50.round(),
+            "get_request_p50_us": request_p50.round(),
+            "heartbeat_alone": alone.json(),
+            "heartbeat_beside_4_head_loops": beside.json(),
+            "head_reads_per_s": (reads as f64 / run_for.as_secs_f64()).round(),
+        });
+        eprintln!("reads, {name}: {row}");
+        out.insert(name.clone(), row);
+    }
+    Value::Object(out)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    if args.iter().any(|a| a == "--reads") {
+        let root =
+            std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+        std::fs::create_dir_all(&root).unwrap();
+        let root = std::path::absolute(root).unwrap();
+        let mut bins = vec![];
+        if let Some(a) = args.iter().position(|a| a == "--fencelog-a").and_then(|i| args.get(i + 1)) {
+            bins.push(("a".to_owned(), PathBuf::from(a)));
+        }
+        bins.push(("this_build".to_owned(), PathBuf::from(FENCELOG)));
+        let out = reads_bench(&root, &bins, quick);
+        println!("{}", if as_json { out.to_string() } else { serde_json::to_string_pretty(&out).unwrap() });
+        return;
+    }
     // Only the resident-memory figure (no throughput rounds, no etcd).
     let rss_only = args.iter().any(|a| a == "--rss-only");
     // `--clients 1,64`: only these rows; `--no-etcd`: fencelog alone (both for

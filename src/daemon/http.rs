@@ -752,7 +752,11 @@ async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q)
 const LOGS_CHUNKS_IN_FLIGHT: usize = 4;
 
 async fn request_show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    read(app, move |app| to_value(ops::request_show(&app.ledger.view()?, &id))).await
+    read(app, move |app| {
+        let status = app.ledger.request_status(&id)?;
+        to_value(Ok::<_, OpError>(ops::RequestShowResponse { status, torn_tail: false }))
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -762,16 +766,18 @@ struct StateQuery {
 
 async fn state(State(app): State<Arc<App>>, Query(q): Query<StateQuery>) -> Response {
     read(app, move |app| {
-        let view = app.ledger.view()?;
-        to_value(ops::state(&view, q.subject.as_deref(), crate::storage::LogOptions::default().now_ms()))
+        let now_ms = crate::storage::LogOptions::default().now_ms();
+        // Built under the commit engine's lock straight from the state (no copy of
+        // it first): one subject is a lookup; the whole state costs what it holds.
+        to_value(app.ledger.refresh_with_head(|p, h| ops::state_of(p, h, false, q.subject.as_deref(), now_ms))?)
     })
     .await
 }
 
 async fn head(State(app): State<Arc<App>>) -> Response {
     read(app, move |app| {
-        let view = app.ledger.view()?;
-        Ok(json!({"seq": view.projection.last_seq, "chain_head": crate::format::hex(&view.head)}))
+        let (seq, link) = app.ledger.head()?;
+        Ok(json!({"seq": seq, "chain_head": crate::format::hex(&link)}))
     })
     .await
 }

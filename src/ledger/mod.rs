@@ -663,10 +663,37 @@ impl Ledger {
         self.queue(inner, &txn, None).map(|_| ())
     }
 
-    /// "Committed at N" or "never committed": always answerable after the fact.
+    /// "Committed at N" or "never committed": always answerable after the fact. A
+    /// lookup under the commit engine's lock (never a copy of the state: a client
+    /// reconciling a thousand request ids holds writers up for a thousand
+    /// lookups, not a thousand copies); only an id older than the requests the
+    /// state remembers is looked for in the log, off the lock.
     pub fn request_status(&self, id: &str) -> Result<RequestStatus, LedgerError> {
-        let p = self.refresh()?;
-        request_status_in(&*self.backend, &p, id)
+        let (found, last_seq, forgotten) = self.refresh_with(|p| {
+            let found = p.requests.get(id).map(|e| (e.seq, e.outcomes.clone()));
+            (found, p.last_seq, p.requests.len() >= REQUESTS_RETAINED)
+        })?;
+        if let Some((seq, outcomes)) = found {
+            return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes });
+        }
+        if forgotten && let Some(seq) = request_in_log(&*self.backend, id)? {
+            return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
+        }
+        Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: last_seq })
+    }
+
+    /// Catch up with other writers, then look at the projection and its chain head
+    /// through `f` (no copy).
+    pub fn refresh_with_head<R>(&self, f: impl FnOnce(&Projection, &ChainLink) -> R) -> Result<R, LedgerError> {
+        let mut inner = self.settled()?;
+        Self::catch_up(&mut inner)?;
+        Ok(f(&inner.projection, &inner.head))
+    }
+
+    /// The last sequence and its chain link, caught up with other writers (no
+    /// copy of the state).
+    pub fn head(&self) -> Result<(u64, ChainLink), LedgerError> {
+        self.refresh_with_head(|p, h| (p.last_seq, *h))
     }
 
     fn maybe_snapshot(&self, inner: &mut Inner) {
@@ -1168,23 +1195,29 @@ fn request_status_in(backend: &dyn LogBackend, p: &Projection, id: &str) -> Resu
     if let Some(e) = p.requests.get(id) {
         return Ok(RequestStatus::Committed { request: id.into(), seq: e.seq, outcomes: e.outcomes.clone() });
     }
-    if p.requests.len() >= REQUESTS_RETAINED {
-        // The reader verifies every record and refuses damage (only a torn tail
-        // ends it quietly), so "never committed" is never said of a partial log.
-        let mut found = None;
-        backend.reader(1).poll(&mut |r| {
-            if found.is_none()
-                && let Ok(txn) = decode_txn(r.payload)
-                && txn.request.as_ref().is_some_and(|t| t.id == id)
-            {
-                found = Some(r.seq);
-            }
-        })?;
-        if let Some(seq) = found {
-            return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
-        }
+    if p.requests.len() >= REQUESTS_RETAINED
+        && let Some(seq) = request_in_log(backend, id)?
+    {
+        return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
     }
     Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: p.last_seq })
+}
+
+/// The sequence of the record carrying request `id`, looked for in the whole log
+/// (for ids older than the requests the state remembers). The reader verifies
+/// every record and refuses damage (only a torn tail ends it quietly), so "never
+/// committed" is never said of a partial log.
+fn request_in_log(backend: &dyn LogBackend, id: &str) -> Result<Option<u64>, LedgerError> {
+    let mut found = None;
+    backend.reader(1).poll(&mut |r| {
+        if found.is_none()
+            && let Ok(txn) = decode_txn(r.payload)
+            && txn.request.as_ref().is_some_and(|t| t.id == id)
+        {
+            found = Some(r.seq);
+        }
+    })?;
+    Ok(found)
 }
 
 /// The log as read-only commands see it (see [`Ledger::read_only`]).

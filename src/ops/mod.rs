@@ -639,14 +639,27 @@ pub struct StateResponse {
 
 /// The state of every subject (or of `only`), with each owner's status judged now.
 pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateResponse, OpError> {
+    state_of(&view.projection, &view.head, view.torn_tail, only, now_ms)
+}
+
+/// [`state`] from a projection and its chain head (what a ledger's
+/// `refresh_with_head` lends: no copy of the state, and for one subject a lookup).
+pub fn state_of(
+    p: &Projection,
+    head: &crate::format::ChainLink,
+    torn_tail: bool,
+    only: Option<&str>,
+    now_ms: u64,
+) -> Result<StateResponse, OpError> {
     if let Some(o) = only {
         valid(o)?;
     }
-    let p = &view.projection;
-    let subjects = p
-        .subjects
-        .iter()
-        .filter(|(name, _)| only.is_none_or(|o| o == name.as_str()))
+    // One subject is a lookup, not a walk of every subject.
+    let chosen: Box<dyn Iterator<Item = (&String, &crate::model::Subject)>> = match only {
+        Some(o) => Box::new(p.subjects.get_key_value(o).into_iter()),
+        None => Box::new(p.subjects.iter()),
+    };
+    let subjects = chosen
         .map(|(name, s)| (name, s, status_of(s.owner.as_ref(), now_ms)))
         .map(|(name, s, (status, status_reason))| SubjectState {
             subject: name.clone(),
@@ -665,13 +678,7 @@ pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateRe
         })
         .collect();
     let leases = if only.is_none() { p.leases.values().cloned().collect() } else { vec![] };
-    Ok(StateResponse {
-        last_seq: p.last_seq,
-        chain_head: crate::format::hex(&view.head),
-        torn_tail: view.torn_tail,
-        subjects,
-        leases,
-    })
+    Ok(StateResponse { last_seq: p.last_seq, chain_head: crate::format::hex(head), torn_tail, subjects, leases })
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -1281,3 +1281,80 @@ fn process_wait_settles_a_process_whose_runner_and_command_are_gone() {
     assert_eq!((code, r["completed_unknown"].clone()), (0, serde_json::json!([])), "nothing left to settle: {r}");
     assert_eq!(lines(&marker), 1, "never run again");
 }
+
+/// Every file under `dir`, recursively, that holds `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if fs::read(&p).unwrap().windows(needle.len()).any(|w| w == needle) {
+                hits.push(p);
+            }
+        }
+    }
+    hits
+}
+
+/// Proves (issue 23, item 13; seed 004's `sanitizeTerminalProcessArtifacts`): a
+/// command that prints its `--env` values leaves none of them anywhere — not in
+/// the log (its exit record's tails), not in the kept output files, not in what
+/// `process show` and `process logs` print: each is `[REDACTED:NAME]`, and the
+/// exit record's kept length and digest are those of the redacted file (so `logs`
+/// checks out). A value shorter than the redaction minimum is left, as documented.
+/// Before the fix the key sat in the log forever, where it cannot be scrubbed.
+#[test]
+fn env_values_are_redacted_from_kept_output_before_the_exit_record() {
+    let (_t, dir) = new_log();
+    let secret = "sk-live-0123456789abcdef";
+    let script = r#"echo "key=$API_KEY"; echo "to stderr: $API_KEY" >&2; printf 'short=%s\n' "$PIN""#;
+    let (code, v) = run(
+        &dir,
+        &["--env", &format!("API_KEY={secret}"), "--env", "PIN=123", "--wait-ms", "30000"],
+        &["sh", "-c", script],
+    );
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert_eq!(v["stdout_tail"], "key=[REDACTED:API_KEY]\nshort=123\n", "{v}");
+    assert_eq!(v["stderr_tail"], "to stderr: [REDACTED:API_KEY]\n");
+    let out = Command::new(FENCELOG).args(["process", "logs", "1"]).env("FENCELOG_DIR", &dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "key=[REDACTED:API_KEY]\nshort=123\n");
+    assert_eq!(files_holding(&dir, secret.as_bytes()), Vec::<PathBuf>::new(), "the value is nowhere");
+    let (code, _) = fl(&dir, &["inspect", "verify", dir.to_str().unwrap()]);
+    assert_eq!(code, 0);
+}
+
+/// Proves (issue 23, item 14): environment values are recorded as a *keyed*
+/// blake3, the key a per-log file kept outside the log (`env.key`, 0600): the
+/// recorded digest is not the plain blake3 of the value (which anyone with a
+/// `/v1/processes` answer could test guesses against offline), it is the keyed
+/// one, and the same value in another log has another digest (not linkable). A key
+/// file others can read is refused (`run` exits 1, nothing recorded).
+#[test]
+fn env_digests_are_keyed_by_a_per_log_key_outside_the_log() {
+    use std::os::unix::fs::PermissionsExt;
+    let digest_in = |dir: &Path| -> String {
+        let (code, v) = run(dir, &["--env", "DB_PASSWORD=hunter2", "--wait-ms", "30000"], &["true"]);
+        assert_eq!(code, 0, "{v}");
+        v["command"]["env"][0]["value_blake3"].as_str().unwrap().to_owned()
+    };
+    let (_t1, one) = new_log();
+    let (_t2, two) = new_log();
+    let (d1, d2) = (digest_in(&one), digest_in(&two));
+    assert_ne!(d1, blake3::hash(b"hunter2").to_hex().to_string(), "not the plain blake3");
+    let key: [u8; 32] = fs::read(one.join("env.key")).unwrap().try_into().unwrap();
+    assert_eq!(d1, blake3::keyed_hash(&key, b"hunter2").to_hex().to_string(), "the keyed blake3");
+    assert_ne!(d1, d2, "another log, another key: not linkable");
+    assert_eq!(fs::metadata(one.join("env.key")).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(files_holding(&one, &key).iter().all(|p| p.ends_with("env.key")), "the key is in no record");
+    fs::set_permissions(one.join("env.key"), fs::Permissions::from_mode(0o640)).unwrap();
+    let (_, head) = fl(&one, &["inspect", "head", one.to_str().unwrap(), "--json"]);
+    let (code, e) = run(&one, &["--env", "DB_PASSWORD=hunter2"], &["true"]);
+    assert_eq!((code, code_of(&e)), (1, "IO_ERROR"), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("chmod 600"), "{e}");
+    let (_, head2) = fl(&one, &["inspect", "head", one.to_str().unwrap(), "--json"]);
+    assert_eq!(head, head2, "nothing recorded");
+}

@@ -16,6 +16,8 @@ pub const SNAPSHOT_DIR: &str = "snapshots";
 pub const PROCESS_DIR: &str = "processes";
 /// The daemon's bearer token (`fencelog serve`), created only in a log.
 pub const SERVE_TOKEN_FILE: &str = "serve.token";
+/// The key of the supervisor's environment digests, created only in a log.
+pub const ENV_KEY_FILE: &str = "env.key";
 const SEGMENT_SUFFIX: &str = ".seg";
 /// Evidence files are named `<segment>.seg<EVIDENCE_INFIX><what>-<offset>`.
 pub const EVIDENCE_INFIX: &str = ".evidence.";
@@ -60,6 +62,7 @@ pub fn listing(dir: &Path) -> Result<Listing> {
             out.odd_segment_names.push(name);
         } else if name == LOCK_FILE
             || name == SERVE_TOKEN_FILE
+            || name == ENV_KEY_FILE
             || name == super::halt::SYNC_FAILED_FILE
             || is_trace_of_records(&name)
         {

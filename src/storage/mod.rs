@@ -20,8 +20,8 @@ mod writer;
 pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
 pub use commit::{EXTRA_TURNS_MAX, GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 pub use dir::{
-    EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode, list_segments,
-    listing, segment_path,
+    ENV_KEY_FILE, EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode,
+    list_segments, listing, segment_path,
 };
 pub use error::{Error, Result};
 pub use halt::SYNC_FAILED_FILE;

@@ -47,7 +47,14 @@ fn resolve_exe(program: &str, cwd: &Path, path_var: Option<&std::ffi::OsStr>) ->
 }
 
 /// Resolve `argv` run in `cwd` (default: the caller's) with `env` set.
-pub fn resolve(argv: &[String], cwd: Option<&Path>, env: &[(String, String)]) -> Result<CommandSpec, OpError> {
+/// `key`: the log's environment key ([`super::secrets::env_key`]), needed when
+/// `env` is not empty.
+pub fn resolve(
+    argv: &[String],
+    cwd: Option<&Path>,
+    env: &[(String, String)],
+    key: Option<&[u8; 32]>,
+) -> Result<CommandSpec, OpError> {
     if argv.is_empty() || argv.len() > ARGS_MAX {
         return Err(invalid(format!("a command has 1..={ARGS_MAX} arguments (the program included)")));
     }
@@ -78,7 +85,13 @@ pub fn resolve(argv: &[String], cwd: Option<&Path>, env: &[(String, String)]) ->
         if !names.insert(k.clone()) {
             return Err(invalid(format!("--env {k} is given twice")));
         }
-        digests.push(EnvDigest { name: k.clone(), value_blake3: *blake3::hash(v.as_bytes()).as_bytes() });
+        // Keyed: a digest in the log (and in every process view) cannot be tested
+        // against guesses without the key, nor linked across logs.
+        let value_blake3 = match key {
+            Some(key) => super::secrets::env_digest(key, v.as_bytes()),
+            None => return Err(invalid("--env needs the log's environment key (env.key)")),
+        };
+        digests.push(EnvDigest { name: k.clone(), value_blake3 });
     }
     digests.sort();
     // PATH as the command will see it: the one given with --env, else ours.
@@ -120,26 +133,33 @@ mod tests {
             &["sh".into(), "-c".into(), "true".into()],
             Some(Path::new("/")),
             &[("B".into(), "secret-b".into()), ("A".into(), "secret-a".into())],
+            Some(&[7; 32]),
         )
         .unwrap();
         let b = resolve(
             &["sh".into(), "-c".into(), "true".into()],
             Some(Path::new("/")),
             &[("A".into(), "secret-a".into()), ("B".into(), "secret-b".into())],
+            Some(&[7; 32]),
         )
         .unwrap();
         assert_eq!(fingerprint(&a), fingerprint(&b));
         let json = serde_json::to_string(&a).unwrap();
         assert!(!json.contains("secret"), "{json}");
         assert_eq!(a.env[0].name, "A");
-        let c = resolve(&["sh".into(), "-c".into(), "true".into()], Some(Path::new("/")), &[("A".into(), "x".into())])
-            .unwrap();
+        let c = resolve(
+            &["sh".into(), "-c".into(), "true".into()],
+            Some(Path::new("/")),
+            &[("A".into(), "x".into())],
+            Some(&[7; 32]),
+        )
+        .unwrap();
         assert_ne!(fingerprint(&a), fingerprint(&c));
     }
 
     #[test]
     fn a_missing_program_is_named() {
-        let e = resolve(&["no-such-program-fencelog".into()], None, &[]).unwrap_err();
+        let e = resolve(&["no-such-program-fencelog".into()], None, &[], None).unwrap_err();
         assert_eq!(e.code(), "COMMAND_NOT_FOUND");
     }
 }

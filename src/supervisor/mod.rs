@@ -16,6 +16,7 @@
 
 pub mod command;
 pub mod runner;
+pub mod secrets;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -401,7 +402,13 @@ pub fn run_until(
     let leases = parse_leases(&req.leases)?;
     let env = parse_env(&req.env)?;
     let owner = owner_ref(&req.owner, req.generation)?;
-    let spec = command::resolve(&req.command, req.cwd.as_deref(), &env)?;
+    // The key of the environment digests: made on the first run that has --env.
+    let key = if env.is_empty() {
+        None
+    } else {
+        Some(secrets::env_key(dir).map_err(|e| OpError::Io { message: format!("{}: {e}", secrets::ENV_KEY_FILE) })?)
+    };
+    let spec = command::resolve(&req.command, req.cwd.as_deref(), &env, key.as_ref())?;
     let fingerprint = command::fingerprint(&spec);
     let tag = req
         .request_id

@@ -191,12 +191,23 @@ fn run_process(
         Some(env) => env.get(std::ffi::OsStr::new(name)).cloned(),
         None => std::env::var_os(name),
     };
+    let key = if p.command.env.is_empty() { None } else { super::secrets::env_key(dir).ok() };
+    // The `--env` values: checked against their digests, and taken out of the
+    // output before the exit record names it.
+    let mut secrets = Vec::with_capacity(p.command.env.len());
     for e in &p.command.env {
-        let ok = value_of(&e.name)
-            .is_some_and(|v| blake3::hash(std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str())) == e.value_blake3);
-        if !ok {
-            say(process, format!("environment variable {} differs from the recorded digest; nothing started", e.name));
-            return 2;
+        let value = value_of(&e.name).map(|v| std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec());
+        match value {
+            Some(v) if super::secrets::env_digest_matches(key.as_ref(), &v, &e.value_blake3) => {
+                secrets.push(super::secrets::Secret { name: e.name.clone(), value: v });
+            }
+            _ => {
+                say(
+                    process,
+                    format!("environment variable {} differs from the recorded digest; nothing started", e.name),
+                );
+                return 2;
+            }
         }
     }
     match super::command::file_fingerprint(Path::new(&p.command.exe)) {
@@ -283,7 +294,11 @@ fn run_process(
         say(process, format!("stopped {leftovers} process(es) the command left in its group"));
     }
     let drain_until = Instant::now() + Duration::from_millis(OUTPUT_DRAIN_MS);
-    let (stdout, stderr) = (stdout.finish(drain_until), stderr.finish(drain_until));
+    let (mut stdout, mut stderr) = (stdout.finish(drain_until), stderr.finish(drain_until));
+    if let Some(r) = super::secrets::Redactor::new(secrets) {
+        redact_capture(dir, process, super::Stream::Stdout, &mut stdout, &r);
+        redact_capture(dir, process, super::Stream::Stderr, &mut stderr, &r);
+    }
     let exit = Exit {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
@@ -295,6 +310,32 @@ fn run_process(
     };
     record_exit(dir, ledger, process, exit);
     0
+}
+
+/// Take the command's `--env` values out of what is kept of `stream` — the output
+/// file (rewritten, synced, renamed into place) and the tail — before the exit
+/// record names them: the record then carries the redacted file's length and
+/// digest. A file that cannot be redacted is said so in `runner.log` (its tail is
+/// redacted all the same).
+fn redact_capture(
+    dir: &Path,
+    process: u64,
+    stream: super::Stream,
+    c: &mut crate::model::Capture,
+    r: &super::secrets::Redactor,
+) {
+    if c.bytes_kept > 0 {
+        let cut = c.bytes_seen > c.bytes_kept;
+        match r.redact_file(&super::output_path(dir, process, stream), cut) {
+            Ok(Some((len, digest))) => (c.bytes_kept, c.kept_blake3) = (len, digest),
+            Ok(None) => {}
+            Err(e) => say(process, format!("cannot redact the kept {}: {e}", stream.file_name())),
+        }
+    }
+    let (tail, _) = r.redact(&c.tail, c.bytes_seen > c.tail.len() as u64, false);
+    // A marker can be longer than what it replaced: the tail stays within its bound.
+    let skip = tail.len().saturating_sub(OUTPUT_TAIL_BYTES_MAX);
+    c.tail = tail[skip..].to_vec();
 }
 
 /// Record that a process never ran (`code`): only while no runner has started it.

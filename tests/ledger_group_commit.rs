@@ -283,12 +283,22 @@ fn kill_9_of_a_process_committing_in_groups_never_loses_an_acknowledged_transact
     let mut acked = 0;
     for round in 0..15 {
         let mut child = spawn_ledger(d.path(), &format!("r{round}"), 8, 0, 4);
-        std::thread::sleep(Duration::from_millis(30 + rng.below(150)));
+        // Killed only once it has opened the log and committed (its first line):
+        // on a busy machine a fixed pause could end before the log even exists.
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut seen).unwrap();
+        assert!(seen.ends_with('\n'), "the child said nothing: {seen:?}");
+        std::thread::sleep(Duration::from_millis(rng.below(150)));
         child.kill().unwrap();
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut rest).unwrap();
         let out = child.wait_with_output().unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(out.status.signal(), Some(9), "killed, not dead before: {}", String::from_utf8_lossy(&out.stderr));
-        let (acks, _) = reported(&out.stdout);
+        let mut all = seen.into_bytes();
+        all.extend(rest);
+        let (acks, _) = reported(&all);
         let committed = committed_requests(d.path());
         for (seq, id) in &acks {
             assert_eq!(committed.get(id), Some(seq), "seed {s} round {round}: acknowledged {id} at {seq}");

@@ -167,12 +167,20 @@ fn follow_without_from_starts_at_records_appended_from_now_on() {
     for i in 0..5 {
         assert_eq!(fl(&["claim", "--dir", dir, "--subject", &format!("f/{i}"), "--pid", &pid]).0, 0);
     }
-    let follower = Command::new(FENCELOG)
-        .args(["inspect", "follow", dir, "--json", "--max-records", "2", "--timeout-ms", "10000"])
+    let mut follower = Command::new(FENCELOG)
+        .args(["inspect", "follow", dir, "--json", "--max-records", "2", "--timeout-ms", "600000", "-v"])
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Appended only once the follower says where it starts (a condition, not a
+    // pause: on a busy machine 500 ms was not always enough).
+    let mut stderr = std::io::BufReader::new(follower.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("following") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "the follower never started");
+    }
     for i in 5..7 {
         assert_eq!(fl(&["claim", "--dir", dir, "--subject", &format!("f/{i}"), "--pid", &pid]).0, 0);
     }

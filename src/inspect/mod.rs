@@ -820,6 +820,9 @@ pub fn follow(
             end.next_seq().max(1)
         }
     };
+    // Said once the starting point is fixed (with -v): what comes after it is
+    // printed, whenever it is appended.
+    tracing::info!(from_seq = from, "following: every record from this sequence on");
     let mut tailer = Tailer::new(dir, body_max(), from);
     let started = std::time::Instant::now();
     let mut printed = 0u64;

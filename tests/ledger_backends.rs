@@ -1,6 +1,7 @@
-//! The ledger over its backend seam: the same scenarios on the file backend and on
-//! the in-memory backend (the proof that nothing above `storage::LogBackend` relies
-//! on files or on a lock held across round trips), and what only an optimistic
+//! The ledger over its backend seam: the same scenarios on the file backend, the
+//! in-memory backend and a real 3-member etcd cluster on loopback (the proof that
+//! nothing above `storage::LogBackend` relies on files or on a lock held across
+//! round trips), and what only an optimistic
 //! backend shows: writers that overtake each other (`HeadMoved`) get the answer for
 //! the state their transaction actually follows.
 
@@ -40,6 +41,22 @@ fn file() -> Fixture {
 fn memory() -> Fixture {
     let m = MemoryBackend::new();
     Fixture { _dir: None, open: Box::new(move || Arc::new(m.another_writer()) as Arc<dyn LogBackend>) }
+}
+
+/// A fresh prefix on the binary's shared 3-member etcd cluster; "restart" opens
+/// it again (a new writer identity, a fresh connection).
+fn etcd() -> Fixture {
+    use fencelog::storage::etcd::{EtcdBackend, EtcdOptions};
+    let opts = EtcdOptions::parse(&common::etcd::shared().endpoints, &common::etcd::fresh_prefix("ledger")).unwrap();
+    EtcdBackend::init(&opts).unwrap();
+    let loc = fencelog::storage::Location::Etcd(opts.clone());
+    Fixture {
+        _dir: None,
+        open: Box::new(move || {
+            let log = loc.log_options(Default::default());
+            Arc::new(EtcdBackend::open(&opts, &log).unwrap()) as Arc<dyn LogBackend>
+        }),
+    }
 }
 
 fn ledger(f: &Fixture) -> Ledger {
@@ -124,7 +141,7 @@ fn snapshots_go_through_the_backend(f: Fixture) {
     assert_eq!(again.projection(), live);
 }
 
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($scenario:ident),*) => {
         mod file_backend {
             $( #[test] fn $scenario() { super::$scenario(super::file()) } )*
@@ -132,26 +149,28 @@ macro_rules! on_both_backends {
         mod memory_backend {
             $( #[test] fn $scenario() { super::$scenario(super::memory()) } )*
         }
+        mod etcd_backend {
+            $( #[test] fn $scenario() { super::$scenario(super::etcd()) } )*
+        }
     };
 }
 
-on_both_backends!(
+on_every_backend!(
     threads_commit_dense_sequences_and_replay_agrees,
     racing_claims_have_exactly_one_winner,
     one_request_id_commits_once,
     snapshots_go_through_the_backend
 );
 
-/// Proves: two ledgers (two writers) on one in-memory log — no lock between them,
-/// so they overtake each other and see `HeadMoved` — racing to claim the same
-/// subjects: exactly one claim of each subject lands; every loser is refused
-/// ALREADY_ACTIVE naming the winner, judged on the state its transaction actually
-/// follows (the other writer's claim included); both ledgers end at the log's state.
-#[test]
-fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow() {
-    let m = MemoryBackend::new();
-    let a = Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap();
-    let b = Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap();
+/// Proves: two ledgers (two writers) on one log with no lock between them (in
+/// memory, and in etcd: two hosts' writers) — so they overtake each other and see
+/// `HeadMoved` — racing to claim the same subjects: exactly one claim of each
+/// subject lands; every loser is refused ALREADY_ACTIVE naming the winner, judged on
+/// the state its transaction actually follows (the other writer's claim included);
+/// both ledgers end at the log's state.
+fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow(f: Fixture) {
+    let a = ledger(&f);
+    let b = ledger(&f);
     let owner = me();
     // Race in batches until the two writers have overtaken each other at least
     // once (bounded): the test must exercise the path it is about. The two start
@@ -190,7 +209,7 @@ fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow() 
     let pb = b.refresh().unwrap();
     assert_eq!(pa, pb);
     assert_eq!(pa.last_seq, next);
-    let fresh = Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap();
+    let fresh = ledger(&f);
     assert_eq!(fresh.projection(), pa);
 }
 
@@ -202,7 +221,7 @@ fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow() 
 #[test]
 fn draining_refuses_new_transactions_and_settles_every_judged_one() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    for f in [file(), memory()] {
+    for f in [file(), memory(), etcd()] {
         let l = ledger(&f);
         let owner = me();
         let committed_so_far = AtomicU64::new(0);
@@ -283,15 +302,12 @@ fn background_snapshots_under_concurrency_cover_durable_state_only() {
 }
 
 /// Proves (review): with several threads on each of two ledgers overtaking each
-/// other on one in-memory log (several groups per leader, `HeadMoved` among them),
+/// other on one log without a lock (in memory, in etcd) (several groups per leader, `HeadMoved` among them),
 /// no transaction is appended twice and no caller is refused by its own claim:
 /// every acknowledged claim is in the log exactly once, and the log holds no claim
 /// that nobody acknowledged.
-#[test]
-fn several_threads_per_writer_overtaking_never_append_twice() {
-    let m = MemoryBackend::new();
-    let ledgers: Vec<Ledger> =
-        (0..2).map(|_| Ledger::with_backend(Arc::new(m.another_writer()), LedgerOptions::default()).unwrap()).collect();
+fn several_threads_per_writer_overtaking_never_append_twice(f: Fixture) {
+    let ledgers: Vec<Ledger> = (0..2).map(|_| ledger(&f)).collect();
     let owner = me();
     let mut acked: Vec<(String, u64)> = vec![];
     // Batches until the writers have overtaken each other (bounded): the test must
@@ -331,7 +347,8 @@ fn several_threads_per_writer_overtaking_never_append_twice() {
     }
     assert!(ledgers.iter().map(Ledger::head_moved_count).sum::<u64>() > 0, "the writers overtook each other");
     let mut in_log: Vec<(String, u64)> = vec![];
-    m.reader(1)
+    (f.open)()
+        .reader(1)
         .poll(&mut |r| {
             for e in fencelog::model::decode_txn(r.payload).unwrap().events {
                 if let Event::Claim { subject, .. } = e {
@@ -512,4 +529,22 @@ fn a_panic_while_the_ledger_is_held_poisons_it() {
     assert!(panicked.is_err());
     let err = l.submit(None, claim("b", &me())).expect_err("refused");
     assert_eq!(err.code(), "WRITER_POISONED", "{err}");
+}
+
+/// The scenarios only a log without a lock between writers shows.
+mod optimistic {
+    macro_rules! on_memory_and_etcd {
+        ($($scenario:ident),*) => {
+            mod memory_backend {
+                $( #[test] fn $scenario() { super::super::$scenario(super::super::memory()) } )*
+            }
+            mod etcd_backend {
+                $( #[test] fn $scenario() { super::super::$scenario(super::super::etcd()) } )*
+            }
+        };
+    }
+    on_memory_and_etcd!(
+        writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow,
+        several_threads_per_writer_overtaking_never_append_twice
+    );
 }

@@ -173,6 +173,10 @@ struct LedgerState {
     own_checkpoint_seq: u64,
     /// Where this ledger's last snapshot went (for `snapshot_now`'s answer).
     last_snapshot: Option<String>,
+    /// The projection may not follow the log: an append's outcome is unknown (the
+    /// backend was unreachable), or a catch-up stopped part way for the same
+    /// reason. Rebuilt from the log (replay) before it is used again.
+    stale: bool,
 }
 
 /// The engine's state with the ledger's: the projection runs ahead of the
@@ -253,6 +257,9 @@ fn late_write(p: &Projection, txn: &Txn, outcomes: &[crate::model::Outcome]) -> 
 pub struct Ledger {
     opts: LedgerOptions,
     backend: Arc<dyn LogBackend>,
+    /// Where the log is, when it was opened by location (a runner started for one
+    /// of its processes opens the same log).
+    location: Option<storage::Location>,
     /// This process, as the caller of what it submits itself.
     me: CallerId,
     /// The one commit engine (`storage::commit`), over the ledger's state.
@@ -276,7 +283,32 @@ impl Ledger {
         let mut log_opts = opts.log.clone();
         log_opts.verify_on_open = VerifyOnOpen::LastSegment;
         let backend = FileBackend::open(&dir, log_opts)?;
-        Self::with_backend(Arc::new(backend), opts)
+        let mut l = Self::with_backend(Arc::new(backend), opts)?;
+        l.location = Some(storage::Location::Dir(dir));
+        Ok(l)
+    }
+
+    /// Open the log at `location`: a directory (as [`Ledger::open`]) or a prefix in
+    /// an etcd cluster (whose commit groups are bounded by etcd's request limits).
+    pub fn open_at(location: &storage::Location, mut opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        if let Some(dir) = location.dir() {
+            return Self::open(dir, opts);
+        }
+        opts.log = location.log_options(opts.log);
+        let backend = location.open(opts.log.clone())?;
+        let mut l = Self::with_backend(backend, opts)?;
+        l.location = Some(location.clone());
+        Ok(l)
+    }
+
+    /// Where this ledger's log is, if it was opened by location.
+    pub fn location(&self) -> Option<&storage::Location> {
+        self.location.as_ref()
+    }
+
+    /// The backend this ledger reads and appends through.
+    pub fn backend(&self) -> &Arc<dyn LogBackend> {
+        &self.backend
     }
 
     /// A ledger over any backend (the file backend, the in-memory one, later a
@@ -293,6 +325,7 @@ impl Ledger {
             snapshot_thread: None,
             own_checkpoint_seq: 0,
             last_snapshot: None,
+            stale: false,
         };
         let report = LedgerOpenReport {
             storage: backend.open_report(),
@@ -309,7 +342,7 @@ impl Ledger {
             "ledger opened"
         );
         let group = GroupCommit::new(state, last_seq, GroupLimits::of(&opts.log));
-        Ok(Ledger { opts, backend, me: identity::caller_of(std::process::id(), None), group, report })
+        Ok(Ledger { opts, backend, location: None, me: identity::caller_of(std::process::id(), None), group, report })
     }
 
     /// A read-only view of the log in `dir`: never writes, never takes the append
@@ -317,7 +350,12 @@ impl Ledger {
     /// The whole history is checked from genesis; damage anywhere but a torn tail is
     /// `CORRUPTION`; a torn tail is answered from the intact prefix and reported.
     pub fn read_only(dir: impl AsRef<Path>, opts: &LedgerOptions) -> Result<ReadView, LedgerError> {
-        let backend: Arc<dyn LogBackend> = Arc::new(FileBackend::open_read_only(dir, opts.log.body_max())?);
+        Self::read_only_at(&storage::Location::Dir(dir.as_ref().to_path_buf()), opts)
+    }
+
+    /// [`read_only`](Self::read_only) of the log at `location`.
+    pub fn read_only_at(location: &storage::Location, opts: &LedgerOptions) -> Result<ReadView, LedgerError> {
+        let backend = location.open_read_only(&opts.log)?;
         let r = replay(&*backend)?;
         Ok(ReadView {
             torn_tail: r.tailer.stopped_at_torn_tail(),
@@ -329,6 +367,28 @@ impl Ledger {
         })
     }
 
+    /// Apply every record after the projection's last sequence (after rebuilding
+    /// the projection from the log, if it may not follow it).
+    fn catch_up_with(&self, inner: &mut Inner) -> Result<(), LedgerError> {
+        if inner.stale {
+            let r = replay(&*self.backend)?;
+            let last = r.projection.last_seq;
+            inner.fenced.clear();
+            (inner.tailer, inner.projection, inner.head) = (r.tailer, r.projection, r.head);
+            inner.stale = false;
+            inner.caught_up_to(last);
+            tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
+        }
+        match Self::catch_up(inner) {
+            Err(LedgerError::Storage(e)) if e.is_transient() => {
+                // Read part way, perhaps: rebuilt from the log next time.
+                inner.stale = true;
+                Err(LedgerError::Storage(e))
+            }
+            r => r,
+        }
+    }
+
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
         let LedgerState { tailer, projection, head, since_snapshot, .. } = &mut **inner;
@@ -336,7 +396,8 @@ impl Ledger {
         let applied = apply_tail(tailer.as_mut(), projection, head, since_snapshot);
         let (last, read_to) = (projection.last_seq, tailer.next_seq());
         if let Err(e) = applied {
-            if last != inner.last_seq() || read_to != read_from {
+            let transient = matches!(&e, LedgerError::Storage(s) if s.is_transient());
+            if !transient && (last != inner.last_seq() || read_to != read_from) {
                 // Records were applied, or read past, before the failure: the
                 // projection no longer follows the log (a later catch-up would not
                 // read them again), and every later answer would rest on a
@@ -384,7 +445,7 @@ impl Ledger {
     /// (no copy: what a poll of one entry should use).
     pub fn refresh_with<R>(&self, f: impl FnOnce(&Projection) -> R) -> Result<R, LedgerError> {
         let mut inner = self.settled()?;
-        Self::catch_up(&mut inner)?;
+        self.catch_up_with(&mut inner)?;
         Ok(f(&inner.projection))
     }
 
@@ -392,7 +453,7 @@ impl Ledger {
     /// and `request show` answer from), as a read-only open would give.
     pub fn view(&self) -> Result<ReadView, LedgerError> {
         let mut inner = self.settled()?;
-        Self::catch_up(&mut inner)?;
+        self.catch_up_with(&mut inner)?;
         Ok(ReadView {
             projection: inner.projection.clone(),
             head: inner.head,
@@ -406,7 +467,7 @@ impl Ledger {
     /// Catch up with other writers, then return the projection.
     pub fn refresh(&self) -> Result<Projection, LedgerError> {
         let mut inner = self.settled()?;
-        Self::catch_up(&mut inner)?;
+        self.catch_up_with(&mut inner)?;
         Ok(inner.projection.clone())
     }
 
@@ -686,7 +747,7 @@ impl Ledger {
     /// through `f` (no copy).
     pub fn refresh_with_head<R>(&self, f: impl FnOnce(&Projection, &ChainLink) -> R) -> Result<R, LedgerError> {
         let mut inner = self.settled()?;
-        Self::catch_up(&mut inner)?;
+        self.catch_up_with(&mut inner)?;
         Ok(f(&inner.projection, &inner.head))
     }
 
@@ -1264,7 +1325,14 @@ impl Hooks<LedgerState> for Ledger {
     }
 
     fn catch_up(&self, core: &mut Inner, _x: &mut dyn Exclusive) -> Result<(), LedgerError> {
-        Self::catch_up(core)
+        self.catch_up_with(core)
+    }
+
+    /// The outcome of a group is unknown (the backend unreachable): the projection
+    /// holds its transactions, the log may not; rebuilt from the log next turn.
+    fn unavailable(&self, core: &mut Inner) -> bool {
+        core.stale = true;
+        true
     }
 
     fn before_idle(&self, core: &mut Inner) -> bool {

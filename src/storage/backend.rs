@@ -48,6 +48,15 @@ pub trait RecordReader: Send {
     fn next_seq(&self) -> u64;
     /// The last poll stopped before a torn tail (a writer will cut it).
     fn stopped_at_torn_tail(&self) -> bool;
+    /// The chain link of the record before `next_seq` (the last one verified).
+    fn prev_link(&self) -> ChainLink;
+    /// Wait, at most `timeout`, for something to be appended after what was read
+    /// (a backend that can be told, as etcd's watch, returns as soon as it is;
+    /// the others nap a little and say nothing).
+    fn wait_for_more(&mut self, timeout: std::time::Duration) -> Result<()> {
+        std::thread::sleep(timeout.min(std::time::Duration::from_millis(50)));
+        Ok(())
+    }
 }
 
 /// What the holder of [`LogBackend::exclusive`] may do.
@@ -111,6 +120,9 @@ impl RecordReader for Tailer {
     }
     fn stopped_at_torn_tail(&self) -> bool {
         Tailer::stopped_at_torn_tail(self)
+    }
+    fn prev_link(&self) -> ChainLink {
+        Tailer::prev_link(self)
     }
 }
 
@@ -282,6 +294,9 @@ impl RecordReader for MemReader {
     }
     fn stopped_at_torn_tail(&self) -> bool {
         false
+    }
+    fn prev_link(&self) -> ChainLink {
+        self.cursor.prev_link
     }
 }
 

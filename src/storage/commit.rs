@@ -140,6 +140,15 @@ pub trait Hooks<S> {
     /// The leader has left the exclusive section (work that must not hold it, such
     /// as starting a snapshot).
     fn after_lead(&self, _core: &mut Core<S>) {}
+    /// A group's append failed with a transient error (the backend unreachable:
+    /// etcd without a quorum), so its records may or may not have landed. Return
+    /// `true` if the owner can put its state right from the log before its next
+    /// turn (it rebuilds then): the engine then tells the group's waiters the
+    /// error and goes on, unpoisoned. `false` (the default): poisoned, as for any
+    /// failed append.
+    fn unavailable(&self, _core: &mut Core<S>) -> bool {
+        false
+    }
 }
 
 /// How large a group and the queue may grow.
@@ -1017,6 +1026,17 @@ impl<S> GroupCommit<S> {
                         Ok(AppendOutcome::HeadMoved { .. }) => unreachable!("handled above"),
                         Err(e) => (e.to_string(), e),
                     };
+                    if error.is_transient() && hooks.unavailable(&mut core) {
+                        // Outcome unknown, state put right from the log before the next
+                        // turn: every waiter of the group (and what was queued after
+                        // it) hears the error; nothing is poisoned.
+                        tracing::warn!(%cause, "a commit group's outcome is unknown: the log is unreachable");
+                        core.fail_all(error.clone());
+                        core.epoch += 1;
+                        core.phase = Phase::Idle;
+                        self.wake_phase();
+                        return Err(error);
+                    }
                     tracing::error!(%cause, "a commit group did not become durable; the log is poisoned");
                     core.poison_after(&error);
                     core.phase = Phase::Idle;

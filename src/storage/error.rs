@@ -74,6 +74,25 @@ pub enum Error {
     #[error("withdrawn after waiting {waited_ms} ms for the append lock; nothing was written")]
     Withdrawn { waited_ms: u64 },
 
+    /// The etcd cluster did not answer within the request deadline (no member
+    /// reachable, or no quorum): nothing can be said of the log now. An append
+    /// that ended so may or may not have landed: its request id tells, later.
+    #[error("etcd unavailable ({cluster}): {detail}")]
+    EtcdUnavailable { cluster: String, detail: String },
+
+    /// etcd answered with an error that is not its unavailability (a request over
+    /// its size limit, a full quota, …).
+    #[error("etcd refused the request ({cluster}): {detail}")]
+    Etcd { cluster: String, detail: String },
+
+    /// The history before `below_seq` was moved to archive segments (`fencelog
+    /// archive`); what was asked (from `asked`) needs them.
+    #[error(
+        "the history before sequence {below_seq} is archived (asked from {asked}): give the archive directory \
+         (--archive DIR) to read it"
+    )]
+    Archived { below_seq: u64, asked: u64 },
+
     #[error("invalid option: {detail}")]
     InvalidOption { detail: String },
 
@@ -86,6 +105,12 @@ fn holder_text(pid: Option<u32>) -> String {
 }
 
 impl Error {
+    /// The backend could not be reached now (etcd without a quorum): the log is
+    /// neither known damaged nor this writer poisoned; a later attempt may work.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::EtcdUnavailable { .. })
+    }
+
     /// A stable, machine-readable code for each kind of failure.
     pub fn code(&self) -> &'static str {
         match self {
@@ -104,6 +129,9 @@ impl Error {
             Error::LockTimeout { .. } => "LOCK_TIMEOUT",
             Error::InvalidOption { .. } => "INVALID_OPTION",
             Error::Withdrawn { .. } => "WITHDRAWN",
+            Error::EtcdUnavailable { .. } => "ETCD_UNAVAILABLE",
+            Error::Etcd { .. } => "ETCD_ERROR",
+            Error::Archived { .. } => "HISTORY_ARCHIVED",
             Error::Closed => "CLOSED",
         }
     }

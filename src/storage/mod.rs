@@ -7,8 +7,11 @@ mod backend;
 pub(crate) mod commit;
 mod dir;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod halt;
 mod history;
+mod location;
 mod lock;
 mod options;
 mod reader;
@@ -26,6 +29,7 @@ pub use dir::{
 pub use error::{Error, Result};
 pub use halt::SYNC_FAILED_FILE;
 pub use history::check_whole_history;
+pub use location::Location;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use reader::{
     Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, scan_dir, segment_fingerprint, verify_dir,

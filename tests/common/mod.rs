@@ -1,6 +1,8 @@
 #![allow(dead_code)]
 //! Helpers shared by the integration tests.
 
+pub mod etcd;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

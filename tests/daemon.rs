@@ -1171,3 +1171,61 @@ fn process_logs_stream_in_bounded_pieces() {
     assert!(grown_kib < 96 * 1024, "the daemon's peak memory grew by {grown_kib} KiB for 12 readers");
     assert_eq!(d.term(), Some(0));
 }
+
+/// Proves (review): clients that ask for a large process output and never read it
+/// hold only the output streams' own slots (`LOG_STREAMS_MAX`): past them the next
+/// download is refused at once (503 `OVERLOADED`), and every other request —
+/// `/v1/head`, a heartbeat — is still answered.
+#[test]
+fn slow_readers_of_process_output_do_not_starve_other_requests() {
+    use std::io::Write;
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    let (s, run) = d.post(
+        "/v1/run",
+        json!({"command": ["head", "-c", "33554432", "/dev/zero"], "output_bytes_max": 33554432, "wait_ms": 60000}),
+    );
+    assert_eq!((s, run["status"].as_str()), (200, Some("succeeded")), "{run}");
+    let id = run["id"].as_u64().unwrap();
+    let (s, c) = d.post("/v1/claim", json!({"subject": "busy"}));
+    assert_eq!(s, 200, "{c}");
+    let addr: std::net::SocketAddr = d.addr.parse().unwrap();
+    let request =
+        format!("GET /v1/processes/{id}/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n", d.token);
+    // Each holds its stream: its first bytes arrive, then it reads nothing more.
+    let mut stalled = vec![];
+    for _ in 0..fencelog::daemon::LOG_STREAMS_MAX {
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut first = [0u8; 12];
+        conn.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200");
+        stalled.push(conn);
+    }
+    let (s, e) = d.get(&format!("/v1/processes/{id}/logs"));
+    assert_eq!((s, e["code"].as_str()), (503, Some("OVERLOADED")), "{e}");
+    for _ in 0..20 {
+        assert_eq!(d.get("/v1/head").0, 200, "other requests are answered");
+        let (s, h) = d.post("/v1/heartbeat", json!({"subject": "busy", "generation": c["generation"]}));
+        assert_eq!(s, 200, "{h}");
+    }
+    drop(stalled);
+    assert_eq!(d.term(), Some(0));
+}
+
+/// Proves (review): the daemon's reads, not only the CLI's, refuse a log halted by
+/// a `SYNC_FAILED` marker (a group whose sync failed and was not cut back may sit
+/// in the page cache): `GET /v1/state` and `GET /v1/head` answer `SYNC_FAILED`
+/// instead of state that a power cut could erase.
+#[test]
+fn the_daemons_reads_refuse_a_halted_log() {
+    let (_t, dir) = log_dir();
+    let d = Daemon::start(&dir, &[]);
+    assert_eq!(d.post("/v1/claim", json!({"subject": "a"})).0, 200);
+    let marker = r#"{"segment":"00000000000000000001.seg","offset":64,"seq":2,"cause":"injected","pid":1}"#;
+    std::fs::write(dir.join(fencelog::storage::SYNC_FAILED_FILE), marker).unwrap();
+    for path in ["/v1/state", "/v1/head", "/v1/state?subject=a"] {
+        let (s, e) = d.get(path);
+        assert_eq!((s, e["code"].as_str()), (500, Some("SYNC_FAILED")), "{path}: {e}");
+    }
+}

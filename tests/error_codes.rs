@@ -11,6 +11,8 @@ const NOT_CODES: &[(&str, &str)] = &[
     ("FENCELOG_TOKEN_FILE", "environment variable"),
     ("FENCELOG_SERVER", "environment variable"),
     ("FENCELOG_DIR", "environment variable"),
+    ("FENCELOG_ETCD", "environment variable"),
+    ("FENCELOG_ETCD_PREFIX", "environment variable"),
     ("NOTIFY_SOCKET", "systemd's environment variable"),
     ("PATH", "environment variable"),
     ("FAILPOINTS", "test-only environment variable"),

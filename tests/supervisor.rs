@@ -1371,3 +1371,35 @@ fn env_digests_are_keyed_by_a_per_log_key_outside_the_log() {
     let (_, head2) = fl(&one, &["inspect", "head", one.to_str().unwrap(), "--json"]);
     assert_eq!(head, head2, "nothing recorded");
 }
+
+/// Proves (review): `process logs --follow` of a process whose kept output was
+/// redacted when it ended (it printed an `--env` value) does not report the
+/// redaction as damage: it checks the kept file against its record and says, on
+/// stderr, that what was printed while the process ran was not redacted (exit 0);
+/// `process logs` afterwards prints the redacted bytes.
+#[test]
+fn following_a_process_whose_output_was_redacted_is_not_damage() {
+    let (t, dir) = new_log();
+    let go = t.path().join("go");
+    let script = format!("printf 'a %s\\n' \"$SEC\"; while [ ! -e {} ]; do sleep 0.02; done; echo end", go.display());
+    let (code, v) = run(&dir, &["--env", "SEC=hunter2xyz-SECRET", "--wait-ms", "0"], &["sh", "-c", &script]);
+    assert_eq!(code, 0, "{v}");
+    let mut follower = Command::new(FENCELOG)
+        .args(["process", "logs", "1", "--follow"])
+        .env("FENCELOG_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(follower.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line, "a hunter2xyz-SECRET\n", "printed live, before the end");
+    fs::write(&go, b"").unwrap();
+    let status = follower.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(follower.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains("redacted"), "{err}");
+    assert_eq!(logs(&dir, 1, "stdout").1, b"a [REDACTED:SEC]\nend\n".to_vec());
+}

@@ -156,3 +156,133 @@ fn a_failed_sync_that_cannot_be_cut_back_halts_the_log_until_repair() {
         assert_eq!((code, v["status"].as_str()), (0, Some("intact")), "{v}");
     }
 }
+
+/// Proves (review): a failed group cut back across a rotation — the group sealed
+/// segment N and created N+1, then its sync failed, so N+1 was removed and N
+/// replaced by a new file holding its old prefix (never cut in place: a reader may
+/// have N mapped) — does not break another live writer of the log: it adopts the
+/// rewritten segment (byte for byte what it knew) and goes on appending; every
+/// record it acknowledged is in the log, which verifies intact. Before, the other
+/// writer's next turn refused the log ("the segment file was replaced under the
+/// writer") and stayed poisoned. Real processes, a real EIO on `fdatasync`; every
+/// record fills a segment, so every append rotates.
+#[test]
+fn a_cut_back_across_a_rotation_leaves_other_writers_appending() {
+    use std::io::BufRead;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("log");
+    let (segment_bytes_max, torture) = ("300", common::torture_bin());
+    fencelog::storage::Log::open(&dir, fencelog::storage::LogOptions { segment_bytes_max: 300, ..Default::default() })
+        .unwrap()
+        .close()
+        .unwrap();
+    let mut a = Command::new(&torture)
+        .args([dir.to_str().unwrap(), "A", "0", "1", segment_bytes_max])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut a_out = std::io::BufReader::new(a.stdout.take().unwrap());
+    let mut acked = vec![];
+    let mut next_ack = |acked: &mut Vec<String>| {
+        let mut line = String::new();
+        assert!(a_out.read_line(&mut line).unwrap() > 0, "writer A stopped: {}", {
+            let mut e = String::new();
+            let _ = std::io::Read::read_to_string(a.stderr.as_mut().unwrap(), &mut e);
+            e
+        });
+        acked.push(line.split_whitespace().nth(2).unwrap().to_owned());
+    };
+    next_ack(&mut acked);
+    for _ in 0..3 {
+        let b = Command::new(&torture)
+            .args([
+                "eio",
+                "fdatasync",
+                torture.to_str().unwrap(),
+                dir.to_str().unwrap(),
+                "B",
+                "1",
+                "1",
+                segment_bytes_max,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&b.stderr);
+        assert!(err.contains("not committed"), "B's append was cut back: {err}");
+        let before = acked.len();
+        while acked.len() < before + 20 {
+            next_ack(&mut acked);
+        }
+    }
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let in_log: Vec<String> = common::records(&dir).into_iter().map(|(_, p)| String::from_utf8(p).unwrap()).collect();
+    for id in &acked {
+        assert!(in_log.contains(id), "acknowledged {id} is in the log");
+    }
+    assert!(!in_log.iter().any(|p| p.starts_with("B-")), "none of B's cut-back records");
+    let (code, v) = run(&dir, &["inspect", "verify", dir.to_str().unwrap(), "--json"], &[], None);
+    assert_eq!((code, v["status"].as_str()), (0, Some("intact")), "{v}");
+}
+
+/// Proves (review): a `SYNC_FAILED` marker that names anything but a segment of
+/// the log (a path outside it, a place past a file's end) is not believed: the log
+/// is refused as halted all the same, `repair` refuses to act on the marker (exit
+/// 2) and changes nothing — no file outside the log is cut, no segment set aside.
+#[test]
+fn a_forged_sync_failed_marker_makes_repair_touch_nothing() {
+    let (t, dir) = common::new_cli_log();
+    stale_owner(&dir);
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, vec![b'v'; 4000]).unwrap();
+    for forged in [
+        format!(r#"{{"segment":"{}","offset":100,"seq":2,"cause":"x","pid":1}}"#, victim.display()),
+        r#"{"segment":"../victim","offset":100,"seq":2,"cause":"x","pid":1}"#.to_owned(),
+        r#"{"segment":"00000000000000000001.seg","offset":999999999,"seq":2,"cause":"x","pid":1}"#.to_owned(),
+    ] {
+        std::fs::write(dir.join(fencelog::storage::SYNC_FAILED_FILE), &forged).unwrap();
+        let before = common::hash_tree(&dir);
+        let (code, v) = run(&dir, &["state"], &[], None);
+        assert_eq!((code, common::code_of(&v)), (1, "SYNC_FAILED"), "{v}");
+        let (code, v) = run(&dir, &["repair", "--cut-from", "2"], &[], None);
+        assert_eq!(code, 2, "repair refuses a marker naming no place in the log: {v}");
+        assert_eq!(common::hash_tree(&dir), before, "nothing in the log changed: {forged}");
+        assert_eq!(std::fs::read(&victim).unwrap().len(), 4000, "the file outside the log is untouched");
+    }
+}
+
+/// Proves (review): a reader that read a group which was then cut back (its sync
+/// failed; simulated here by cutting the segment back to where the group began,
+/// as `cut_back` does) is told so — `CUT_UNDER_READER` from a tailer, never a
+/// silent stall — and a ledger that applied it rebuilds its state from the log:
+/// the phantom record is gone from its answers.
+#[test]
+fn a_reader_of_a_group_cut_back_under_it_is_told_and_a_ledger_rebuilds() {
+    use fencelog::ledger::{Ledger, LedgerOptions};
+    use fencelog::storage::{Log, LogOptions, Tailer};
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("log");
+    let log = Log::open(&dir, LogOptions::default()).unwrap();
+    let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    l.submit(None, common::claim("kept", &common::me())).unwrap();
+    drop(l);
+    let seg = fencelog::storage::segment_path(&dir, 1);
+    let before = fencelog::storage::frames_end(&seg).unwrap();
+    let reader = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let mut t = Tailer::new(&dir, fencelog::format::BODY_BYTES_HARD_MAX, 1);
+    t.poll(|_| {}).unwrap();
+    // Another writer's group, read by both before its "sync fails".
+    let w = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    w.submit(None, common::claim("phantom", &common::me())).unwrap();
+    drop(w);
+    assert_eq!(t.poll(|_| {}).unwrap(), 1);
+    assert!(reader.refresh().unwrap().subject("phantom").is_some(), "read while it was in the page cache");
+    // The cut back: the segment ends where the group began.
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(before).unwrap();
+    let e = t.poll(|_| {}).unwrap_err();
+    assert_eq!(e.code(), "CUT_UNDER_READER", "{e}");
+    let p = reader.refresh().unwrap();
+    assert!(p.subject("phantom").is_none() && p.subject("kept").is_some(), "rebuilt from the log: {p:?}");
+    drop(log);
+}

@@ -644,7 +644,16 @@ async fn processes(State(app): State<Arc<App>>, Query(q): Query<ProcessFilter>) 
 }
 
 async fn process_show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
-    read(app, move |app| to_value(supervisor::show_settled(&app.ledger, id))).await
+    read(app, move |app| {
+        // A read settles a process left without its runner only while this daemon
+        // admits writes (during a cutover it answers what the log says).
+        if app.admitting.load(Ordering::SeqCst) {
+            to_value(supervisor::show_settled(&app.ledger, id))
+        } else {
+            to_value(app.ledger.refresh_with(|p| supervisor::show(p, id))?)
+        }
+    })
+    .await
 }
 
 #[derive(Deserialize, Default)]
@@ -705,10 +714,15 @@ struct LogsQuery {
 
 async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q): Query<LogsQuery>) -> Response {
     let stream = q.stream.unwrap_or(supervisor::Stream::Stdout);
-    let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
-        return overloaded();
+    let Ok(permit) = Arc::clone(&app.log_streams).try_acquire_owned() else {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "OVERLOADED",
+            "too many process outputs streaming; retry shortly",
+        );
     };
     let worker = Arc::clone(&app);
+    let handle = tokio::runtime::Handle::current();
     // Streamed in pieces through a bounded channel, never held whole: a reader of
     // a 64 MiB output costs at most LOGS_CHUNKS_IN_FLIGHT pieces of
     // OUTPUT_CHUNK_BYTES (12 concurrent reads of one took the daemon from 9 MiB
@@ -727,8 +741,12 @@ async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q)
                 if let Some(f) = first.take() {
                     let _ = f.send(Ok(()));
                 }
-                tx.blocking_send(Ok(Bytes::copy_from_slice(chunk)))
-                    .map_err(|_| std::io::Error::other("the client hung up"))
+                // A client that stops reading gets LOG_SEND_TIMEOUT_MS per piece,
+                // then its stream ends (short: it sees an incomplete body).
+                let piece = Ok(Bytes::copy_from_slice(chunk));
+                handle
+                    .block_on(tx.send_timeout(piece, Duration::from_millis(crate::daemon::LOG_SEND_TIMEOUT_MS)))
+                    .map_err(|_| std::io::Error::other("the client hung up or stopped reading"))
             })
         });
         match (r, first.take()) {
@@ -748,7 +766,8 @@ async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q)
     }
 }
 
-/// Pieces of a process's output in flight per `logs` request (see `process_logs`).
+/// Pieces of a process's output in flight per `logs` request (see `process_logs`;
+/// slots: `LOG_STREAMS_MAX`, each piece waits `LOG_SEND_TIMEOUT_MS` at most).
 const LOGS_CHUNKS_IN_FLIGHT: usize = 4;
 
 async fn request_show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {

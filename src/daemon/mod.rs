@@ -41,6 +41,14 @@ pub const CONCURRENT_REQUESTS_MAX: usize = 256;
 pub const CONNECTIONS_MAX: usize = 512;
 /// Open `/v1/watch` streams at once.
 pub const WATCH_STREAMS_MAX: usize = 64;
+/// Most process outputs streamed at once (`GET /v1/processes/{id}/logs`): a
+/// download holds its slot until its last byte is taken, so it has slots of its
+/// own, not the requests' (256 slow readers would otherwise starve every other
+/// request, heartbeats included).
+pub const LOG_STREAMS_MAX: usize = 32;
+/// Longest wait for a client to take the next piece of a process's output before
+/// its stream is ended (a reader that stopped reading frees its slot).
+pub const LOG_SEND_TIMEOUT_MS: u64 = 30_000;
 /// Longest wait a request may ask for over HTTP (`wait_ms`, `timeout_ms`).
 pub const HTTP_WAIT_MS_MAX: u64 = 60_000;
 /// Longest any request may take (watch streams excepted): above the longest wait
@@ -171,6 +179,8 @@ pub(crate) struct App {
     pub abort_waits: Arc<AtomicBool>,
     pub inflight: Arc<tokio::sync::Semaphore>,
     pub watchers: Arc<tokio::sync::Semaphore>,
+    /// Slots of process output streams ([`LOG_STREAMS_MAX`]).
+    pub log_streams: Arc<tokio::sync::Semaphore>,
     /// Admitted mutations not yet answered: ticket → (request id, operation).
     pub admitted: Mutex<BTreeMap<u64, (String, String)>>,
     pub next_ticket: AtomicU64,
@@ -386,6 +396,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             abort_waits: Arc::new(AtomicBool::new(false)),
             inflight: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS_MAX)),
             watchers: Arc::new(tokio::sync::Semaphore::new(WATCH_STREAMS_MAX)),
+            log_streams: Arc::new(tokio::sync::Semaphore::new(LOG_STREAMS_MAX)),
             admitted: Mutex::new(BTreeMap::new()),
             next_ticket: AtomicU64::new(1),
             settled: Mutex::new(Vec::new()),

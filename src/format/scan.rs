@@ -278,8 +278,15 @@ pub fn scan_segment_frames_ahead(
             Layout::Preallocated => damaged_region_end(buf, at, body_max),
         };
         // No frame starts in the zeros after the region (its length would be 0).
+        // The cheap checks first (length, payload length, sequence), the CRC only
+        // for what passes them: a resync is linear in the damaged bytes, whatever
+        // they hold (with the hard bound, four bytes at most offsets read as a
+        // possible length, and a CRC at each would cost up to a largest frame).
         let resync_at = (at + 1..region_end)
-            .find(|&o| matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= cursor.next_seq))
+            .find(|&o| {
+                plausible_frame_at(&buf[o..], body_max, cursor.next_seq)
+                    && matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= cursor.next_seq)
+            })
             .map(|o| o as u64);
         // A frame followed by its group's end mark was written whole: a zero run
         // inside it is its own content, never a sector that did not persist (R4).

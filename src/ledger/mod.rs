@@ -370,23 +370,32 @@ impl Ledger {
     /// Apply every record after the projection's last sequence (after rebuilding
     /// the projection from the log, if it may not follow it).
     fn catch_up_with(&self, inner: &mut Inner) -> Result<(), LedgerError> {
-        if inner.stale {
-            let r = replay(&*self.backend)?;
-            let last = r.projection.last_seq;
-            inner.fenced.clear();
-            (inner.tailer, inner.projection, inner.head) = (r.tailer, r.projection, r.head);
-            inner.stale = false;
-            inner.caught_up_to(last);
-            tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
-        }
-        match Self::catch_up(inner) {
-            Err(LedgerError::Storage(e)) if e.is_transient() => {
-                // Read part way, perhaps: rebuilt from the log next time.
-                inner.stale = true;
-                Err(LedgerError::Storage(e))
+        for attempt in 0..2 {
+            if inner.stale {
+                let r = replay(&*self.backend)?;
+                let last = r.projection.last_seq;
+                inner.fenced.clear();
+                (inner.tailer, inner.projection, inner.head) = (r.tailer, r.projection, r.head);
+                inner.stale = false;
+                inner.caught_up_to(last);
+                tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
             }
-            r => r,
+            match Self::catch_up(inner) {
+                // Another writer's group this ledger read while it was being synced
+                // was cut back (its sync failed): rebuilt from the log, at once.
+                Err(LedgerError::Storage(storage::Error::CutUnderReader { .. })) if attempt == 0 => {
+                    tracing::warn!("records this ledger read were cut back by their writer; rebuilding");
+                    inner.stale = true;
+                }
+                Err(LedgerError::Storage(e)) if e.is_transient() => {
+                    // Read part way, perhaps: rebuilt from the log next time.
+                    inner.stale = true;
+                    return Err(LedgerError::Storage(e));
+                }
+                r => return r,
+            }
         }
+        unreachable!("the second attempt returns")
     }
 
     /// Apply every record after the projection's last sequence.

@@ -138,7 +138,8 @@ impl OpError {
             OpError::Ledger(LedgerError::Storage(e)) => {
                 let (segment, offset, seq) = match e {
                     storage::Error::Corruption { segment, offset, seq, .. }
-                    | storage::Error::SyncFailed { segment, offset, seq, .. } => {
+                    | storage::Error::SyncFailed { segment, offset, seq, .. }
+                    | storage::Error::CutUnderReader { segment, offset, seq, .. } => {
                         (Some(segment.clone()), Some(*offset), Some(*seq))
                     }
                     _ => (None, None, None),

@@ -423,9 +423,9 @@ pub(crate) fn valid_request_id(id: Option<&str>) -> Result<(), OpError> {
         Some(id) if id.trim().is_empty() => {
             Err(OpError::Refused(Refusal::InvalidInput { detail: "a request id is not empty".into() }))
         }
-        Some(id) if id.chars().any(char::is_control) => Err(OpError::Refused(Refusal::InvalidInput {
+        Some(id) if id.chars().any(crate::view::is_hidden) => Err(OpError::Refused(Refusal::InvalidInput {
             detail: format!(
-                "a request id is printable text, without control characters: {:?}",
+                "a request id is printable text, without control or invisible format characters: {:?}",
                 id.chars().take(64).collect::<String>()
             ),
         })),

@@ -148,7 +148,7 @@ fn is_segment_temp(name: &str) -> bool {
 }
 
 /// The first sequence named by a segment file name (`<20 digits>.seg`).
-fn segment_seq(name: &str) -> Option<u64> {
+pub(crate) fn segment_seq(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
     // Sequences start at 1: a segment named for 0 is no segment.
     if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) {
@@ -254,7 +254,11 @@ pub(crate) fn rewrite_prefix(path: &Path, keep_bytes: u64) -> Result<()> {
             .open(path)
             .map_err(Error::io("open", path))?;
         let len = stat_file(&src).map_err(Error::io("stat", path))?.len;
-        assert!(keep_bytes <= len, "rewrite_prefix keeps at most the file ({keep_bytes} > {len} bytes)");
+        if keep_bytes > len {
+            return Err(Error::InvalidOption {
+                detail: format!("{} is {len} bytes: it cannot keep its first {keep_bytes}", path.display()),
+            });
+        }
         let mut dst = open_private(&tmp, true)?;
         let copied =
             std::io::copy(&mut std::io::Read::take(&src, keep_bytes), &mut dst).map_err(Error::io("copy", path))?;

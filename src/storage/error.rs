@@ -50,7 +50,8 @@ pub enum Error {
     /// committed and never will be. Retrying is safe (after a reopen: the writer
     /// is poisoned).
     #[error(
-        "not committed: {cause}; the group (records {first_seq}..={last_seq}) was cut back before anyone else could          append, so none of it is in the log"
+        "not committed: {cause}; the group (records {first_seq}..={last_seq}, and whatever was queued after it) \
+         was cut back before anyone else could append: none of it is in the log"
     )]
     NotCommitted { first_seq: u64, last_seq: u64, cause: String },
 
@@ -60,7 +61,8 @@ pub enum Error {
     /// every command that answers from it) until `fencelog repair` cuts from
     /// `seq` — the file `SYNC_FAILED` in the log directory says where.
     #[error(
-        "the sync of a commit group failed at {segment} byte {offset} (sequence {seq}) and it could not be cut back:          {detail}; the log is refused until `fencelog repair --dir {dir} --cut-from {seq}` cuts it",
+        "the sync of a commit group failed at {segment} byte {offset} (sequence {seq}) and it could not be cut \
+         back: {detail}; the log is refused until `fencelog repair --dir {dir} --cut-from {seq}` cuts it",
         dir = segment.parent().map_or_else(|| ".".into(), |d| d.display().to_string())
     )]
     SyncFailed { segment: PathBuf, offset: u64, seq: u64, detail: String },
@@ -73,6 +75,16 @@ pub enum Error {
     /// engine answers it as its drain (`NOT_COMMITTED` at a daemon).
     #[error("withdrawn after waiting {waited_ms} ms for the append lock; nothing was written")]
     Withdrawn { waited_ms: u64 },
+
+    /// A reader (which takes no lock) read records that a writer then cut back
+    /// (their sync failed): the segment is now shorter than what it read, or was
+    /// replaced or removed. Those records were never committed; the reader starts
+    /// again from what the log holds.
+    #[error(
+        "the log was cut back under this reader at {segment} byte {offset} (sequence {seq}): {detail}; records \
+         it read from there on were never committed (a failed sync); read again"
+    )]
+    CutUnderReader { segment: PathBuf, offset: u64, seq: u64, detail: String },
 
     /// The etcd cluster did not answer within the request deadline (no member
     /// reachable, or no quorum): nothing can be said of the log now. An append
@@ -108,7 +120,7 @@ impl Error {
     /// The backend could not be reached now (etcd without a quorum): the log is
     /// neither known damaged nor this writer poisoned; a later attempt may work.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::EtcdUnavailable { .. })
+        matches!(self, Error::EtcdUnavailable { .. } | Error::CutUnderReader { .. })
     }
 
     /// A stable, machine-readable code for each kind of failure.
@@ -130,6 +142,7 @@ impl Error {
             Error::InvalidOption { .. } => "INVALID_OPTION",
             Error::Withdrawn { .. } => "WITHDRAWN",
             Error::EtcdUnavailable { .. } => "ETCD_UNAVAILABLE",
+            Error::CutUnderReader { .. } => "CUT_UNDER_READER",
             Error::Etcd { .. } => "ETCD_ERROR",
             Error::Archived { .. } => "HISTORY_ARCHIVED",
             Error::Closed => "CLOSED",

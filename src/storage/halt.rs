@@ -75,7 +75,27 @@ fn read(dir: &Path, path: &Path) -> Error {
     let text = super::dir::read_regular(path, MARKER_BYTES_MAX, 0)
         .map_err(|e| e.to_string())
         .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()));
+    // The marker names a segment of this directory by its file name, and a place
+    // after its header: anything else (a path, `..`) is not believed.
+    let valid = |m: &Marker| {
+        super::dir::segment_seq(&m.segment).is_some_and(|first| first <= m.seq)
+            && m.offset >= crate::format::SEGMENT_HEADER_BYTES as u64
+            && m.seq > 0
+    };
     match text.and_then(|t| serde_json::from_str::<Marker>(t.trim()).map_err(|e| e.to_string())) {
+        Ok(m) if !valid(&m) => Error::SyncFailed {
+            segment: path.to_path_buf(),
+            offset: 0,
+            seq: 0,
+            detail: format!(
+                "{} names no segment of this log ({:?} at byte {}, sequence {}); move it away only after checking \
+                 the log",
+                path.display(),
+                m.segment,
+                m.offset,
+                m.seq
+            ),
+        },
         Ok(m) => Error::SyncFailed {
             segment: dir.join(&m.segment),
             offset: m.offset,
@@ -94,7 +114,8 @@ fn read(dir: &Path, path: &Path) -> Error {
     }
 }
 
-/// Where the halted group began (segment, offset, sequence), if the log is halted.
+/// Where the halted group began (segment, offset, sequence), if the log is halted
+/// by a marker that names a place in it (sequence 0: one that does not).
 pub(crate) fn halted_at(dir: &Path) -> Option<(PathBuf, u64, u64)> {
     match check(dir) {
         Err(Error::SyncFailed { segment, offset, seq, .. }) => Some((segment, offset, seq)),

@@ -447,6 +447,47 @@ impl Tailer {
         }
     }
 
+    /// Has the segment this reader is in been cut back below what it read, or
+    /// replaced, or removed? A reader takes no lock, so it may read a commit group
+    /// while it is being synced; if the sync fails, the writer cuts the group back
+    /// (FORMAT.md §7) and the records this reader passed on were never committed.
+    /// Then `CUT_UNDER_READER` (the caller starts again from what the log holds:
+    /// the ledger rebuilds its state, a stream says so) — never a silent stall on a
+    /// file nobody appends to. A segment replaced by a new file holding at least
+    /// what this reader read (a cut back across a rotation rewrites the sealed
+    /// segment's prefix byte for byte) is followed into the new file.
+    fn check_not_cut_under(&mut self) -> Result<()> {
+        let Some((first_seq, path, f)) = self.file.as_ref() else { return Ok(()) };
+        let mine = super::dir::stat_file(f).map_err(Error::io("stat", path))?;
+        let at_path = super::dir::stat_path(path).ok().filter(|m| m.is_file);
+        let cut = |detail: String| Error::CutUnderReader {
+            segment: path.clone(),
+            offset: self.offset,
+            seq: self.cursor.next_seq,
+            detail,
+        };
+        match at_path {
+            Some(m) if (m.dev, m.ino) == (mine.dev, mine.ino) => {
+                if mine.len < self.offset {
+                    return Err(cut(format!("the segment was cut to {} bytes below what was read", mine.len)));
+                }
+                Ok(())
+            }
+            Some(m) if m.len >= self.offset => {
+                let (first_seq, path) = (*first_seq, path.clone());
+                let (file, _) = open_regular(&path, segment_file_bytes_max(self.body_max), first_seq)?;
+                if let Some(held) = self.file.as_mut() {
+                    held.2 = file;
+                }
+                self.zeros_checked = false;
+                self.at_frames_end = false;
+                Ok(())
+            }
+            Some(m) => Err(cut(format!("the segment was replaced by a file of {} bytes, below what was read", m.len))),
+            None => Err(cut("the segment was removed".into())),
+        }
+    }
+
     /// Chain link of the record before `next_seq` (the last one verified).
     pub fn prev_link(&self) -> crate::format::ChainLink {
         self.cursor.prev_link
@@ -511,6 +552,10 @@ impl Tailer {
     pub fn poll(&mut self, mut visit: impl FnMut(&RecordRef<'_>)) -> Result<u64> {
         let mut visited = 0;
         self.torn_tail = false;
+        // A commit group in doubt (its sync failed and it was not cut back): no
+        // record from here is trusted.
+        super::halt::check(&self.dir)?;
+        self.check_not_cut_under()?;
         if self.file.is_none() {
             let segments = list_segments(&self.dir)?;
             let Some((seq, path)) =

@@ -88,6 +88,15 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     // A commit group whose sync failed and could not be cut back is damage there,
     // however intact its bytes read from the page cache.
     let halted = super::halt::halted_at(dir);
+    if let Some((_, _, 0)) = &halted {
+        return Err(Error::InvalidOption {
+            detail: format!(
+                "{} does not name a place in this log: check the log (fencelog inspect verify) and move the file \
+                 away by hand",
+                dir.join(super::halt::SYNC_FAILED_FILE).display()
+            ),
+        });
+    }
     if let Some((segment, offset, seq)) = &halted
         && damage.as_ref().is_none_or(|d| d.seq > *seq)
     {
@@ -141,9 +150,29 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
                 .into(),
         });
     }
+    let held = super::dir::stat_path(&segment).map_err(Error::io("stat", &segment))?.len;
+    if offset > held {
+        return Err(Error::InvalidOption {
+            detail: format!("{} is {held} bytes: there is nothing at byte {offset} to cut from", segment.display()),
+        });
+    }
     let mut cuts = Vec::new();
     let segments = super::dir::listing(dir)?.segments;
-    for (_, path) in segments.iter().filter(|(_, p)| *p > segment) {
+    // Later segments by their sequence (names from this listing), never by comparing
+    // paths of different forms.
+    let cut_seq = segment
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(super::dir::segment_seq)
+        .filter(|_| {
+            segment.parent() == Some(dir)
+                || segment.parent().and_then(|p| p.canonicalize().ok()) == dir.canonicalize().ok()
+        })
+        .ok_or_else(|| Error::InvalidOption {
+            detail: format!("{} is not a segment of {}", segment.display(), dir.display()),
+        })?;
+    let segment = super::dir::segment_path(dir, cut_seq);
+    for (_, path) in segments.iter().filter(|(s, _)| *s > cut_seq) {
         cuts.push(set_aside_whole(dir, path)?);
     }
     if offset == 0 {

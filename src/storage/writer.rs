@@ -484,7 +484,10 @@ impl Writer {
         let body_max = self.opts.body_max();
         loop {
             let path = self.tail.segment.clone();
-            let meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
+            let mut meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
+            if stat_path(&path).is_ok_and(|m| m.dev != meta.dev || m.ino != meta.ino) && self.adopt_rewritten(&path)? {
+                meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
+            }
             let len = meta.len;
             let refuse = |detail: String| Error::Corruption {
                 segment: path.clone(),
@@ -540,6 +543,43 @@ impl Writer {
             check_header_continuity(&next, self.tail.cursor.next_seq, &header, Some(&self.tail.cursor), false)?;
             self.switch_to(next, header.layout())?;
         }
+    }
+
+    /// The segment at `path` is another file than this writer's: another writer
+    /// cut a failed group back across a rotation (`cut_back`), replacing the
+    /// segment with a new file holding its prefix (readers may have it mapped).
+    /// That file is adopted only if it holds, byte for byte, everything this
+    /// writer knew the segment to hold (`segment_len` bytes, compared with its own
+    /// handle on the old file): then appends go on in it. Anything else is not
+    /// adopted (`false`), and the caller refuses the log as before — a segment
+    /// replaced under a live writer would take every later append into a file
+    /// nobody reads.
+    fn adopt_rewritten(&mut self, path: &Path) -> Result<bool> {
+        const PIECE_BYTES: usize = 1 << 20;
+        let (new, new_len) =
+            match open_regular_rw(path, self.opts.segment_file_bytes_max(), self.tail.segment_first_seq) {
+                Ok(f) => f,
+                Err(_) => return Ok(false),
+            };
+        let known = self.tail.segment_len;
+        if new_len < known {
+            return Ok(false);
+        }
+        let (mut a, mut b) = (vec![0u8; PIECE_BYTES], vec![0u8; PIECE_BYTES]);
+        let mut at = 0u64;
+        while at < known {
+            let n = PIECE_BYTES.min((known - at) as usize);
+            self.file.read_exact_at(&mut a[..n], at).map_err(Error::io("read", path))?;
+            new.read_exact_at(&mut b[..n], at).map_err(Error::io("read", path))?;
+            if a[..n] != b[..n] {
+                return Ok(false);
+            }
+            at += n as u64;
+        }
+        tracing::info!(segment = %path.display(), "the segment was rewritten by a cut back; appending to the new file");
+        self.file = new;
+        self.tail.alloc_len = new_len;
+        Ok(true)
     }
 
     /// Adopt the frames other processes appended after `segment_len` (the file is

@@ -734,8 +734,9 @@ impl OutputFile {
             return Ok(None);
         }
         let recorded = recorded_output(p, stream);
-        let want =
-            recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |(kept, _)| kept.saturating_sub(from).min(OUTPUT_BYTES_MAX_LIMIT));
+        // What the record kept (never clamped: the record is the measure), else what
+        // a running process's file may hold at most.
+        let want = recorded.map_or(OUTPUT_BYTES_MAX_LIMIT, |(kept, _)| kept.saturating_sub(from));
         if want == 0 {
             return Ok(None);
         }

@@ -296,8 +296,8 @@ fn run_process(
     let drain_until = Instant::now() + Duration::from_millis(OUTPUT_DRAIN_MS);
     let (mut stdout, mut stderr) = (stdout.finish(drain_until), stderr.finish(drain_until));
     if let Some(r) = super::secrets::Redactor::new(secrets) {
-        redact_capture(dir, process, super::Stream::Stdout, &mut stdout, &r);
-        redact_capture(dir, process, super::Stream::Stderr, &mut stderr, &r);
+        redact_capture(dir, process, super::Stream::Stdout, &mut stdout, &r, max);
+        redact_capture(dir, process, super::Stream::Stderr, &mut stderr, &r, max);
     }
     let exit = Exit {
         exit_code: status.and_then(|s| s.code()),
@@ -323,11 +323,15 @@ fn redact_capture(
     stream: super::Stream,
     c: &mut crate::model::Capture,
     r: &super::secrets::Redactor,
+    bytes_max: u64,
 ) {
     if c.bytes_kept > 0 {
         let cut = c.bytes_seen > c.bytes_kept;
-        match r.redact_file(&super::output_path(dir, process, stream), cut) {
-            Ok(Some((len, digest))) => (c.bytes_kept, c.kept_blake3) = (len, digest),
+        match r.redact_file(&super::output_path(dir, process, stream), cut, bytes_max) {
+            Ok(Some(red)) => {
+                (c.bytes_kept, c.kept_blake3) = (red.bytes, red.blake3);
+                c.truncated |= red.truncated;
+            }
             Ok(None) => {}
             Err(e) => say(process, format!("cannot redact the kept {}: {e}", stream.file_name())),
         }

@@ -89,6 +89,15 @@ pub struct Secret {
     pub value: Vec<u8>,
 }
 
+/// A file after [`Redactor::redact_file`]: its new length and digest, and whether
+/// it was cut at its bound (markers longer than what they replaced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redacted {
+    pub bytes: u64,
+    pub blake3: [u8; 32],
+    pub truncated: bool,
+}
+
 /// Replaces every occurrence of each secret by `[REDACTED:NAME]` (the longest
 /// value first where several match at one place).
 pub struct Redactor {
@@ -185,7 +194,7 @@ impl Redactor {
     /// (0600), synced, renamed over it, the directory synced. Returns the new
     /// length and blake3, or `None` when no secret was in it (the file is then
     /// left as it was).
-    pub fn redact_file(&self, path: &Path, cut_after: bool) -> std::io::Result<Option<(u64, [u8; 32])>> {
+    pub fn redact_file(&self, path: &Path, cut_after: bool, bytes_max: u64) -> std::io::Result<Option<Redacted>> {
         const PIECE_BYTES: usize = 64 << 10;
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut src = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
@@ -201,7 +210,7 @@ impl Redactor {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         let (mut pending, mut piece) = (Vec::new(), vec![0u8; PIECE_BYTES]);
-        let (mut hasher, mut len, mut changed) = (blake3::Hasher::new(), 0u64, false);
+        let (mut hasher, mut len, mut changed, mut cut_at_bound) = (blake3::Hasher::new(), 0u64, false, false);
         let result = (|| -> std::io::Result<()> {
             loop {
                 let n = src.read(&mut piece)?;
@@ -230,10 +239,17 @@ impl Redactor {
                     out.extend(Self::marker(s));
                     changed = true;
                 }
+                // Markers can be longer than what they replace: what is kept stays
+                // within the stream's bound (cut there, marked truncated).
+                let room = bytes_max.saturating_sub(len) as usize;
+                if out.len() > room {
+                    out.truncate(room);
+                    cut_at_bound = true;
+                }
                 hasher.update(&out);
                 len += out.len() as u64;
                 dst.write_all(&out)?;
-                if eof {
+                if eof || cut_at_bound {
                     return Ok(());
                 }
             }
@@ -244,8 +260,12 @@ impl Redactor {
         }
         dst.sync_all()?;
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()?;
-        Ok(Some((len, *hasher.finalize().as_bytes())))
+        // Renamed: the redacted file is the one to name in the record from here on,
+        // whether or not the directory's sync below succeeds.
+        if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+            eprintln!("fencelog runner: syncing {} after redacting: {e}", dir.display());
+        }
+        Ok(Some(Redacted { bytes: len, blake3: *hasher.finalize().as_bytes(), truncated: cut_at_bound }))
     }
 }
 
@@ -287,12 +307,20 @@ mod tests {
         content.extend_from_slice(b"sk-12345678");
         content.extend(std::iter::repeat_n(b'x', 100));
         std::fs::write(&path, &content).unwrap();
-        let (len, digest) = r().redact_file(&path, false).unwrap().expect("a secret was there");
+        let red = r().redact_file(&path, false, 1 << 30).unwrap().expect("a secret was there");
         let after = std::fs::read(&path).unwrap();
-        assert_eq!((after.len() as u64, *blake3::hash(&after).as_bytes()), (len, digest));
+        assert_eq!(
+            (after.len() as u64, *blake3::hash(&after).as_bytes(), red.truncated),
+            (red.bytes, red.blake3, false)
+        );
         assert!(!after.windows(11).any(|w| w == b"sk-12345678"));
         assert!(after.windows(17).any(|w| w == b"[REDACTED:ApiKey]"));
         std::fs::write(&path, b"clean").unwrap();
-        assert_eq!(r().redact_file(&path, false).unwrap(), None, "no secret: left as it was");
+        assert_eq!(r().redact_file(&path, false, 1 << 30).unwrap(), None, "no secret: left as it was");
+        // Markers longer than the values: the kept bytes stay within the bound.
+        std::fs::write(&path, b"tok-xyz tok-xyz tok-xyz").unwrap();
+        let red = r().redact_file(&path, false, 20).unwrap().unwrap();
+        assert_eq!((red.bytes, red.truncated), (20, true));
+        assert_eq!(std::fs::read(&path).unwrap(), b"[REDACTED:Token] [RE");
     }
 }

@@ -17,9 +17,18 @@ pub(crate) struct Cli {
 
 #[derive(Args, Clone)]
 pub(crate) struct Dir {
-    /// Log directory (required unless --server).
-    #[arg(long, env = "FENCELOG_DIR", required_unless_present = "server")]
+    /// Log directory (required unless --server or --etcd). With --etcd: this host's
+    /// local state instead (process output, runners' logs, keys, the daemon's
+    /// token), needed by `run`, `process logs` and `serve`.
+    #[arg(long, env = "FENCELOG_DIR", required_unless_present_any = ["server", "etcd"])]
     pub(crate) dir: Option<PathBuf>,
+    /// The log in an etcd cluster instead of a directory: its members' HOST:PORT,
+    /// comma-separated (requests time out after 5 s: ETCD_UNAVAILABLE).
+    #[arg(long, env = "FENCELOG_ETCD", conflicts_with = "server")]
+    pub(crate) etcd: Option<String>,
+    /// The key prefix of the log in etcd.
+    #[arg(long, env = "FENCELOG_ETCD_PREFIX", default_value = fencelog::storage::etcd::DEFAULT_PREFIX)]
+    pub(crate) etcd_prefix: String,
     /// Send the operation to a daemon (`fencelog serve`) at URL instead of opening
     /// the directory: the same JSON, the same exit codes.
     #[arg(long, env = "FENCELOG_SERVER")]
@@ -31,10 +40,34 @@ pub(crate) struct Dir {
 }
 
 impl Dir {
-    /// The log directory (present: clap requires it unless `--server`, and a
-    /// command with `--server` never opens a directory).
+    /// The log directory — or, with `--etcd`, the local state directory (present:
+    /// clap requires one of `--dir`, `--server`, `--etcd`; see `state_dir`).
     pub(crate) fn path(&self) -> &std::path::Path {
         self.dir.as_deref().unwrap_or(std::path::Path::new(""))
+    }
+
+    /// Where the log is: the directory, or the etcd cluster and prefix.
+    pub(crate) fn location(&self) -> Result<fencelog::storage::Location, fencelog::ops::OpError> {
+        use fencelog::storage::{Location, etcd::EtcdOptions};
+        match &self.etcd {
+            Some(endpoints) => Ok(Location::Etcd(EtcdOptions::parse(endpoints, &self.etcd_prefix)?)),
+            None => Ok(Location::Dir(self.path().to_path_buf())),
+        }
+    }
+
+    /// The directory of this host's files of the log (the log directory itself,
+    /// or with `--etcd` the one `--dir` names), for commands that need it.
+    pub(crate) fn state_dir(&self, what: &str) -> Result<&std::path::Path, fencelog::ops::OpError> {
+        match &self.dir {
+            Some(d) if !d.as_os_str().is_empty() => Ok(d),
+            _ => Err(fencelog::ops::OpError::Usage {
+                code: "USAGE",
+                message: format!(
+                    "{what} needs --dir DIR: with --etcd, the directory of this host's local state (process \
+                     output, runners' logs, keys)"
+                ),
+            }),
+        }
     }
 }
 

@@ -96,10 +96,10 @@ fn run(cmd: cli::Cmd) -> Printed {
         if let Some(server) = d.server.clone() {
             return client::run(cmd, &server);
         }
-        if d.dir.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+        if d.etcd.is_none() && d.dir.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
             return Err(OpError::Usage {
                 code: "USAGE",
-                message: "--dir DIR (or FENCELOG_DIR) is required, or --server URL".into(),
+                message: "--dir DIR (or FENCELOG_DIR) is required, or --etcd ENDPOINTS, or --server URL".into(),
             });
         }
     }

@@ -17,7 +17,12 @@ pub(crate) fn ledger_options() -> LedgerOptions {
 }
 
 pub(crate) fn open(dir: &Dir) -> Result<Ledger, ops::OpError> {
-    Ok(Ledger::open(dir.path(), ledger_options())?)
+    Ok(Ledger::open_at(&dir.location()?, ledger_options())?)
+}
+
+/// The log read-only (nothing written, locked or created).
+pub(crate) fn read_only(dir: &Dir) -> Result<fencelog::ledger::ReadView, ops::OpError> {
+    Ok(Ledger::read_only_at(&dir.location()?, &ledger_options())?)
 }
 
 /// A claim or takeover without `--pid` is held for the process that ran us.
@@ -159,8 +164,9 @@ pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
             let ledger = open(dir)?;
             let exe =
                 std::env::current_exe().map_err(|e| ops::OpError::Io { message: format!("own executable: {e}") })?;
-            let abs = std::path::absolute(dir.path())
-                .map_err(|e| ops::OpError::Io { message: format!("{}: {e}", dir.path().display()) })?;
+            let state = dir.state_dir("run")?;
+            let abs = std::path::absolute(state)
+                .map_err(|e| ops::OpError::Io { message: format!("{}: {e}", state.display()) })?;
             printed(&fencelog::supervisor::run(&ledger, &abs, &r, &exe)?)
         }
     }
@@ -169,17 +175,18 @@ pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
 /// The commands on a log's state that are not mutations.
 pub(crate) fn run(cmd: Cmd) -> Printed {
     match cmd {
-        Cmd::Request { cmd: RequestCmd::Show { dir, id } } => {
-            printed(&ops::request_show(&Ledger::read_only(dir.path(), &ledger_options())?, &id)?)
-        }
+        Cmd::Request { cmd: RequestCmd::Show { dir, id } } => printed(&ops::request_show(&read_only(&dir)?, &id)?),
         Cmd::State { dir, subject } => {
             if let Some(s) = &subject {
                 ops::valid(s)?;
             }
-            let view = Ledger::read_only(dir.path(), &ledger_options())?;
+            let view = read_only(&dir)?;
             printed(&ops::state(&view, subject.as_deref(), LogOptions::default().now_ms())?)
         }
-        Cmd::Init { dir } => printed(&fencelog::storage::init(dir.path(), LogOptions::default())?),
+        Cmd::Init { dir } => match dir.location()? {
+            fencelog::storage::Location::Etcd(e) => printed(&fencelog::storage::etcd::EtcdBackend::init(&e)?),
+            _ => printed(&fencelog::storage::init(dir.path(), LogOptions::default())?),
+        },
         Cmd::Repair { dir, cut_from } => {
             let r = fencelog::storage::repair(dir.path(), cut_from, &LogOptions::default())?;
             Ok((serde_json::to_value(&r).expect("report serializes"), if r.intact { 0 } else { 1 }))

@@ -10,7 +10,7 @@ use fencelog::storage::LogOptions;
 use fencelog::supervisor::{self as sup, Stream};
 
 use crate::cli::{Cmd, ProcessCmd, StreamArg};
-use crate::mutate::{ledger_options, open};
+use crate::mutate::{ledger_options, open, read_only};
 use crate::{Printed, printed};
 
 pub(crate) fn run(cmd: Cmd) -> Printed {
@@ -22,14 +22,10 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             printed(&sup::recover(&ledger, prespawn_grace_ms, LogOptions::default().now_ms(), me.as_ref())?)
         }
         Cmd::Process { cmd } => match cmd {
-            ProcessCmd::Show { dir, id } => {
-                printed(&sup::show(&Ledger::read_only(dir.path(), &ledger_options())?.projection, id)?)
+            ProcessCmd::Show { dir, id } => printed(&sup::show(&read_only(&dir)?.projection, id)?),
+            ProcessCmd::List { dir, status, owner } => {
+                printed(&sup::list(&read_only(&dir)?.projection, status.as_deref(), owner.as_deref())?)
             }
-            ProcessCmd::List { dir, status, owner } => printed(&sup::list(
-                &Ledger::read_only(dir.path(), &ledger_options())?.projection,
-                status.as_deref(),
-                owner.as_deref(),
-            )?),
             ProcessCmd::Wait { dir, id, timeout_ms } => printed(&sup::wait(&open(&dir)?, id, timeout_ms)?),
             ProcessCmd::Cancel { dir, id, owner, generation, grace_ms } => {
                 let by = match (owner, generation) {
@@ -43,7 +39,7 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
                     StreamArg::Stdout => Stream::Stdout,
                     StreamArg::Stderr => Stream::Stderr,
                 };
-                logs(dir.path(), id, stream, follow)
+                logs(&dir, id, stream, follow)
             }
         },
         _ => unreachable!("dispatched in main"),
@@ -52,11 +48,12 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
 
 /// Raw bytes of the kept output; with `follow`, until the process has ended and
 /// everything it kept is printed.
-fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed {
-    let view = Ledger::read_only(dir, &ledger_options())?;
+fn logs(at: &crate::cli::Dir, id: u64, stream: Stream, follow: bool) -> Printed {
+    let dir = at.state_dir("process logs")?;
+    let view = read_only(at)?;
     let first = view.projection.processes.get(&id).cloned();
     sup::show(&view.projection, id)?; // an unknown process is UNKNOWN_PROCESS, not an empty output
-    let ledger = if follow { Some(Ledger::open(dir, ledger_options())?) } else { None };
+    let ledger = if follow { Some(Ledger::open_at(&at.location()?, ledger_options())?) } else { None };
     let mut out = std::io::stdout().lock();
     let mut pos = 0u64;
     // Everything printed, to hold against the exit record's digest at the end (a
@@ -79,6 +76,18 @@ fn logs(dir: &std::path::Path, id: u64, stream: Stream, follow: bool) -> Printed
             pos += buf.len() as u64;
             hasher.update(&buf);
             out.write_all(&buf).and_then(|_| out.flush()).map_err(crate::stdout_error)?;
+        }
+        if ended && !p.command.env.is_empty() && pos > 0 && sup::recorded_output(&p, stream).is_some() {
+            // Its `--env` values were redacted from the kept output once it ended:
+            // what was printed while it ran is not what was kept (and the kept
+            // file's offsets are not those printed). The kept file is checked
+            // against its record on its own; nothing more is printed from it.
+            sup::stream_output(dir, &p, stream, 0, |_| Ok(()))?;
+            eprintln!(
+                "fencelog: process {id}'s kept output was redacted when it ended (its --env values); what was printed \
+                 while it ran was not redacted. `process logs {id}` prints what was kept"
+            );
+            return Ok((serde_json::Value::Null, 0));
         }
         if ended {
             // (Bytes printed while the file under the name was not yet this

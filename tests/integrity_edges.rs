@@ -663,10 +663,12 @@ fn a_truncated_first_segment_is_corruption_never_a_new_history() {
     assert_eq!(fs::metadata(&first).unwrap().len(), 10, "nothing was set aside or created");
 }
 
-/// Proves (second review): a writer whose segment file is replaced under it
-/// (copied aside and moved back: a new inode) refuses its next append instead of
-/// writing into a file nobody reads; a segment grown past any segment's size under
-/// a writer is refused unread (no evidence file in proportion to it).
+/// Proves (second review): a writer never writes into a file nobody reads. Its
+/// segment replaced under it by a file with other bytes (a new inode) makes it
+/// refuse its next append; replaced by a byte-for-byte copy (what a cut back
+/// across a rotation leaves: the prefix rewritten into a new file) it appends to
+/// the new file, where every reader reads it. A segment grown past any segment's
+/// size under a writer is refused unread (no evidence file in proportion to it).
 #[test]
 fn a_segment_replaced_or_grown_under_a_live_writer_is_refused() {
     let d = tempfile::tempdir().unwrap();
@@ -674,12 +676,27 @@ fn a_segment_replaced_or_grown_under_a_live_writer_is_refused() {
     log.append(b"one").unwrap();
     let seg = segment_path(d.path(), 1);
     let copy = d.path().join("copy");
-    fs::copy(&seg, &copy).unwrap();
+    let mut other = fs::read(&seg).unwrap();
+    let last = other.iter().rposition(|&b| b == b'e').unwrap(); // the payload's last byte
+    other[last] = b'E';
+    fs::write(&copy, &other).unwrap();
     fs::rename(&copy, &seg).unwrap();
     let err = log.append(b"two").unwrap_err();
     assert_eq!(err.code(), "CORRUPTION", "{err}");
     assert!(err.to_string().contains("replaced"), "{err}");
     drop(log);
+
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    log.append(b"one").unwrap();
+    let seg = segment_path(d.path(), 1);
+    let copy = d.path().join("copy");
+    fs::copy(&seg, &copy).unwrap();
+    fs::rename(&copy, &seg).unwrap();
+    assert_eq!(log.append(b"two").unwrap().first_seq, 2, "appended to the copy, the file at the path");
+    drop(log);
+    let recs: Vec<Vec<u8>> = common::records(d.path()).into_iter().map(|(_, p)| p).collect();
+    assert_eq!(recs, vec![b"one".to_vec(), b"two".to_vec()], "every reader reads both");
 
     let d = tempfile::tempdir().unwrap();
     let log = Log::open(d.path(), LogOptions::default()).unwrap();

@@ -294,7 +294,8 @@ fn background_snapshots_under_concurrency_cover_durable_state_only() {
     drop(l); // not `close`: the newest snapshots on disk are background ones
     let snaps = std::fs::read_dir(d.path().join("snapshots")).unwrap().count();
     assert!(snaps > 0, "snapshots were taken");
-    let (summary, code) = fencelog::inspect::verify_pinned(d.path(), &[]).unwrap();
+    let (summary, code) =
+        fencelog::inspect::verify_pinned(&fencelog::inspect::Source::Dir(d.path().to_path_buf()), &[]).unwrap();
     assert_eq!(code, 0, "{:?}", summary.problems);
     let again = Ledger::open(d.path(), opts).unwrap();
     let r = again.open_report();

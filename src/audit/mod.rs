@@ -21,12 +21,11 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::inspect::body_max;
 use crate::model::{
     CallerId, DeathReason, Event, Identity, LeaseState, Observed, Outcome, Projection, TenureEndHow, decode_txn,
     flatten_tagged,
 };
-use crate::storage::{Error, ScanItem, scan_dir};
+use crate::storage::{Error, ScanItem};
 pub use render::{html, text};
 
 #[derive(Debug, Clone, Serialize)]
@@ -379,13 +378,13 @@ impl Work {
     }
 }
 
-/// Replay the log in `dir` and tell every subject's story (`only`: one subject).
-pub fn audit(dir: &Path, only: Option<&str>) -> Result<Report, Error> {
+/// Replay the log and tell every subject's story (`only`: one subject).
+pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report, Error> {
     let mut p = Projection::default();
     let mut undecodable: Vec<u64> = Vec::new();
     let mut work: BTreeMap<String, Work> = BTreeMap::new();
     let mut daemon_cutovers = Vec::new();
-    let summary = scan_dir(dir, 1, body_max(), |item| {
+    let summary = src.scan(1, |item| {
         let ScanItem::Record { rec, .. } = item else { return true };
         if rec.seq <= p.last_seq {
             return true;

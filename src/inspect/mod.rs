@@ -4,6 +4,8 @@
 
 pub mod time;
 
+pub use crate::storage::Source;
+
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -13,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::format::{RecordRef, frame_bytes, hex};
 use crate::model::{Event, Projection, Txn, decode_txn, flatten_tagged};
-use crate::storage::{Error, Problem, ReadSummary, ScanItem, Tailer, list_segments, scan_dir};
+use crate::storage::{Error, Problem, ReadSummary, ScanItem};
 pub use time::{format_ms, parse_time};
 
 /// Largest frame body the inspector, the audit and the daemon's watch accept: the
@@ -51,13 +53,13 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(dir: &Path, what: &str) -> Progress {
+    fn new(src: &Source, what: &str) -> Progress {
         if !std::io::stderr().is_terminal() || cfg!(not(feature = "cli")) {
             return Progress { bar: None, base: BTreeMap::new(), ticks: 0 };
         }
         let mut base = BTreeMap::new();
         let mut total = 0;
-        for (_, p) in list_segments(dir).unwrap_or_default() {
+        for (_, p) in src.segments() {
             base.insert(file_name(&p), total);
             // The entry itself (a symlink is not followed: it is refused unread).
             total += std::fs::symlink_metadata(&p).map(|m| m.len()).unwrap_or(0);
@@ -99,8 +101,8 @@ impl Drop for Progress {
 }
 
 /// Exit code of `verify`: 0 intact, 1 damaged.
-pub fn verify(dir: &Path) -> Result<(ReadSummary, u8), Error> {
-    verify_pinned(dir, &[])
+pub fn verify(src: &Source) -> Result<(ReadSummary, u8), Error> {
+    verify_pinned(src, &[])
 }
 
 /// A chain head kept elsewhere: the log must hold `head` at sequence `seq`.
@@ -124,9 +126,9 @@ pub fn parse_pin(s: &str) -> Result<Pin, String> {
 
 /// `verify`, then check the pinned heads and every snapshot against a replay of
 /// the log up to its sequence; each mismatch is a problem (exit 1).
-pub fn verify_pinned(dir: &Path, pins: &[Pin]) -> Result<(ReadSummary, u8), Error> {
-    let (mut s, _) = verify_with(dir, || {})?;
-    check_pins_and_snapshots(dir, pins, &mut s)?;
+pub fn verify_pinned(src: &Source, pins: &[Pin]) -> Result<(ReadSummary, u8), Error> {
+    let (mut s, _) = verify_with(src, || {})?;
+    check_pins_and_snapshots(src, pins, &mut s)?;
     let code = if s.is_intact() { 0 } else { 1 };
     Ok((s, code))
 }
@@ -135,16 +137,22 @@ fn extra_problem(kind: &str, segment: PathBuf, seq: u64, detail: String) -> Prob
     Problem { kind: kind.into(), segment, offset: 0, seq, torn_tail: false, damaged_bytes: 0, detail }
 }
 
-fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Result<(), Error> {
+fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> Result<(), Error> {
     use crate::ledger::snapshot;
-    use crate::storage::snapshots as stored;
+    // An archived history that was not given cannot be replayed: no snapshot or
+    // pin before its end can be checked (the `history_archived` problem says so).
+    if s.problems.iter().any(|p| p.kind == "history_archived") {
+        return Ok(());
+    }
     // Streamed (digest only): a snapshot file is never held whole to be checked.
-    let snaps: Vec<_> = stored::list_files(dir).into_iter().map(|p| (stored::peek(&p), p)).collect();
+    let stored = src.snapshots();
+    let snaps: Vec<_> = stored.iter().map(|x| (x.meta.clone(), x.place.clone())).collect();
     let mut wanted: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
     for (i, (snap, path)) in snaps.iter().enumerate() {
         // A snapshot of another projection schema (another build's) is never
         // adopted by a writer, so it is not compared: not damage.
-        let schema = stored::body_prefix(path, snapshot::SCHEMA_PREFIX_BYTES).map(|b| snapshot::schema_of(&b));
+        let schema = src.snapshot_prefix(&stored[i], snapshot::SCHEMA_PREFIX_BYTES).map(|b| snapshot::schema_of(&b));
+        let _ = path;
         match snap {
             Ok(_) if schema.is_ok_and(|s| s != snapshot::PROJECTION_SCHEMA) => {}
             Ok(l) => wanted.entry(l.seq).or_default().push(i),
@@ -156,7 +164,8 @@ fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Re
     let mut links = std::collections::BTreeMap::new();
     let mut p = Projection::default();
     if read_to > 0 {
-        crate::storage::read_records(dir, 1, body_max(), |rec| {
+        src.scan(1, |item| {
+            let ScanItem::Record { rec, .. } = item else { return true };
             if rec.seq <= p.last_seq {
                 return true; // never apply out of order after a resync
             }
@@ -205,13 +214,13 @@ fn check_pins_and_snapshots(dir: &Path, pins: &[Pin], s: &mut ReadSummary) -> Re
             Some(h) if *h == pin.head => {}
             Some(h) => s.problems.push(extra_problem(
                 "head_mismatch",
-                dir.to_path_buf(),
+                src.label(),
                 pin.seq,
                 format!("the chain head at sequence {} is {h}, not the pinned {}", pin.seq, pin.head),
             )),
             None => s.problems.push(extra_problem(
                 "log_shorter_than_pinned",
-                dir.to_path_buf(),
+                src.label(),
                 pin.seq,
                 format!(
                     "a head was pinned at sequence {} but the log's intact records end at {}: records were cut or \
@@ -235,10 +244,10 @@ pub struct Head {
 
 /// The chain head at sequence `at` (default: the last intact record). The log's
 /// whole history must be intact up to there.
-pub fn head(dir: &Path, at: Option<u64>) -> Result<Head, Error> {
+pub fn head(src: &Source, at: Option<u64>) -> Result<Head, Error> {
     let mut found = Head { seq: 0, chain_head: hex(&crate::format::GENESIS_LINK), time_ms: None };
     let mut damage = None;
-    scan_dir(dir, 1, body_max(), |item| match item {
+    src.scan(1, |item| match item {
         ScanItem::Record { rec, .. } => {
             if at.is_some_and(|a| rec.seq > a) {
                 return false;
@@ -273,12 +282,12 @@ pub const VERIFY_LIVE_REREADS_MAX: u32 = 3;
 /// change from before the read to after it; if the log changed meanwhile, it is read
 /// again (at most `VERIFY_LIVE_REREADS_MAX` times, then the last reading is reported
 /// as it is).
-fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary, u8), Error> {
+fn verify_with(src: &Source, mut after_read: impl FnMut()) -> Result<(ReadSummary, u8), Error> {
     let mut rereads = 0;
     loop {
-        let before = log_fingerprint(dir)?;
-        let mut progress = Progress::new(dir, "verify");
-        let s = scan_dir(dir, 1, body_max(), |item| {
+        let before = src.fingerprint();
+        let mut progress = Progress::new(src, "verify");
+        let s = src.scan(1, |item| {
             if let ScanItem::Record { segment, offset, .. } = item {
                 progress.at(segment, offset);
             }
@@ -289,28 +298,13 @@ fn verify_with(dir: &Path, mut after_read: impl FnMut()) -> Result<(ReadSummary,
         // Damage of either kind stands only if nothing changed meanwhile: in a
         // preallocated segment a group being copied over the end mark can look
         // like corruption for a moment.
-        if s.is_intact() || rereads == VERIFY_LIVE_REREADS_MAX || log_fingerprint(dir)? == before {
+        if s.is_intact() || rereads == VERIFY_LIVE_REREADS_MAX || src.fingerprint() == before {
             let code = if s.is_intact() { 0 } else { 1 };
             return Ok((s, code));
         }
         rereads += 1;
-        tracing::info!(dir = %dir.display(), rereads, "the log grew while it was read: reading it again");
+        tracing::info!(log = %src.label().display(), rereads, "the log grew while it was read: reading it again");
     }
-}
-
-/// What changes when anything is appended: the segments and their lengths, and
-/// the content of the last one (a preallocated segment keeps its length while
-/// appends overwrite its zeros). Read before each pass, and after one that found
-/// damage.
-fn log_fingerprint(dir: &Path) -> Result<(Vec<(u64, u64)>, u64), Error> {
-    // A directory the scan reports problems with (odd names, say) has no fingerprint.
-    let segments = list_segments(dir).unwrap_or_default();
-    let lens = segments.iter().map(|(s, p)| (*s, std::fs::symlink_metadata(p).map_or(0, |m| m.len()))).collect();
-    // Read as the scan reads it: never through a symlink, never a FIFO or device,
-    // never more than a segment may hold (a hostile last segment is refused unread
-    // here too, not read without bound).
-    let last = segments.last().map_or(0, |(_, p)| crate::storage::segment_fingerprint(p, body_max()));
-    Ok((lens, last))
 }
 
 fn problem_json(p: &Problem) -> Value {
@@ -323,6 +317,9 @@ fn problem_json(p: &Problem) -> Value {
 fn verdict(s: &ReadSummary) -> &'static str {
     if s.is_intact() {
         "intact"
+    } else if s.problems.iter().all(|p| p.kind == "history_archived") {
+        // What is there verifies; what is not was moved to an archive not given.
+        "history_archived"
     } else if s.has_corruption() {
         "corrupt"
     } else {
@@ -353,6 +350,7 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
     for p in &s.problems {
         let what = match p.kind.as_str() {
             _ if p.torn_tail => "torn tail: recovery would truncate it",
+            "history_archived" => "archived: not here, not verified",
             "snapshot_mismatch" | "snapshot_damaged" => "snapshot: a writer would not adopt it",
             "head_mismatch" | "log_shorter_than_pinned" => "the log does not hold a pinned head",
             _ => "corruption: recovery refuses",
@@ -376,6 +374,10 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
     });
     let status = match verdict(s) {
         "intact" => "intact",
+        "history_archived" => {
+            "INCOMPLETE: the records held verify, but the history before them is archived (give --archive DIR to \
+             verify it all)"
+        }
         "corrupt" if only_snapshots_or_pins => {
             "DAMAGED: the records verify, but the log does not match its snapshots or pinned heads"
         }
@@ -620,14 +622,14 @@ impl Filter {
 
 /// `dump`: one line per record. Without `raw` it stops at the first damage (and
 /// reports it); with `raw` it reports each damaged region and reads on.
-pub fn dump(dir: &Path, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Write) -> Result<ReadSummary, Error> {
-    let mut progress = Progress::new(dir, "dump");
+pub fn dump(src: &Source, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Write) -> Result<ReadSummary, Error> {
+    let mut progress = Progress::new(src, "dump");
     let mut io_err = None;
     // Replayed from record 1 (printed from `from`): whether a record is
     // authoritative depends on the state it follows.
     let mut state = crate::model::Projection::default();
     let from = f.from.unwrap_or(1);
-    let summary = scan_dir(dir, 1, body_max(), |item| {
+    let summary = src.scan(1, |item| {
         let (line, damage) = match item {
             ScanItem::Record { rec, segment, offset } => {
                 progress.at(segment, offset);
@@ -686,9 +688,9 @@ pub fn dump(dir: &Path, f: &Filter, as_json: bool, raw: bool, out: &mut dyn Writ
 }
 
 /// The projection as of sequence `at` (default: the end), rebuilt from the log.
-pub fn state_at(dir: &Path, at: Option<u64>) -> Result<(Projection, ReadSummary), Error> {
+pub fn state_at(src: &Source, at: Option<u64>) -> Result<(Projection, ReadSummary), Error> {
     let mut p = Projection::default();
-    let s = scan_dir(dir, 1, body_max(), |item| {
+    let s = src.scan(1, |item| {
         let ScanItem::Record { rec, .. } = item else { return true };
         if at.is_some_and(|a| rec.seq > a) {
             return false;
@@ -751,11 +753,11 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
 }
 
 /// `stat`: counts and bytes by record kind, by subject (top `top`), by writer.
-pub fn stat(dir: &Path, top: usize) -> Result<Value, Error> {
+pub fn stat(src: &Source, top: usize) -> Result<Value, Error> {
     let mut kinds: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut subjects: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut writers: BTreeMap<String, u64> = BTreeMap::new();
-    let s = scan_dir(dir, 1, body_max(), |item| {
+    let s = src.scan(1, |item| {
         let ScanItem::Record { rec, .. } = item else { return true };
         let bytes = frame_bytes(rec.payload.len()) as u64;
         *writers.entry(uuid::Uuid::from_bytes(rec.writer).to_string()).or_default() += 1;
@@ -780,7 +782,8 @@ pub fn stat(dir: &Path, top: usize) -> Result<Value, Error> {
     })?;
     let mut by_subject: Vec<_> = subjects.into_iter().collect();
     by_subject.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
-    let segs: Vec<Value> = list_segments(dir)?
+    let segs: Vec<Value> = src
+        .segments()
         .into_iter()
         .map(|(seq, p)| json!({"segment": file_name(&p), "first_seq": seq, "bytes": std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0)}))
         .collect();
@@ -802,7 +805,7 @@ pub fn stat(dir: &Path, top: usize) -> Result<Value, Error> {
 /// `follow`: print records as other processes append them. Stops after
 /// `max_records` or `timeout_ms` when given, else runs until interrupted.
 pub fn follow(
-    dir: &Path,
+    src: &Source,
     from_seq: Option<u64>,
     as_json: bool,
     poll_ms: u64,
@@ -815,20 +818,20 @@ pub fn follow(
         // From now on: after the last record there is (verified from the start of
         // the last segment, nothing visited).
         None => {
-            let mut end = Tailer::new(dir, body_max(), u64::MAX);
-            end.poll(|_| {})?;
+            let mut end = src.reader(u64::MAX);
+            end.poll(&mut |_| {})?;
             end.next_seq().max(1)
         }
     };
     // Said once the starting point is fixed (with -v): what comes after it is
     // printed, whenever it is appended.
     tracing::info!(from_seq = from, "following: every record from this sequence on");
-    let mut tailer = Tailer::new(dir, body_max(), from);
+    let mut tailer = src.reader(from);
     let started = std::time::Instant::now();
     let mut printed = 0u64;
     loop {
         let mut failed = None;
-        tailer.poll(|rec| {
+        tailer.poll(&mut |rec| {
             if failed.is_some() || max_records.is_some_and(|m| printed >= m) {
                 return;
             }
@@ -860,14 +863,20 @@ pub fn follow(
         {
             return Ok(printed);
         }
-        std::thread::sleep(Duration::from_millis(poll_ms));
+        // A file log is looked at again after `poll_ms`; etcd says when its head
+        // changes (a watch), waiting at most that long.
+        match src {
+            Source::Dir(_) => std::thread::sleep(Duration::from_millis(poll_ms)),
+            #[cfg(feature = "etcd")]
+            Source::Etcd { .. } => tailer.wait_for_more(Duration::from_millis(poll_ms.max(1000)))?,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{Log, LogOptions};
+    use crate::storage::{Log, LogOptions, list_segments};
 
     /// A log of format `version` whose last frame lost its second half (cut off the
     /// file in v1; in v2 zeros where it and the end mark after it were, as a write
@@ -904,7 +913,7 @@ mod tests {
             let d = tempfile::tempdir().unwrap();
             let (seg, cut, rest) = log_with_half_a_last_frame(d.path(), version);
             let mut reads = 0;
-            let (s, code) = verify_with(d.path(), || {
+            let (s, code) = verify_with(&Source::Dir(d.path().to_path_buf()), || {
                 reads += 1;
                 if reads == 1 {
                     // The "writer" finishes its append after the first read.
@@ -924,7 +933,7 @@ mod tests {
             let d = tempfile::tempdir().unwrap();
             log_with_half_a_last_frame(d.path(), version);
             let mut reads = 0;
-            let (s, code) = verify_with(d.path(), || reads += 1).unwrap();
+            let (s, code) = verify_with(&Source::Dir(d.path().to_path_buf()), || reads += 1).unwrap();
             assert_eq!((code, s.records, reads), (1, 4, 1), "v{version}: {s:?}");
             assert!(!s.has_corruption() && s.problems[0].torn_tail, "v{version}: {s:?}");
         }
@@ -936,7 +945,7 @@ mod tests {
             let d = tempfile::tempdir().unwrap();
             let (seg, cut, _) = log_with_half_a_last_frame(d.path(), version);
             let mut reads = 0u64;
-            let (s, code) = verify_with(d.path(), || {
+            let (s, code) = verify_with(&Source::Dir(d.path().to_path_buf()), || {
                 // One more garbage byte after every read: never settles.
                 let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
                 std::os::unix::fs::FileExt::write_all_at(&f, &[0xAB], cut + 40 + reads).unwrap();

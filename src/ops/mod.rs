@@ -9,6 +9,8 @@
 
 pub mod demo;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod transfer;
 
 pub use error::{ErrorBody, ErrorDetail, OpError};
 

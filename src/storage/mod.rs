@@ -9,6 +9,7 @@ mod dir;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod export;
 mod halt;
 mod history;
 mod location;
@@ -18,6 +19,7 @@ mod reader;
 mod recovery;
 mod repair;
 pub mod snapshots;
+mod source;
 mod writer;
 
 pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
@@ -32,8 +34,10 @@ pub use history::check_whole_history;
 pub use location::Location;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use reader::{
-    Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, scan_dir, segment_fingerprint, verify_dir,
+    Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, reader_problem, scan_dir, segment_fingerprint,
+    verify_dir,
 };
 pub use recovery::{OpenReport, Repair};
 pub use repair::{Cut, InitReport, RepairReport, init, repair};
+pub use source::{Source, StoredSnapshot};
 pub use writer::{Appended, Locked, Log};

@@ -53,6 +53,27 @@ pub struct ReadSummary {
 }
 
 impl ReadSummary {
+    /// Count an intact record read (what every scan does for each one).
+    pub(crate) fn note_record(&mut self, rec: &RecordRef<'_>) {
+        count(self, rec);
+    }
+
+    /// Add what a scan of the records after these found (records, problems).
+    pub fn absorb(&mut self, later: ReadSummary) {
+        self.segments += later.segments;
+        self.bytes += later.bytes;
+        self.problems.extend(later.problems.iter().cloned());
+        merge(self, later);
+        self.finish();
+    }
+
+    /// Set the chain head from the last intact record noted (once the scan ends).
+    pub(crate) fn finish(&mut self) {
+        if let Some(link) = self.head_link {
+            self.chain_head = hex(&link);
+        }
+    }
+
     pub fn is_intact(&self) -> bool {
         self.problems.is_empty()
     }
@@ -290,7 +311,7 @@ fn report(on: &mut impl FnMut(ScanItem<'_>) -> bool, sum: &mut ReadSummary, p: P
     }
 }
 
-fn problem(
+pub(crate) fn problem(
     kind: &str,
     segment: &Path,
     offset: u64,
@@ -746,4 +767,10 @@ impl Tailer {
             }
         }
     }
+}
+
+/// A problem that concerns a place but no damaged bytes (for readers that combine
+/// sources: an archive that does not continue into the log).
+pub fn reader_problem(kind: &str, at: &Path, offset: u64, seq: u64, detail: String) -> Problem {
+    problem(kind, at, offset, seq, false, 0, detail)
 }

@@ -304,7 +304,7 @@ pub struct Spares {
 }
 
 struct Spare {
-    dir: PathBuf,
+    site: runner::Site,
     exe: PathBuf,
     runner: runner::SpareRunner,
 }
@@ -318,11 +318,11 @@ impl Spares {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The spare for `dir` started from `exe`, if one is kept.
-    fn take(&self, dir: &Path, exe: &Path) -> Option<runner::SpareRunner> {
+    /// The spare for `site` started from `exe`, if one is kept.
+    fn take(&self, site: &runner::Site, exe: &Path) -> Option<runner::SpareRunner> {
         let mut slot = self.slot();
         match slot.take() {
-            Some(s) if s.dir == dir && s.exe == exe => Some(s.runner),
+            Some(s) if s.site == *site && s.exe == exe => Some(s.runner),
             other => {
                 *slot = other;
                 None
@@ -330,21 +330,21 @@ impl Spares {
         }
     }
 
-    fn holds(&self, dir: &Path, exe: &Path) -> bool {
-        self.slot().as_ref().is_some_and(|s| s.dir == dir && s.exe == exe)
+    fn holds(&self, site: &runner::Site, exe: &Path) -> bool {
+        self.slot().as_ref().is_some_and(|s| s.site == *site && s.exe == exe)
     }
 
-    /// Start a spare for `dir` on a thread of its own, unless one is kept (one
+    /// Start a spare for `site` on a thread of its own, unless one is kept (one
     /// for another log is let go).
-    fn refill(&self, dir: &Path, exe: &Path) {
-        if self.holds(dir, exe) || self.starting.swap(true, Ordering::AcqRel) {
+    fn refill(&self, site: &runner::Site, exe: &Path) {
+        if self.holds(site, exe) || self.starting.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (this, dir, exe) = (self.clone(), dir.to_path_buf(), exe.to_path_buf());
+        let (this, site, exe) = (self.clone(), site.clone(), exe.to_path_buf());
         let started = std::thread::Builder::new().name("fencelog-spare-start".into()).spawn(move || {
             // Without a spare, runs start their own runner, as without spares.
-            if let Ok(runner) = runner::SpareRunner::start(&dir, &exe) {
-                *this.slot() = Some(Spare { dir, exe, runner });
+            if let Ok(runner) = runner::SpareRunner::start(&site, &exe) {
+                *this.slot() = Some(Spare { site, exe, runner });
             }
             this.starting.store(false, Ordering::Release);
         });
@@ -360,7 +360,7 @@ impl Spares {
         let deadline = Instant::now() + timeout;
         loop {
             // A look of at most 1 ms under the lock: runs are never held up by it.
-            if let Some(s) = self.slot().as_mut().filter(|s| s.dir == dir && s.exe == exe)
+            if let Some(s) = self.slot().as_mut().filter(|s| s.site.dir == dir && s.exe == exe)
                 && s.runner.wait_ready(Duration::from_millis(1))
             {
                 return true;
@@ -390,6 +390,8 @@ pub fn run_until(
     spares: Option<&Spares>,
 ) -> Result<ProcessView, OpError> {
     crate::ops::valid_request_id(req.request_id.as_deref())?;
+    // Its runner works in `dir` on the ledger's log (a directory, or etcd).
+    let site = runner::Site::of(dir, ledger);
     if req.wait_ms > WAIT_MS_MAX || req.lease_wait_ms > LEASE_WAIT_MS_MAX || req.timeout_ms > TIMEOUT_MS_MAX {
         return Err(invalid(format!(
             "wait_ms is at most {WAIT_MS_MAX}, lease_wait_ms at most {LEASE_WAIT_MS_MAX}, timeout_ms at most \
@@ -448,10 +450,10 @@ pub fn run_until(
     if p.status() == ProcessStatus::Requested {
         // A spare that is gone, or does not take the run, is passed over; one that
         // dies holding it is followed by a fresh runner (see `SpareRunner::assign`).
-        let spare = spares.and_then(|s| s.take(dir, self_exe)).and_then(|s| s.assign(process, &env).ok());
+        let spare = spares.and_then(|s| s.take(&site, self_exe)).and_then(|s| s.assign(process, &env).ok());
         let settled = match spare {
             Some(settled) => Ok(settled),
-            None => runner::start_runner(dir, process, self_exe, &env),
+            None => runner::start_runner(&site, process, self_exe, &env),
         };
         match settled {
             Ok(settled) => runner = Some(settled),
@@ -472,7 +474,7 @@ pub fn run_until(
     // The next run's spare starts once this one is answered: its start-up (an exec
     // and the log's replay) never competes with this run for the machine.
     if let Some(s) = spares {
-        s.refill(dir, self_exe);
+        s.refill(&site, self_exe);
     }
     Ok(ProcessView::of(&p?, deduplicated))
 }

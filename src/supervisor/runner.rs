@@ -52,23 +52,60 @@ fn ledger_options() -> LedgerOptions {
     o
 }
 
+/// Where a runner works: the directory of its process's files on this host
+/// (output, `runner.log`) and its log — that directory itself, or a prefix in an
+/// etcd cluster shared by several hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    pub dir: std::path::PathBuf,
+    pub log: crate::storage::Location,
+}
+
+impl Site {
+    /// The runners of the processes of `ledger`'s log, with their files in `dir`.
+    pub fn of(dir: &Path, ledger: &Ledger) -> Site {
+        let log = ledger.location().cloned().unwrap_or_else(|| crate::storage::Location::Dir(dir.to_path_buf()));
+        Site { dir: dir.to_path_buf(), log }
+    }
+
+    /// A site whose log is its directory.
+    pub fn dir(dir: &Path) -> Site {
+        Site { dir: dir.to_path_buf(), log: crate::storage::Location::Dir(dir.to_path_buf()) }
+    }
+
+    fn open(&self) -> Result<Ledger, LedgerError> {
+        Ledger::open_at(&self.log, ledger_options())
+    }
+
+    /// `--dir D` and, for a log in etcd, `--etcd ENDPOINTS --etcd-prefix P`: what
+    /// a runner is started with after `__runner`.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut a = vec!["--dir".into(), self.dir.clone().into_os_string()];
+        #[cfg(feature = "etcd")]
+        if let crate::storage::Location::Etcd(e) = &self.log {
+            a.extend(["--etcd".into(), e.endpoints.join(",").into(), "--etcd-prefix".into(), e.prefix.clone().into()]);
+        }
+        a
+    }
+}
+
 /// A diagnostic line for the runner's log (its stderr is `runner.log`).
 fn say(process: u64, what: impl std::fmt::Display) {
     eprintln!("fencelog runner [process {process}, pid {}]: {what}", std::process::id());
 }
 
 /// The runner's whole life; returns its exit code.
-pub fn runner_main(dir: &Path, process: u64) -> i32 {
+pub fn runner_main(site: &Site, process: u64) -> i32 {
     // The gate starts up on the other core while this runner opens the log.
     let gate = Gate::start();
-    let ledger = match Ledger::open(dir, ledger_options()) {
+    let ledger = match site.open() {
         Ok(l) => l,
         Err(e) => {
             say(process, format!("cannot open the log: {e}"));
             return 1;
         }
     };
-    run_process(dir, &ledger, process, None, gate, &mut StartNotice(false))
+    run_process(site, &ledger, process, None, gate, &mut StartNotice(false))
 }
 
 /// A spare runner's life (`fencelog __runner --dir D --spare`, see [`SpareRunner`]):
@@ -76,9 +113,10 @@ pub fn runner_main(dir: &Path, process: u64) -> i32 {
 /// while it waits for its run, then run it as [`runner_main`] would, saying `S`
 /// once the start is settled. End of file on the channel before a run means the
 /// caller is gone: nothing to do.
-pub fn spare_main(dir: &Path) -> i32 {
+pub fn spare_main(site: &Site) -> i32 {
+    let dir = site.dir.as_path();
     let gate = Gate::start();
-    let ledger = match Ledger::open(dir, ledger_options()) {
+    let ledger = match site.open() {
         Ok(l) => l,
         // Its stderr is /dev/null until it has a process: the caller's watch of
         // this channel sees it end, and starts a fresh runner, which says why in the
@@ -133,7 +171,7 @@ pub fn spare_main(dir: &Path) -> i32 {
             return 1;
         }
     }
-    run_process(dir, &ledger, process, Some(env), gate, &mut notice)
+    run_process(site, &ledger, process, Some(env), gate, &mut notice)
 }
 
 /// How often a waiting spare runner catches up with the log.
@@ -163,13 +201,14 @@ impl StartNotice {
 /// gate started for it (closed, the command never started, on every way out
 /// before the start is on record); `notice` is told once the start is settled.
 fn run_process(
-    dir: &Path,
+    site: &Site,
     ledger: &Ledger,
     process: u64,
     env: Option<Environment>,
     gate: std::io::Result<Gate>,
     notice: &mut StartNotice,
 ) -> i32 {
+    let dir = site.dir.as_path();
     let p = match ledger.refresh_with(|p| p.processes.get(&process).cloned()) {
         Ok(Some(p)) => p,
         Ok(None) => {
@@ -308,7 +347,7 @@ fn run_process(
         stdout,
         stderr,
     };
-    record_exit(dir, ledger, process, exit);
+    record_exit(site, ledger, process, exit);
     0
 }
 
@@ -355,12 +394,12 @@ fn end_unstarted(ledger: &Ledger, process: u64, code: &str, detail: &str) {
 
 /// Append the terminal record, retrying (reopening the log) on failure: it is the
 /// only evidence of how the command ended.
-fn record_exit(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
-    record_exit_attempts(dir, first, process, exit);
+fn record_exit(site: &Site, first: &Ledger, process: u64, exit: Exit) {
+    record_exit_attempts(site, first, process, exit);
     tell_caller_settled();
 }
 
-fn record_exit_attempts(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
+fn record_exit_attempts(site: &Site, first: &Ledger, process: u64, exit: Exit) {
     let mut reopened;
     let mut ledger = first;
     for attempt in 1..=TERMINAL_APPEND_ATTEMPTS_MAX {
@@ -378,7 +417,7 @@ fn record_exit_attempts(dir: &Path, first: &Ledger, process: u64, exit: Exit) {
             Err(e) => {
                 say(process, format!("cannot record the exit (attempt {attempt}): {e}"));
                 std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(10))));
-                match Ledger::open(dir, ledger_options()) {
+                match site.open() {
                     Ok(l) => {
                         reopened = l;
                         ledger = &reopened;
@@ -991,17 +1030,13 @@ fn open_runner_log(d: &Path) -> std::io::Result<File> {
 /// [`tell_caller_settled`]) or is gone, whichever comes first — so a quick
 /// command's answer is read as soon as its exit record is durable, not once the
 /// runner has also torn itself down.
-pub fn start_runner(dir: &Path, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
-    use std::ffi::OsStr;
-    let log = open_runner_log(&private_process_dir(dir, process)?)?;
-    let process_arg = process.to_string();
-    let args = [
-        OsStr::new("__runner"),
-        OsStr::new("--dir"),
-        dir.as_os_str(),
-        OsStr::new("--process"),
-        OsStr::new(&process_arg),
-    ];
+pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
+    use std::ffi::OsString;
+    let log = open_runner_log(&private_process_dir(&site.dir, process)?)?;
+    let mut args: Vec<OsString> = vec!["__runner".into()];
+    args.extend(site.args());
+    args.extend(["--process".into(), process.to_string().into()]);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(OsString::as_os_str).collect();
     let (settled, _) = spawn_runner(self_exe, &args, None, Some(&log), runner_environment(env))?;
     Ok(settled)
 }
@@ -1019,7 +1054,7 @@ pub struct SpareRunner {
     settled: OwnedFd,
     pid: u32,
     ready: bool,
-    dir: std::path::PathBuf,
+    site: Site,
     self_exe: std::path::PathBuf,
 }
 
@@ -1033,13 +1068,16 @@ const SPARE_SETTLE_WAIT_MS: u64 = 30_000;
 
 impl SpareRunner {
     /// Start one for the log in `dir`, from the fencelog binary `self_exe`.
-    pub fn start(dir: &Path, self_exe: &Path) -> std::io::Result<SpareRunner> {
-        use std::ffi::OsStr;
+    pub fn start(site: &Site, self_exe: &Path) -> std::io::Result<SpareRunner> {
+        use std::ffi::OsString;
         // Close-on-exec on both ends; the runner's end becomes its fd 0 only.
         let (chan, theirs) = std::os::unix::net::UnixStream::pair()?;
-        let args = [OsStr::new("__runner"), OsStr::new("--dir"), dir.as_os_str(), OsStr::new("--spare")];
+        let mut args: Vec<OsString> = vec!["__runner".into()];
+        args.extend(site.args());
+        args.push("--spare".into());
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(OsString::as_os_str).collect();
         let (settled, pid) = spawn_runner(self_exe, &args, Some(theirs.as_raw_fd()), None, runner_environment(&[]))?;
-        Ok(SpareRunner { chan, settled, pid, ready: false, dir: dir.into(), self_exe: self_exe.into() })
+        Ok(SpareRunner { chan, settled, pid, ready: false, site: site.clone(), self_exe: self_exe.into() })
     }
 
     /// Its process id.
@@ -1109,7 +1147,7 @@ impl SpareRunner {
                 }
             }
         }
-        let SpareRunner { chan, settled, dir, self_exe, .. } = self;
+        let SpareRunner { chan, settled, site, self_exe, .. } = self;
         let env = env.to_vec();
         let watch = move || {
             if settled_by_spare(chan) {
@@ -1117,12 +1155,12 @@ impl SpareRunner {
             }
             // Runners race safely: if the spare did record the start after all, this
             // one finds it and starts nothing.
-            if let Err(e) = start_runner(&dir, process, &self_exe, &env) {
+            if let Err(e) = start_runner(&site, process, &self_exe, &env) {
                 // As a caller that cannot start a runner says so: unless a start
                 // landed meanwhile, the process never ran.
                 let detail = format!("cannot start a runner: {e}");
                 let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail };
-                if let Ok(ledger) = Ledger::open(&dir, ledger_options()) {
+                if let Ok(ledger) = site.open() {
                     let _ = ledger.submit(None, |_, t, w| {
                         Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
                     });

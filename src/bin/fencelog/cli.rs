@@ -71,6 +71,52 @@ impl Dir {
     }
 }
 
+/// A log in etcd (required).
+#[derive(Args, Clone)]
+pub(crate) struct EtcdArg {
+    /// The cluster's members: HOST:PORT, comma-separated.
+    #[arg(long, env = "FENCELOG_ETCD")]
+    pub(crate) etcd: String,
+    /// The key prefix of the log in etcd.
+    #[arg(long, env = "FENCELOG_ETCD_PREFIX", default_value = fencelog::storage::etcd::DEFAULT_PREFIX)]
+    pub(crate) etcd_prefix: String,
+}
+
+impl EtcdArg {
+    pub(crate) fn options(&self) -> Result<fencelog::storage::etcd::EtcdOptions, fencelog::storage::Error> {
+        fencelog::storage::etcd::EtcdOptions::parse(&self.etcd, &self.etcd_prefix)
+    }
+}
+
+/// The log a read-only tool reads: a directory (positional), or a log in etcd.
+#[derive(Args, Clone)]
+pub(crate) struct LogArg {
+    /// The log directory (or --etcd instead).
+    #[arg(required_unless_present = "etcd")]
+    pub(crate) dir: Option<PathBuf>,
+    /// The log in an etcd cluster: its members' HOST:PORT, comma-separated.
+    #[arg(long, env = "FENCELOG_ETCD", conflicts_with = "dir")]
+    pub(crate) etcd: Option<String>,
+    /// The key prefix of the log in etcd.
+    #[arg(long, env = "FENCELOG_ETCD_PREFIX", default_value = fencelog::storage::etcd::DEFAULT_PREFIX)]
+    pub(crate) etcd_prefix: String,
+    /// With --etcd: the archive directory (`fencelog archive --to DIR`) holding the
+    /// records moved out of etcd, read with it as one history.
+    #[arg(long, requires = "etcd")]
+    pub(crate) archive: Option<PathBuf>,
+}
+
+impl LogArg {
+    pub(crate) fn source(&self) -> Result<fencelog::inspect::Source, fencelog::storage::Error> {
+        use fencelog::storage::{Location, etcd::EtcdOptions};
+        let loc = match &self.etcd {
+            Some(e) => Location::Etcd(EtcdOptions::parse(e, &self.etcd_prefix)?),
+            None => Location::Dir(self.dir.clone().unwrap_or_default()),
+        };
+        fencelog::inspect::Source::open(&loc, self.archive.as_deref())
+    }
+}
+
 #[derive(Args, Clone)]
 pub(crate) struct Req {
     /// Makes the mutation idempotent: the same id and content returns the original result.
@@ -310,6 +356,37 @@ pub(crate) enum Cmd {
         #[arg(long, requires = "owner")]
         generation: Option<u64>,
     },
+    /// Write a log in etcd (its whole history: with --archive, the records archived
+    /// before it too) as segment files in a new directory TO; `inspect verify TO`
+    /// gives the same chain head.
+    Export {
+        #[command(flatten)]
+        etcd: EtcdArg,
+        /// The archive directory of the log's archived records (`fencelog archive`).
+        #[arg(long)]
+        archive: Option<PathBuf>,
+        /// A missing or empty directory.
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// Move the log in --dir into an empty prefix of an etcd cluster, record for
+    /// record (the same chain head); the prefix is a log once every record is in.
+    Import {
+        /// The log directory to move (it must verify intact).
+        #[arg(long, env = "FENCELOG_DIR")]
+        dir: PathBuf,
+        #[command(flatten)]
+        etcd: EtcdArg,
+    },
+    /// Keep etcd's keyspace bounded: move the records below the newest snapshot the
+    /// chain vouches for into archive segments in TO (the same frames and chain;
+    /// the same directory every time), then delete their keys.
+    Archive {
+        #[command(flatten)]
+        etcd: EtcdArg,
+        #[arg(long)]
+        to: PathBuf,
+    },
     /// The runner of a supervised process (started by `run`).
     #[command(name = "__runner", hide = true)]
     Runner {
@@ -328,7 +405,8 @@ pub(crate) enum Cmd {
     },
     /// The forensic story of every change of owner, from the log alone (read-only).
     Audit {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long)]
         subject: Option<String>,
         #[arg(long, value_enum, default_value = "text")]
@@ -351,7 +429,8 @@ pub(crate) enum InspectCmd {
     /// Check every checksum, the hash chain, sequence continuity and segment headers.
     /// Exit 0 intact, 1 damaged (torn tail or corruption, told apart), 2 not a log.
     Verify {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long)]
         json: bool,
         /// SEQ:HEX, a chain head kept elsewhere (repeatable): exit 1 with
@@ -362,7 +441,8 @@ pub(crate) enum InspectCmd {
     /// The chain head at SEQ (default: the last record), to keep elsewhere and check
     /// later with `verify --expect-head SEQ:HEX`.
     Head {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long)]
         at: Option<u64>,
         #[arg(long)]
@@ -370,7 +450,8 @@ pub(crate) enum InspectCmd {
     },
     /// One line per record (`--json`: NDJSON). `--raw` reads past damage.
     Dump {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long)]
         json: bool,
         #[arg(long)]
@@ -391,7 +472,8 @@ pub(crate) enum InspectCmd {
     },
     /// The state as of sequence SEQ (default: the end).
     State {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long)]
         at: Option<u64>,
         #[arg(long)]
@@ -399,13 +481,15 @@ pub(crate) enum InspectCmd {
     },
     /// Counts and bytes by record kind, subject (top N), segment and writer (JSON).
     Stat {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long, default_value_t = 10)]
         top: usize,
     },
     /// Print records as other processes append them, until interrupted.
     Follow {
-        dir: PathBuf,
+        #[command(flatten)]
+        log: LogArg,
         #[arg(long)]
         json: bool,
         /// Start at this sequence (default: records appended from now on).

@@ -37,7 +37,7 @@ pub(crate) fn dir_of(cmd: &Cmd) -> Option<&Dir> {
             | ProcessCmd::Logs { dir, .. }
             | ProcessCmd::List { dir, .. } => dir,
         }),
-        Cmd::Inspect { .. } | Cmd::Audit { .. } => None,
+        Cmd::Inspect { .. } | Cmd::Audit { .. } | Cmd::Export { .. } | Cmd::Import { .. } | Cmd::Archive { .. } => None,
     }
 }
 

@@ -15,9 +15,12 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
     let mut out = std::io::BufWriter::new(stdout.lock());
     let io = crate::stdout_error;
     let code = match cmd {
-        InspectCmd::Verify { dir, json, expect_head } => {
-            warn_if_unsafe(&dir);
-            let (s, code) = ins::verify_pinned(&dir, &expect_head).map_err(unreadable)?;
+        InspectCmd::Verify { log, json, expect_head } => {
+            let src = log.source().map_err(unreadable)?;
+            if let Some(dir) = src.dir() {
+                warn_if_unsafe(dir);
+            }
+            let (s, code) = ins::verify_pinned(&src, &expect_head).map_err(unreadable)?;
             if json {
                 writeln!(out, "{}", ins::verify_json(&s)).map_err(io)?;
             } else {
@@ -25,13 +28,13 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
             }
             code
         }
-        InspectCmd::Dump { dir, json, from, to, subject, kind, since, until, raw } => {
+        InspectCmd::Dump { log, json, from, to, subject, kind, since, until, raw } => {
             let f = ins::Filter { from, to, subject, kind, since_ms: since, until_ms: until };
-            let s = ins::dump(&dir, &f, json, raw, &mut out).map_err(unreadable)?;
+            let s = ins::dump(&log.source().map_err(unreadable)?, &f, json, raw, &mut out).map_err(unreadable)?;
             if s.is_intact() { 0 } else { 1 }
         }
-        InspectCmd::State { dir, at, json } => {
-            let (p, s) = ins::state_at(&dir, at).map_err(unreadable)?;
+        InspectCmd::State { log, at, json } => {
+            let (p, s) = ins::state_at(&log.source().map_err(unreadable)?, at).map_err(unreadable)?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&p).expect("projection serializes")).map_err(io)?;
             } else {
@@ -39,8 +42,8 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
             }
             if s.is_intact() { 0 } else { 1 }
         }
-        InspectCmd::Head { dir, at, json } => {
-            let h = ins::head(&dir, at).map_err(unreadable)?;
+        InspectCmd::Head { log, at, json } => {
+            let h = ins::head(&log.source().map_err(unreadable)?, at).map_err(unreadable)?;
             if json {
                 writeln!(out, "{}", serde_json::to_string(&h).expect("head serializes")).map_err(io)?;
             } else {
@@ -48,13 +51,14 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
             }
             0
         }
-        InspectCmd::Stat { dir, top } => {
-            let v = ins::stat(&dir, top).map_err(unreadable)?;
+        InspectCmd::Stat { log, top } => {
+            let v = ins::stat(&log.source().map_err(unreadable)?, top).map_err(unreadable)?;
             writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("stat serializes")).map_err(io)?;
             if v["problems"].as_array().is_some_and(|p| p.is_empty()) { 0 } else { 1 }
         }
-        InspectCmd::Follow { dir, json, from, poll_ms, max_records, timeout_ms } => {
-            ins::follow(&dir, from, json, poll_ms.max(1), max_records, timeout_ms, &mut out).map_err(unreadable)?;
+        InspectCmd::Follow { log, json, from, poll_ms, max_records, timeout_ms } => {
+            let src = log.source().map_err(unreadable)?;
+            ins::follow(&src, from, json, poll_ms.max(1), max_records, timeout_ms, &mut out).map_err(unreadable)?;
             0
         }
     };
@@ -83,19 +87,23 @@ fn warn_if_unsafe(dir: &Path) {
     }
 }
 
-pub(crate) fn audit(dir: &Path, subject: Option<&str>, format: Format, out: Option<PathBuf>) -> Printed {
-    if let Some(path) = &out {
+pub(crate) fn audit(log: &crate::cli::LogArg, subject: Option<&str>, format: Format, out: Option<PathBuf>) -> Printed {
+    let src = log.source().map_err(unreadable)?;
+    if let (Some(path), Some(dir)) = (&out, src.dir()) {
         fencelog::audit::check_report_path(dir, path)
             .map_err(|message| OpError::Usage { code: "INVALID_INPUT", message })?;
     }
-    let report = fencelog::audit::audit(dir, subject)?;
+    let report = fencelog::audit::audit(&src, subject)?;
     let body = match format {
         Format::Text => fencelog::audit::text(&report),
         Format::Json => serde_json::to_string_pretty(&report).expect("report serializes") + "\n",
         Format::Html => {
             // The pin command names the log by its absolute path (it is pasted elsewhere).
-            let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-            fencelog::audit::html(&report, &abs.display().to_string())
+            let name = match src.dir() {
+                Some(dir) => std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()).display().to_string(),
+                None => src.label().display().to_string(),
+            };
+            fencelog::audit::html(&report, &name)
         }
     };
     match out {

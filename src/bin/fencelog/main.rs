@@ -36,11 +36,11 @@ fn main() -> ExitCode {
     // Failure injection for tests (compiled in only by `cargo test`; see
     // tests/failpoints.rs), configured from FAILPOINTS when it is set.
     let _failpoints = std::env::var_os("FAILPOINTS").map(|_| fail::FailScenario::setup());
-    if let Some((dir, process)) = runner_args() {
+    if let Some((site, process)) = runner_args() {
         init_logging(0);
         std::process::exit(match process {
-            Some(process) => fencelog::supervisor::runner::runner_main(&dir, process),
-            None => fencelog::supervisor::runner::spare_main(&dir),
+            Some(process) => fencelog::supervisor::runner::runner_main(&site, process),
+            None => fencelog::supervisor::runner::spare_main(&site),
         });
     }
     let cli = match cli::Cli::try_parse() {
@@ -109,11 +109,18 @@ fn run(cmd: cli::Cmd) -> Printed {
     };
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
-        Cmd::Audit { dir, subject, format, out } => inspect::audit(&dir, subject.as_deref(), format, out),
+        Cmd::Audit { log, subject, format, out } => inspect::audit(&log, subject.as_deref(), format, out),
         Cmd::Demo { dir, records, appenders, payload_bytes } => {
             demo::demo(dir.path(), records, appenders, payload_bytes)
         }
         cmd @ (Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
+        Cmd::Export { etcd, archive, to } => {
+            let loc = fencelog::storage::Location::Etcd(etcd.options()?);
+            let src = fencelog::storage::Source::open(&loc, archive.as_deref())?;
+            printed(&fencelog::ops::transfer::export(&src, &to)?)
+        }
+        Cmd::Import { dir, etcd } => printed(&fencelog::ops::transfer::import(&dir, &etcd.options()?)?),
+        Cmd::Archive { etcd, to } => printed(&fencelog::ops::transfer::archive(&etcd.options()?, &to)?),
         Cmd::Serve {
             dir,
             listen,
@@ -157,11 +164,12 @@ fn run(cmd: cli::Cmd) -> Printed {
                 }
             }
         }
-        Cmd::Runner { dir, process: Some(process), .. } => {
-            std::process::exit(fencelog::supervisor::runner::runner_main(dir.path(), process))
-        }
-        Cmd::Runner { dir, process: None, .. } => {
-            std::process::exit(fencelog::supervisor::runner::spare_main(dir.path()))
+        Cmd::Runner { dir, process, .. } => {
+            let site = fencelog::supervisor::runner::Site { dir: dir.path().to_path_buf(), log: dir.location()? };
+            std::process::exit(match process {
+                Some(process) => fencelog::supervisor::runner::runner_main(&site, process),
+                None => fencelog::supervisor::runner::spare_main(&site),
+            })
         }
         other => mutate::run(other),
     }
@@ -169,16 +177,28 @@ fn run(cmd: cli::Cmd) -> Printed {
 
 /// The runner's arguments, when this process is a runner started one of the two
 /// ways `run` starts one (`__runner --dir D --process N`, or a spare runner's
-/// `__runner --dir D --spare`: process `None`), nothing else. A runner is started
-/// for every supervised command, and its start is on the path of every answer:
-/// building the whole command line's parser cost it about 0.4 ms. Any other form
-/// goes through the parser as usual.
-fn runner_args() -> Option<(std::path::PathBuf, Option<u64>)> {
+/// `__runner --dir D --spare`: process `None`; for a log in etcd, `--etcd E
+/// --etcd-prefix P` after `--dir D`), nothing else. A runner is started for every
+/// supervised command, and its start is on the path of every answer: building the
+/// whole command line's parser cost it about 0.4 ms. Any other form goes through
+/// the parser as usual.
+fn runner_args() -> Option<(fencelog::supervisor::runner::Site, Option<u64>)> {
     let mut args = std::env::args_os().skip(1);
     let mut next = || args.next();
-    let (sub, dir_flag, dir, what) = (next()?, next()?, next()?, next()?);
+    let (sub, dir_flag, dir, mut what) = (next()?, next()?, next()?, next()?);
     if sub != "__runner" || dir_flag != "--dir" || dir.is_empty() {
         return None;
+    }
+    let dir = std::path::PathBuf::from(dir);
+    let mut log = fencelog::storage::Location::Dir(dir.clone());
+    if what == "--etcd" {
+        let (endpoints, prefix_flag, prefix) = (next()?, next()?, next()?);
+        if prefix_flag != "--etcd-prefix" {
+            return None;
+        }
+        let e = fencelog::storage::etcd::EtcdOptions::parse(endpoints.to_str()?, prefix.to_str()?).ok()?;
+        log = fencelog::storage::Location::Etcd(e);
+        what = next()?;
     }
     let process = match what.to_str()? {
         "--spare" => None,
@@ -188,7 +208,7 @@ fn runner_args() -> Option<(std::path::PathBuf, Option<u64>)> {
     if next().is_some() {
         return None;
     }
-    Some((dir.into(), process))
+    Some((fencelog::supervisor::runner::Site { dir, log }, process))
 }
 
 /// Diagnostics go to stderr (stdout carries the one JSON answer): warnings by

@@ -205,6 +205,9 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         | Cmd::Process { .. }
         | Cmd::Recover { .. }
         | Cmd::Runner { .. }
+        | Cmd::Export { .. }
+        | Cmd::Import { .. }
+        | Cmd::Archive { .. }
         | Cmd::Serve { .. } => unreachable!("dispatched in main"),
     }
 }

@@ -57,7 +57,13 @@ pub const GROUP_PAYLOAD_BYTES_MAX: usize = 1_300_000;
 /// Largest record payload on etcd (one record must fit one request).
 pub const PAYLOAD_BYTES_MAX: u32 = 1 << 20;
 /// Records read per range request.
-const READ_PAGE_RECORDS: i64 = 64;
+/// Records asked for in a read's first page; later pages are sized from the
+/// largest record of the page before ([`Pager`]).
+const READ_PAGE_RECORDS_FIRST: i64 = 64;
+/// The most records a read asks for in one page.
+const READ_PAGE_RECORDS_MAX: i64 = 4_096;
+/// The bytes a read aims to get in one page.
+const READ_PAGE_BYTES_TARGET: usize = 4 << 20;
 /// Largest answer decoded from etcd: a page of the largest records.
 const MESSAGE_BYTES_MAX: usize = 80 << 20;
 
@@ -98,6 +104,26 @@ impl EtcdOptions {
     /// For messages: `etcd:HOST:PORT,…/PREFIX`.
     pub fn describe(&self) -> String {
         format!("etcd:{}{}", self.endpoints.join(","), self.prefix)
+    }
+}
+
+/// How many records a read asks for in its next page: as many as
+/// [`READ_PAGE_BYTES_TARGET`] holds at the size of the largest record of the
+/// page before, within `1..=`[`READ_PAGE_RECORDS_MAX`].
+struct Pager {
+    limit: i64,
+}
+
+impl Pager {
+    fn new() -> Pager {
+        Pager { limit: READ_PAGE_RECORDS_FIRST }
+    }
+
+    fn observe(&mut self, r: &etcd_client::GetResponse) {
+        if let Some(largest) = r.kvs().iter().map(|kv| kv.value().len()).max() {
+            let fits = (READ_PAGE_BYTES_TARGET / largest.max(1)) as i64;
+            self.limit = fits.clamp(1, READ_PAGE_RECORDS_MAX);
+        }
     }
 }
 
@@ -196,6 +222,32 @@ impl Conn {
         self.run(
             move |c| async move { c.kv_client().max_decoding_message_size(MESSAGE_BYTES_MAX).get(key, opts).await },
         )
+    }
+
+    /// One page of the range `start..end`, as many keys as `pager` asks for; a
+    /// page too large for [`MESSAGE_BYTES_MAX`] is asked for again with half the
+    /// keys (down to one, which always fits: a record is at most
+    /// [`PAYLOAD_BYTES_MAX`] and its frame).
+    fn get_page(&self, start: Vec<u8>, end: Vec<u8>, pager: &mut Pager) -> Result<etcd_client::GetResponse> {
+        let first = pager.limit;
+        let (r, limit) = self.run(move |c| async move {
+            let mut limit = first;
+            loop {
+                let opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
+                match c.kv_client().max_decoding_message_size(MESSAGE_BYTES_MAX).get(start.clone(), Some(opts)).await {
+                    Err(etcd_client::Error::GRpcStatus(s))
+                        if matches!(s.code(), tonic::Code::OutOfRange | tonic::Code::ResourceExhausted)
+                            && limit > 1 =>
+                    {
+                        limit /= 2
+                    }
+                    r => return r.map(|r| (r, limit)),
+                }
+            }
+        })?;
+        pager.limit = limit;
+        pager.observe(&r);
+        Ok(r)
     }
 
     fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
@@ -501,12 +553,10 @@ impl EtcdBackend {
     /// Raw frames (as stored) of records `from..=to`, in order, verified.
     pub fn frames(&self, from: u64, to: u64, mut visit: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
         let mut next = from;
+        let mut pager = Pager::new();
         while next <= to {
             let end = keys::record(&self.prefix, to.saturating_add(1));
-            let r = self.conn.get(
-                keys::record(&self.prefix, next),
-                Some(GetOptions::new().with_range(end).with_limit(READ_PAGE_RECORDS)),
-            )?;
+            let r = self.conn.get_page(keys::record(&self.prefix, next), end, &mut pager)?;
             if r.kvs().is_empty() {
                 return Err(self.corruption(next, format!("record {next} is missing")));
             }
@@ -861,11 +911,9 @@ impl RecordReader for EtcdReader {
         };
         let end = keys::prefix_end(&keys::key(&self.prefix, keys::RECORDS));
         let mut visited = 0;
+        let mut pager = Pager::new();
         loop {
-            let r = self.conn.get(
-                keys::record(&self.prefix, c.next_seq),
-                Some(GetOptions::new().with_range(end.clone()).with_limit(READ_PAGE_RECORDS)),
-            )?;
+            let r = self.conn.get_page(keys::record(&self.prefix, c.next_seq), end.clone(), &mut pager)?;
             self.revision = r.header().map_or(self.revision, |h| h.revision());
             for kv in r.kvs() {
                 let seq = c.next_seq;
@@ -910,5 +958,257 @@ impl RecordReader for EtcdReader {
     fn wait_for_more(&mut self, timeout: Duration) -> Result<()> {
         let head = keys::key(&self.prefix, keys::HEAD);
         self.conn.wait_change(head, self.revision, timeout).map(drop)
+    }
+}
+
+/// What a damaged frame read from a record key is called (the segment readers'
+/// codes, `DamageKind::code`).
+fn frame_error_code(e: &crate::format::FrameError) -> &'static str {
+    use crate::format::FrameError as F;
+    match e {
+        F::Incomplete { .. } => "incomplete_frame",
+        F::LengthOutOfRange { .. } => "length_out_of_range",
+        F::Checksum { .. } => "checksum_mismatch",
+        F::Malformed => "malformed_body",
+    }
+}
+
+impl EtcdBackend {
+    /// Every record from `from_seq` on, as the inspector reads a log: each frame's
+    /// length and CRC, its key against its sequence, the dense sequence, each
+    /// chain link against the one before — damage reported (a [`super::Problem`],
+    /// naming the record's key, offset 0) and the scan going on past it, so it
+    /// decodes as much as it can; it never writes. A history archived before
+    /// `from_seq` is a problem (`history_archived`): what is not there is never
+    /// called intact. `on` returns `false` to stop.
+    pub fn scan(&self, from_seq: u64, mut on: impl FnMut(super::ScanItem<'_>) -> bool) -> Result<super::ReadSummary> {
+        use super::ScanItem;
+        use super::reader::problem;
+        let mut sum = super::ReadSummary::default();
+        sum.chain_head = hex(&GENESIS_LINK);
+        let mut stopped = false;
+        fn report_to(
+            on: &mut impl FnMut(super::ScanItem<'_>) -> bool,
+            sum: &mut super::ReadSummary,
+            p: super::Problem,
+            stopped: &mut bool,
+        ) {
+            sum.problems.push(p);
+            if !on(super::ScanItem::Damage(sum.problems.last().expect("pushed"))) {
+                *stopped = true;
+            }
+        }
+        macro_rules! report {
+            ($sum:expr, $p:expr, $stopped:expr) => {
+                report_to(&mut on, $sum, $p, $stopped)
+            };
+        }
+        let first = self.first_seq();
+        let from_seq = from_seq.max(1);
+        if from_seq < first {
+            let detail = format!(
+                "the history before sequence {first} is archived (fencelog archive): it is not here, and is not \
+                 verified; give the archive (--archive DIR) to read the whole history"
+            );
+            let p = problem("history_archived", &self.key_path(from_seq), 0, from_seq, false, 0, detail);
+            report!(&mut sum, p, &mut stopped);
+        }
+        let head = self.read_head()?;
+        let mut next = from_seq.max(first);
+        // The link the next record must follow, when it is known.
+        let mut prev: Option<ChainLink> = if next == first {
+            Some(if first == 1 { GENESIS_LINK } else { self.archived.map_or(GENESIS_LINK, |a| a.link) })
+        } else {
+            let r = self.conn.get(keys::record(&self.prefix, next - 1), None)?;
+            r.kvs()
+                .first()
+                .and_then(|kv| decode_frame(kv.value(), BODY_BYTES_HARD_MAX).ok())
+                .filter(|(rec, _)| rec.seq == next - 1)
+                .map(|(rec, _)| rec.link)
+        };
+        let end = keys::prefix_end(&keys::key(&self.prefix, keys::RECORDS));
+        let mut pager = Pager::new();
+        'pages: while !stopped {
+            let r = self.conn.get_page(keys::record(&self.prefix, next), end.clone(), &mut pager)?;
+            for kv in r.kvs() {
+                let path = std::path::PathBuf::from(format!(
+                    "{}{}",
+                    self.opts.describe(),
+                    String::from_utf8_lossy(kv.key().strip_prefix(self.prefix.as_slice()).unwrap_or(kv.key()))
+                ));
+                let bytes = kv.value().len() as u64;
+                sum.bytes += bytes;
+                let Some(seq) = keys::record_seq(&self.prefix, kv.key()) else {
+                    let detail = "a key among the records that names no record (20 decimal digits)".into();
+                    report!(&mut sum, problem("odd_record_key", &path, 0, next, false, bytes, detail), &mut stopped);
+                    continue;
+                };
+                if seq > next {
+                    let detail = format!("records {next}..={} are missing", seq - 1);
+                    report!(&mut sum, problem("records_missing", &path, 0, next, false, 0, detail), &mut stopped);
+                    prev = None;
+                }
+                let rec = match decode_frame(kv.value(), BODY_BYTES_HARD_MAX) {
+                    Ok((rec, used)) if used == kv.value().len() => rec,
+                    Ok(_) => {
+                        let detail = format!("record {seq}'s key holds bytes after its frame");
+                        report!(
+                            &mut sum,
+                            problem("length_mismatch", &path, 0, seq, false, bytes, detail),
+                            &mut stopped
+                        );
+                        (next, prev) = (seq + 1, None);
+                        continue;
+                    }
+                    Err(e) => {
+                        let detail = format!("damaged frame where sequence {seq} was expected: {e:?}");
+                        report!(
+                            &mut sum,
+                            problem(frame_error_code(&e), &path, 0, seq, false, bytes, detail),
+                            &mut stopped
+                        );
+                        (next, prev) = (seq + 1, None);
+                        continue;
+                    }
+                };
+                if rec.seq != seq {
+                    let detail = format!("expected sequence {seq} but found {}", rec.seq);
+                    report!(&mut sum, problem("sequence_mismatch", &path, 0, seq, false, bytes, detail), &mut stopped);
+                    (next, prev) = (seq + 1, None);
+                    continue;
+                }
+                if let Some(p) = prev
+                    && chain_link(&p, rec.seq, &rec.writer, rec.time_ms, rec.payload) != rec.link
+                {
+                    let detail = format!("record {seq}'s chain link does not follow record {}", seq - 1);
+                    report!(&mut sum, problem("chain_mismatch", &path, 0, seq, false, bytes, detail), &mut stopped);
+                    (next, prev) = (seq + 1, Some(rec.link));
+                    continue;
+                }
+                sum.note_record(&rec);
+                (next, prev) = (seq + 1, Some(rec.link));
+                if !on(ScanItem::Record { rec: &rec, segment: &path, offset: 0 }) {
+                    stopped = true;
+                }
+                if stopped {
+                    break 'pages;
+                }
+            }
+            if !r.more() {
+                break;
+            }
+        }
+        if !stopped && next.saturating_sub(1) != head.seq {
+            let (kind, detail) = if next.saturating_sub(1) > head.seq {
+                (
+                    "records_after_head",
+                    format!("records {}..{} lie after the head (sequence {})", head.seq + 1, next, head.seq),
+                )
+            } else {
+                ("records_missing", format!("the head names sequence {} but the records end at {}", head.seq, next - 1))
+            };
+            report!(&mut sum, problem(kind, &self.key_path(next), 0, next, false, 0, detail), &mut stopped);
+        }
+        sum.finish();
+        Ok(sum)
+    }
+}
+
+/// A log being moved into an empty prefix (`fencelog import`): records pushed in
+/// order, byte for byte, in `Txn`s within etcd's limits, each comparing the head;
+/// the prefix's marker goes in last, so that until the import is whole the prefix
+/// is no log to anyone (`NOT_A_LOG`: nobody boots on part of a history).
+pub struct Import {
+    conn: Conn,
+    opts: EtcdOptions,
+    prefix: Vec<u8>,
+    batch: Vec<(u64, Vec<u8>)>,
+    batch_bytes: usize,
+    /// The head as the last `Txn` left it.
+    head: (u64, ChainLink),
+    last_link: ChainLink,
+}
+
+impl Import {
+    /// Begin an import under `opts`' prefix, which must hold no key at all.
+    pub fn begin(opts: &EtcdOptions) -> Result<Import> {
+        let conn = Conn::connect(opts)?;
+        let prefix = opts.prefix.as_bytes().to_vec();
+        let any = conn.get(prefix.clone(), Some(GetOptions::new().with_prefix().with_count_only()))?;
+        if any.count() > 0 {
+            return Err(Error::InvalidOption {
+                detail: format!(
+                    "{} holds {} keys: a log is imported only into an empty prefix (delete them with `etcdctl del \
+                     --prefix {}` if they are an interrupted import)",
+                    opts.describe(),
+                    any.count(),
+                    opts.prefix
+                ),
+            });
+        }
+        let head_key = keys::key(&prefix, keys::HEAD);
+        let txn = Txn::new()
+            .when([Compare::create_revision(head_key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(head_key, keys::head_value(0, &GENESIS_LINK), None)]);
+        if !conn.txn(txn)?.succeeded() {
+            return Err(Error::InvalidOption { detail: format!("{} was written to meanwhile", opts.describe()) });
+        }
+        Ok(Import {
+            conn,
+            opts: opts.clone(),
+            prefix,
+            batch: vec![],
+            batch_bytes: 0,
+            head: (0, GENESIS_LINK),
+            last_link: GENESIS_LINK,
+        })
+    }
+
+    /// The next record: its frame as stored (it must fit one etcd request).
+    pub fn push(&mut self, seq: u64, frame: Vec<u8>, link: &ChainLink) -> Result<()> {
+        if frame.len() > GROUP_PAYLOAD_BYTES_MAX {
+            return Err(Error::RecordTooLarge { bytes: frame.len() as u64, max: GROUP_PAYLOAD_BYTES_MAX as u64 });
+        }
+        if self.batch.len() == GROUP_RECORDS_MAX || self.batch_bytes + frame.len() > GROUP_PAYLOAD_BYTES_MAX {
+            self.flush()?;
+        }
+        self.batch_bytes += frame.len();
+        self.batch.push((seq, frame));
+        self.last_link = *link;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let Some(&(last, _)) = self.batch.last() else { return Ok(()) };
+        let head_key = keys::key(&self.prefix, keys::HEAD);
+        let mut ops: Vec<TxnOp> = std::mem::take(&mut self.batch)
+            .into_iter()
+            .map(|(seq, frame)| TxnOp::put(keys::record(&self.prefix, seq), frame, None))
+            .collect();
+        ops.push(TxnOp::put(head_key.clone(), keys::head_value(last, &self.last_link), None));
+        let before = keys::head_value(self.head.0, &self.head.1);
+        let txn = Txn::new().when([Compare::value(head_key, CompareOp::Equal, before)]).and_then(ops);
+        if !self.conn.txn(txn)?.succeeded() {
+            return Err(Error::InvalidOption {
+                detail: format!("{} was written to during the import", self.opts.describe()),
+            });
+        }
+        self.head = (last, self.last_link);
+        self.batch_bytes = 0;
+        Ok(())
+    }
+
+    /// Write what is left and the marker: the prefix is a log from now on.
+    pub fn finish(mut self) -> Result<(u64, ChainLink)> {
+        self.flush()?;
+        let meta = Meta { fencelog_log: 1, format_version: FORMAT_VERSION, created_ms: LogOptions::default().now_ms() };
+        let meta_key = keys::key(&self.prefix, keys::META);
+        let txn = Txn::new()
+            .when([Compare::create_revision(meta_key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(meta_key, serde_json::to_vec(&meta).expect("meta serializes"), None)]);
+        if !self.conn.txn(txn)?.succeeded() {
+            return Err(Error::InvalidOption { detail: format!("{} became a log meanwhile", self.opts.describe()) });
+        }
+        Ok(self.head)
     }
 }

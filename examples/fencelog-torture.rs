@@ -172,7 +172,7 @@ fn ledger(args: &[String]) {
                                 60..75 => Event::RotateFence { subject: subject.clone(), generation },
                                 _ => Event::Release { subject: subject.clone(), generation },
                             },
-                            Some(o) => match identity::death_of(&o.identity) {
+                            Some(o) => match identity::death_of(&identity::Here::local(), &o.identity, None) {
                                 Some(reason) => Event::Claim {
                                     subject: subject.clone(),
                                     owner: me.clone(),

@@ -13,6 +13,7 @@ const NOT_CODES: &[(&str, &str)] = &[
     ("FENCELOG_DIR", "environment variable"),
     ("FENCELOG_ETCD", "environment variable"),
     ("FENCELOG_ETCD_PREFIX", "environment variable"),
+    ("FENCELOG_HOST_ID", "test-only environment variable (a simulated host)"),
     ("NOTIFY_SOCKET", "systemd's environment variable"),
     ("PATH", "environment variable"),
     ("FAILPOINTS", "test-only environment variable"),

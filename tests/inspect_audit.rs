@@ -74,6 +74,7 @@ impl World {
             snapshot_every_records: u64::MAX,
             snapshot_every_bytes: u64::MAX,
             fenced_audit_window_ms: 5_000,
+            host: None,
         };
         Ledger::open(&self.dir, opts).unwrap()
     }

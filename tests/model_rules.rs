@@ -135,6 +135,57 @@ fn takeover_refuses_races_and_fresh_owners_and_cuts_off_the_old_owner() {
     assert_eq!(m.p.subject("run/1").unwrap().owner.as_ref().unwrap().identity, who(2), "never ownerless");
 }
 
+/// Proves (a log shared by hosts): a takeover that carries observed staleness
+/// (`StalenessObserved`) is judged on what was watched, never on the records'
+/// wall clocks — refused TAKEOVER_ACTIVE_REFUSED while the watch is within the
+/// staleness however old the heartbeat looks, valid once it is past it however
+/// young the heartbeat looks (a skewed owner's clock); evidence naming another
+/// generation or heartbeat than the state's is invalid; and host evidence only
+/// goes with what it describes (an owner's with its claim or takeover, a
+/// process's with its spawn), recorded on the owner and the process.
+#[test]
+fn a_takeover_with_observed_staleness_is_judged_on_the_watch_not_on_wall_clocks() {
+    let mut m = M::new();
+    m.claim(0, "s", 1).unwrap();
+    // The owner's clock ran ahead: its heartbeat is far in the taker's future.
+    m.txn(10_000_000, vec![Event::Heartbeat { subject: "s".into(), generation: 1 }]).unwrap();
+    let tk = || Event::Takeover {
+        subject: "s".into(),
+        expect_generation: 1,
+        expect_heartbeat_ms: 10_000_000,
+        owner: who(2),
+        stale_after_ms: 1_000,
+        reason: "stale".into(),
+    };
+    let seen = |g: u64, hb: u64, watched_ms: u64| Event::StalenessObserved {
+        subject: "s".into(),
+        generation: g,
+        heartbeat_ms: hb,
+        watched_ms,
+        host: "host-b".into(),
+    };
+    // Far past the heartbeat by the records' clocks, yet watched for less than
+    // the staleness: refused, the watch as its age.
+    let r = code(&m.txn(99_000_000, vec![tk(), seen(1, 10_000_000, 1_000)]).unwrap_err());
+    assert_eq!((r["code"].as_str(), r["age_ms"].as_u64()), (Some("TAKEOVER_ACTIVE_REFUSED"), Some(1_000)));
+    let r = code(&m.txn(99_000_000, vec![tk(), seen(1, 9_999_999, 5_000)]).unwrap_err());
+    assert_eq!(r["code"], "INVALID_INPUT", "evidence of another heartbeat: {r}");
+    let r = code(&m.txn(1_000, vec![Event::OwnerHost { subject: "s".into(), host: "host-b".into() }]).unwrap_err());
+    assert_eq!(r["code"], "INVALID_INPUT", "an owner's host alone: {r}");
+    let r = code(&m.txn(1_000, vec![Event::ProcessHost { host: "host-b".into() }]).unwrap_err());
+    assert_eq!(r["code"], "INVALID_INPUT", "a process's host alone: {r}");
+    // Before the heartbeat by the records' clocks (it would look fresh for hours),
+    // watched past the staleness: taken over, the owner's host recorded.
+    let out = m
+        .txn(
+            20_000,
+            vec![tk(), seen(1, 10_000_000, 1_001), Event::OwnerHost { subject: "s".into(), host: "host-b".into() }],
+        )
+        .unwrap();
+    assert!(matches!(out[0], Outcome::TookOver { generation: 2, .. }), "{out:?}");
+    assert_eq!(m.p.subject("s").unwrap().owner.as_ref().unwrap().host.as_deref(), Some("host-b"));
+}
+
 /// Proves: heartbeat, release, rotation and notes under a stale generation are
 /// FENCED with presented and current; on a released subject NOT_ACTIVE.
 #[test]

@@ -530,7 +530,7 @@ fn caller(peer: Option<axum::Extension<Peer>>) -> Caller {
 async fn claim(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
     mutate(app, "claim", h, b, move |app, r: ops::ClaimRequest| async move {
-        op_json(ops::plan_claim(&r, who)?.submit_async(&app.ledger).await)
+        op_json(ops::plan_claim(&app.ledger, &r, who)?.submit_async(&app.ledger).await)
     })
     .await
 }
@@ -557,7 +557,13 @@ async fn generation(
 async fn takeover(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer>>, h: HeaderMap, b: Body) -> Response {
     let who = caller(peer);
     mutate(app, "takeover", h, b, move |app, r: ops::TakeoverRequest| async move {
-        op_json(ops::plan_takeover(&r, who)?.submit_async(&app.ledger).await)
+        let planned = ops::plan_takeover(&app.ledger, &r, who)?;
+        // On a log shared by hosts: staleness watched on this daemon's own clock.
+        let (ledger, req) = (Arc::clone(&app.ledger), r.clone());
+        tokio::task::spawn_blocking(move || ops::watch_before_takeover(&ledger, &req))
+            .await
+            .map_err(|e| OpError::Io { message: format!("the takeover's watch: {e}") })??;
+        op_json(planned.submit_async(&app.ledger).await)
     })
     .await
 }
@@ -788,7 +794,11 @@ async fn state(State(app): State<Arc<App>>, Query(q): Query<StateQuery>) -> Resp
         let now_ms = crate::storage::LogOptions::default().now_ms();
         // Built under the commit engine's lock straight from the state (no copy of
         // it first): one subject is a lookup; the whole state costs what it holds.
-        to_value(app.ledger.refresh_with_head(|p, h| ops::state_of(p, h, false, q.subject.as_deref(), now_ms))?)
+        to_value(
+            app.ledger.refresh_with_head(|p, h| {
+                ops::state_of(app.ledger.here(), p, h, false, q.subject.as_deref(), now_ms)
+            })?,
+        )
     })
     .await
 }
@@ -856,7 +866,8 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             m.processes.clear();
             m.leases.clear();
             for s in p.subjects.values() {
-                let status = serde_json::to_value(ops::status(s.owner.as_ref(), now)).expect("status");
+                let status =
+                    serde_json::to_value(ops::status(worker.ledger.here(), s.owner.as_ref(), now)).expect("status");
                 m.subjects.get_or_create(&vec![("status".into(), status.as_str().unwrap_or("").into())]).inc();
             }
             for x in p.processes.values() {

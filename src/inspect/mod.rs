@@ -457,6 +457,12 @@ fn event_text(e: &Event) -> String {
             crate::format::hex(content_blake3)
         ),
         Event::OwnerPidNamespace { subject, pid_ns } => format!("owner-pid-namespace {subject:?} {pid_ns}"),
+        Event::OwnerHost { subject, host } => format!("owner-host {subject:?} {host:?}"),
+        Event::ProcessHost { host } => format!("process-host {host:?}"),
+        Event::StalenessObserved { subject, generation, heartbeat_ms, watched_ms, host } => format!(
+            "staleness-observed {subject:?} gen {generation} heartbeat {} unchanged for {watched_ms} ms watched on {host:?}",
+            time::format_ms(*heartbeat_ms)
+        ),
         Event::Refused { subject, code, op, caller, presented, current, count, content, .. } => {
             let presented = presented.map(|g| format!(" presented {g}")).unwrap_or_default();
             let mut s = format!(

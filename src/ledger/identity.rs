@@ -12,6 +12,80 @@ pub fn read_boot_id() -> Option<String> {
     fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
 }
 
+/// The environment variable that sets this process's host id instead of the
+/// machine's (tests simulate hosts on one machine with it; documented in
+/// docs/DISTRIBUTED.md). Never set it in production: two hosts with one id judge
+/// each other's processes from their own `/proc`.
+pub const HOST_ID_ENV: &str = "FENCELOG_HOST_ID";
+
+/// This host's id, as owners, processes and observed staleness record it on a
+/// log shared by hosts: `HOSTNAME/MACHINE` (the kernel's host name and the first
+/// 12 hex digits of `/etc/machine-id`, which tells apart two hosts that share a
+/// name), or [`HOST_ID_ENV`] when set. Printable, at most
+/// [`crate::model::HOST_BYTES_MAX`] bytes.
+pub fn host_id() -> String {
+    if let Ok(id) = std::env::var(HOST_ID_ENV)
+        && !id.is_empty()
+    {
+        return sanitize_host(&id);
+    }
+    let name = fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    let machine = fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().chars().take(12).collect::<String>())
+        .filter(|s| !s.is_empty());
+    sanitize_host(&match machine {
+        Some(m) => format!("{name}/{m}"),
+        None => name,
+    })
+}
+
+/// A host id as recorded: printable, at most [`crate::model::HOST_BYTES_MAX`] bytes.
+pub fn sanitize_host(id: &str) -> String {
+    let mut s: String = id.chars().filter(|c| !c.is_control()).collect();
+    while s.len() > crate::model::HOST_BYTES_MAX {
+        s.pop();
+    }
+    if s.is_empty() { "unknown-host".into() } else { s }
+}
+
+/// Where liveness is judged from: this host, and whether the log is shared by
+/// hosts (a log in etcd) — then an identity recorded on another host is never
+/// judged from this host's `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Here {
+    pub host: String,
+    pub shared: bool,
+}
+
+impl Here {
+    /// For a log that is (`shared`) or is not shared by hosts.
+    pub fn new(shared: bool) -> Here {
+        Here { host: host_id(), shared }
+    }
+
+    /// For a log on this host alone (a directory): every identity is judged here.
+    pub fn local() -> Here {
+        Here::new(false)
+    }
+
+    /// Whether the identity `id`, recorded on `host` (if its host was recorded),
+    /// is another host's. Recorded: another id is another host. Not recorded (an
+    /// owner of a log on one host, imported into one shared by hosts): on a shared
+    /// log, another boot id may be another host as well as a reboot, so it is
+    /// never taken for this host's reboot; on a log on one host it is this host.
+    pub fn is_other_host(&self, id: &Identity, host: Option<&str>) -> bool {
+        match host {
+            Some(h) => h != self.host,
+            None => self.shared && !id.boot_id.is_empty() && read_boot_id().is_none_or(|b| b != id.boot_id),
+        }
+    }
+}
+
 /// `(state, start_ticks)` from `/proc/<pid>/stat`; `None` if there is no such process.
 fn stat(pid: u32) -> Option<(char, u64)> {
     stat_read(pid).ok().flatten()
@@ -144,6 +218,9 @@ pub fn remote_caller(instance: Option<uuid::Uuid>) -> CallerId {
 pub enum UnknownReason {
     /// An owner on another host (no pid): judged by its heartbeat alone.
     Remote,
+    /// A process recorded on another host (a log shared by hosts): only its
+    /// heartbeat, or a record written on its own host, tells of it.
+    OtherHost,
     /// Its pid was recorded in another pid namespace: the same number here names
     /// another process, or none.
     OtherPidNamespace,
@@ -159,6 +236,7 @@ impl UnknownReason {
     pub fn code(self) -> &'static str {
         match self {
             UnknownReason::Remote => "remote",
+            UnknownReason::OtherHost => "other_host",
             UnknownReason::OtherPidNamespace => "other_pid_namespace",
             UnknownReason::Hidden => "hidden",
             UnknownReason::Unreadable => "unreadable",
@@ -187,10 +265,13 @@ impl Liveness {
     }
 }
 
-/// Judge a recorded identity now (`pid_ns_recorded`: the pid namespace it was seen
-/// in, 0 if not recorded). The checks, in this order; the first that
-/// decides is reported:
-/// 1. no pid (an owner on another host) → unknown (`remote`);
+/// Judge a recorded identity now, from `here` (`pid_ns_recorded`: the pid
+/// namespace it was seen in, 0 if not recorded; `host`: the host it was recorded
+/// on, if recorded). The checks, in this order; the first that decides is
+/// reported:
+/// 1. no pid (an owner on another host) → unknown (`remote`); recorded on
+///    another host ([`Here::is_other_host`]) → unknown (`other_host`): never
+///    judged from this host's `/proc`;
 /// 2. this machine's boot id differs → dead (`boot_changed`): no process survives
 ///    a reboot, whatever its pid says now;
 /// 3. the pid was recorded in another pid namespace → unknown
@@ -203,9 +284,12 @@ impl Liveness {
 /// 7. another running image → dead (`exe_changed`: an `exec` into another program;
 ///    a binary replaced on disk is the same image);
 /// 8. otherwise alive.
-pub fn liveness(id: &Identity, pid_ns_recorded: u64) -> Liveness {
+pub fn liveness(here: &Here, id: &Identity, pid_ns_recorded: u64, host: Option<&str>) -> Liveness {
     if id.pid == 0 {
         return Liveness::Unknown(UnknownReason::Remote);
+    }
+    if here.is_other_host(id, host) {
+        return Liveness::Unknown(UnknownReason::OtherHost);
     }
     let Some(boot_id) = read_boot_id() else { return Liveness::Unknown(UnknownReason::Unreadable) };
     let mut observed = Observed { boot_id, pid_ns: pid_ns(), start_ticks: None, exe: None };
@@ -255,10 +339,11 @@ fn signal_probe(pid: u32) -> Probe {
     Probe::Exists
 }
 
-/// `None` if the identity is that of a live process — or one whose liveness
-/// cannot be judged here (never provably dead); else the first failed check.
-pub fn death_of(id: &Identity) -> Option<DeathReason> {
-    liveness(id, 0).death()
+/// `None` if the identity (recorded on `host`, if recorded) is that of a live
+/// process — or one whose liveness cannot be judged here (never provably dead);
+/// else the first failed check.
+pub fn death_of(here: &Here, id: &Identity, host: Option<&str>) -> Option<DeathReason> {
+    liveness(here, id, 0, host).death()
 }
 
 /// The parent of the calling process (the CLI's default owner).
@@ -280,9 +365,9 @@ mod tests {
     /// pid is remote; another start time is dead, with the start time observed.
     #[test]
     fn liveness_checks_in_their_documented_order() {
-        assert_eq!(liveness(&me(), pid_ns()), Liveness::Alive);
+        assert_eq!(liveness(&Here::local(), &me(), pid_ns(), None), Liveness::Alive);
         let other_boot = Identity { boot_id: "another-boot".into(), ..me() };
-        match liveness(&other_boot, pid_ns()) {
+        match liveness(&Here::local(), &other_boot, pid_ns(), None) {
             Liveness::Dead { reason: DeathReason::BootChanged, observed } => {
                 assert_eq!(Some(observed.boot_id), read_boot_id());
                 assert_eq!(observed.start_ticks, None, "nothing of another boot is looked at");
@@ -290,20 +375,64 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let reused_looking = Identity { start_ticks: 1, ..me() };
-        assert_eq!(liveness(&reused_looking, pid_ns() + 1), Liveness::Unknown(UnknownReason::OtherPidNamespace));
-        assert_eq!(liveness(&remote(uuid::Uuid::nil()), 0), Liveness::Unknown(UnknownReason::Remote));
+        assert_eq!(
+            liveness(&Here::local(), &reused_looking, pid_ns() + 1, None),
+            Liveness::Unknown(UnknownReason::OtherPidNamespace)
+        );
+        assert_eq!(
+            liveness(&Here::local(), &remote(uuid::Uuid::nil()), 0, None),
+            Liveness::Unknown(UnknownReason::Remote)
+        );
         let reused = Identity { start_ticks: me().start_ticks + 1, ..me() };
-        match liveness(&reused, 0) {
+        match liveness(&Here::local(), &reused, 0, None) {
             Liveness::Dead { reason: DeathReason::StartTimeChanged, observed } => {
                 assert_eq!(observed.start_ticks, Some(me().start_ticks));
             }
             other => panic!("{other:?}"),
         }
         let exec_elsewhere = Identity { exe: "inode:1:2".into(), ..me() };
-        assert_eq!(liveness(&exec_elsewhere, 0).death(), Some(DeathReason::ExeChanged));
+        assert_eq!(liveness(&Here::local(), &exec_elsewhere, 0, None).death(), Some(DeathReason::ExeChanged));
         // An identity recorded with no boot id (never written now) is not judged
         // on it.
-        assert_eq!(liveness(&Identity { boot_id: String::new(), ..me() }, 0), Liveness::Alive);
+        assert_eq!(liveness(&Here::local(), &Identity { boot_id: String::new(), ..me() }, 0, None), Liveness::Alive);
+    }
+
+    /// Proves (hosts): on a log shared by hosts, an identity recorded on another
+    /// host is never judged from this host's `/proc` — not even a dead-looking
+    /// one (another boot id, a pid that does not exist here) — while this host's
+    /// own are judged as ever; an identity with no host recorded is this host's
+    /// only if its boot id is this boot's (another may be another host as well
+    /// as a reboot), and on a log on one host it is this host's.
+    #[test]
+    fn an_identity_on_another_host_is_never_judged_from_this_hosts_proc() {
+        let shared = Here { host: "host-a".into(), shared: true };
+        let other_boot_dead_pid = Identity { boot_id: "another-boot".into(), pid: u32::MAX - 1, ..me() };
+        assert_eq!(
+            liveness(&shared, &other_boot_dead_pid, pid_ns(), Some("host-b")),
+            Liveness::Unknown(UnknownReason::OtherHost)
+        );
+        assert_eq!(
+            liveness(&shared, &Identity { pid: u32::MAX - 1, ..me() }, pid_ns(), Some("host-b")),
+            Liveness::Unknown(UnknownReason::OtherHost),
+            "a pid that does not exist here says nothing of host-b"
+        );
+        assert_eq!(liveness(&shared, &me(), pid_ns(), Some("host-a")), Liveness::Alive);
+        assert_eq!(
+            liveness(&shared, &other_boot_dead_pid, pid_ns(), Some("host-a")).death(),
+            Some(DeathReason::BootChanged),
+            "this host's own, after a reboot"
+        );
+        assert_eq!(
+            liveness(&shared, &other_boot_dead_pid, pid_ns(), None),
+            Liveness::Unknown(UnknownReason::OtherHost),
+            "no host recorded, another boot: another host as well as a reboot"
+        );
+        assert_eq!(liveness(&shared, &me(), pid_ns(), None), Liveness::Alive, "no host recorded, this boot");
+        assert_eq!(
+            liveness(&Here { shared: false, ..shared }, &other_boot_dead_pid, pid_ns(), None).death(),
+            Some(DeathReason::BootChanged),
+            "a log on one host"
+        );
     }
 
     /// Proves: a `/proc/<pid>/stat` line that ends early is no process, never a panic.

@@ -24,6 +24,7 @@
 //! ```
 
 pub mod identity;
+pub mod observer;
 pub mod snapshot;
 
 use crate::storage::Exclusive;
@@ -63,6 +64,10 @@ pub struct LedgerOptions {
     /// A stale writer's refused attempts on one subject are written at most once per
     /// this window, with a count.
     pub fenced_audit_window_ms: u64,
+    /// This writer's host id, as it records owners, processes and observed
+    /// staleness on a log shared by hosts (default: [`identity::host_id`]). An
+    /// embedding program may name its host; tests simulate hosts with it.
+    pub host: Option<String>,
 }
 
 impl Default for LedgerOptions {
@@ -72,6 +77,7 @@ impl Default for LedgerOptions {
             snapshot_every_records: 10_000,
             snapshot_every_bytes: 64 << 20,
             fenced_audit_window_ms: 1_000,
+            host: None,
         }
     }
 }
@@ -265,6 +271,9 @@ pub struct Ledger {
     /// The one commit engine (`storage::commit`), over the ledger's state.
     group: GroupCommit<LedgerState>,
     report: LedgerOpenReport,
+    /// This host, whether the log is shared by hosts, and what this writer has
+    /// watched of owners' heartbeats on its own clock.
+    observer: Arc<observer::Observer>,
 }
 
 /// blake3 of the caller's intent, for request-id idempotency.
@@ -311,6 +320,17 @@ impl Ledger {
         &self.backend
     }
 
+    /// Where this ledger judges liveness from (this host; whether the log is
+    /// shared by hosts).
+    pub fn here(&self) -> &identity::Here {
+        self.observer.here()
+    }
+
+    /// What this writer has watched of owners' heartbeats, on its own clock.
+    pub fn observer(&self) -> &Arc<observer::Observer> {
+        &self.observer
+    }
+
     /// A ledger over any backend (the file backend, the in-memory one, later a
     /// replicated one): replay from the newest snapshot the chain vouches for.
     pub fn with_backend(backend: Arc<dyn LogBackend>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
@@ -342,7 +362,20 @@ impl Ledger {
             "ledger opened"
         );
         let group = GroupCommit::new(state, last_seq, GroupLimits::of(&opts.log));
-        Ok(Ledger { opts, backend, location: None, me: identity::caller_of(std::process::id(), None), group, report })
+        let mut here = identity::Here::new(backend.shared_by_hosts());
+        if let Some(host) = &opts.host {
+            here.host = identity::sanitize_host(host);
+        }
+        let observer = Arc::new(observer::Observer::new(here));
+        Ok(Ledger {
+            opts,
+            backend,
+            location: None,
+            me: identity::caller_of(std::process::id(), None),
+            group,
+            report,
+            observer,
+        })
     }
 
     /// A read-only view of the log in `dir`: never writes, never takes the append
@@ -358,6 +391,7 @@ impl Ledger {
         let backend = location.open_read_only(&opts.log)?;
         let r = replay(&*backend)?;
         Ok(ReadView {
+            here: identity::Here::new(backend.shared_by_hosts()),
             torn_tail: r.tailer.stopped_at_torn_tail(),
             projection: r.projection,
             head: r.head,
@@ -464,6 +498,7 @@ impl Ledger {
         let mut inner = self.settled()?;
         self.catch_up_with(&mut inner)?;
         Ok(ReadView {
+            here: self.here().clone(),
             projection: inner.projection.clone(),
             head: inner.head,
             torn_tail: false,
@@ -1300,6 +1335,8 @@ pub struct ReadView {
     pub torn_tail: bool,
     pub snapshot_seq: Option<u64>,
     pub snapshot_warnings: Vec<String>,
+    /// Where liveness is judged from, for this log.
+    pub here: identity::Here,
     backend: Arc<dyn LogBackend>,
 }
 

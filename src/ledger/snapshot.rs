@@ -15,7 +15,7 @@ const BODY_TAG: [u8; 7] = [0xFF, b'F', b'L', b'P', b'R', b'O', b'J'];
 /// its encoding. A snapshot of another schema is never decoded: it is ignored (a
 /// warning; the log is replayed from an older snapshot or from record 1), and
 /// `inspect verify` does not compare it.
-pub const PROJECTION_SCHEMA: u8 = 2;
+pub const PROJECTION_SCHEMA: u8 = 3;
 /// Bytes of a body that tell its schema.
 pub const SCHEMA_PREFIX_BYTES: usize = BODY_TAG.len() + 1;
 

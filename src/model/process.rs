@@ -187,6 +187,8 @@ pub struct Process {
     pub output_bytes_max: u64,
     pub requested_seq: u64,
     pub requested_ms: u64,
+    /// The host it runs on, on a log shared by hosts (`None`: not recorded).
+    pub host: Option<String>,
     pub started: Option<Started>,
     pub cancel_requested_seq: Option<u64>,
     pub ended: Option<Ended>,

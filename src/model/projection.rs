@@ -37,6 +37,9 @@ pub struct Owner {
     pub identity: Identity,
     /// The pid namespace the owner's pid was seen in (0: not recorded).
     pub pid_ns: u64,
+    /// The host the owner runs on, on a log shared by hosts (`None`: not
+    /// recorded — a log on one host, or an owner without a pid).
+    pub host: Option<String>,
     pub since_seq: u64,
     pub claimed_ms: u64,
     pub heartbeat_ms: u64,
@@ -49,6 +52,7 @@ impl Owner {
         Owner {
             identity: identity.clone(),
             pid_ns: 0,
+            host: None,
             since_seq: seq,
             claimed_ms: now_ms,
             heartbeat_ms: now_ms,
@@ -432,6 +436,9 @@ impl Projection {
                 Event::Checkpoint { snapshot_seq, .. } => vec![format!("checkpoint:{snapshot_seq}")],
                 Event::DeathObserved { subject, .. } => vec![format!("evidence:{subject}")],
                 Event::OwnerPidNamespace { subject, .. } => vec![format!("pid-namespace:{subject}")],
+                Event::OwnerHost { subject, .. } => vec![format!("owner-host:{subject}")],
+                Event::StalenessObserved { subject, .. } => vec![format!("staleness:{subject}")],
+                Event::ProcessHost { .. } => vec!["process-host".to_owned()],
                 Event::SpawnRequested { leases, .. } => std::iter::once("spawn".to_owned())
                     .chain(leases.iter().map(|l| format!("resource:{}", l.resource)))
                     .collect(),
@@ -452,7 +459,7 @@ impl Projection {
         let outcomes = txn
             .events
             .iter()
-            .map(|e| self.check_event(seq, txn.time_ms, e, &mut ids))
+            .map(|e| self.check_event(seq, txn.time_ms, e, &txn.events, &mut ids))
             .collect::<Result<Vec<_>, _>>()?;
         let writes = outcomes.iter().any(|o| !o.is_noop());
         Ok(Checked::Valid { outcomes, writes })
@@ -602,7 +609,16 @@ impl Projection {
         owner.ok_or_else(|| Refusal::NotActive { subject: subject.into(), generation: current })
     }
 
-    fn check_event(&self, seq: u64, now_ms: u64, e: &Event, ids: &mut Ids) -> Result<Outcome, Refusal> {
+    /// One event of a transaction (`siblings`: all of its events, this one
+    /// among them), judged on the state before the transaction.
+    fn check_event(
+        &self,
+        seq: u64,
+        now_ms: u64,
+        e: &Event,
+        siblings: &[Event],
+        ids: &mut Ids,
+    ) -> Result<Outcome, Refusal> {
         if let Some(s) = e.subject() {
             validate_subject(s)?;
         }
@@ -706,12 +722,38 @@ impl Projection {
                         });
                     }
                 };
-                if cur.is_fresh(now_ms) {
+                // On a log shared by hosts the takeover carries what its writer
+                // watched on its own clock (`StalenessObserved`), and is judged
+                // on that alone: two hosts' wall clocks are never compared.
+                let observed = siblings.iter().find_map(|e| match e {
+                    Event::StalenessObserved { subject: s, generation: g, heartbeat_ms: h, watched_ms, .. }
+                        if s == subject =>
+                    {
+                        Some((*g, *h, *watched_ms))
+                    }
+                    _ => None,
+                });
+                let (fresh, age_ms) = match observed {
+                    Some((g, h, watched_ms)) if g == generation && h == cur.heartbeat_ms => {
+                        (watched_ms <= cur.stale_after_ms, watched_ms)
+                    }
+                    Some((g, h, _)) => {
+                        return refuse(Refusal::InvalidInput {
+                            detail: format!(
+                                "the staleness observed names generation {g} with its heartbeat at {h}; \
+                                 {subject} is at generation {generation} with its heartbeat at {}",
+                                cur.heartbeat_ms
+                            ),
+                        });
+                    }
+                    None => (cur.is_fresh(now_ms), now_ms.saturating_sub(cur.heartbeat_ms)),
+                };
+                if fresh {
                     return refuse(Refusal::TakeoverActiveRefused {
                         subject: subject.clone(),
                         generation,
                         heartbeat_ms: cur.heartbeat_ms,
-                        age_ms: now_ms.saturating_sub(cur.heartbeat_ms),
+                        age_ms,
                         stale_after_ms: cur.stale_after_ms,
                     });
                 }
@@ -742,6 +784,34 @@ impl Projection {
                 Ok(Outcome::FencedAudit { subject: subject.clone(), count: *count })
             }
             Event::OwnerPidNamespace { subject, .. } => Ok(Outcome::EvidenceRecorded { subject: subject.clone() }),
+            Event::OwnerHost { subject, host } => {
+                validate_host(host)?;
+                let installs = siblings.iter().any(|e| {
+                    matches!(e, Event::Claim { subject: s, .. } | Event::Takeover { subject: s, .. } if s == subject)
+                });
+                if !installs {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("an owner's host goes with the claim or takeover of {subject}"),
+                    });
+                }
+                Ok(Outcome::EvidenceRecorded { subject: subject.clone() })
+            }
+            Event::ProcessHost { host } => {
+                validate_host(host)?;
+                if !siblings.iter().any(|e| matches!(e, Event::SpawnRequested { .. })) {
+                    return refuse(Refusal::InvalidInput { detail: "a process's host goes with its spawn".into() });
+                }
+                Ok(Outcome::EvidenceRecorded { subject: String::new() })
+            }
+            Event::StalenessObserved { subject, host, .. } => {
+                validate_host(host)?;
+                if !siblings.iter().any(|e| matches!(e, Event::Takeover { subject: s, .. } if s == subject)) {
+                    return refuse(Refusal::InvalidInput {
+                        detail: format!("observed staleness goes with a takeover of {subject}"),
+                    });
+                }
+                Ok(Outcome::EvidenceRecorded { subject: subject.clone() })
+            }
             Event::Refused { subject, code, op, caller, count, content, .. } => {
                 validate_text("code", code)?;
                 validate_text("op", op)?;
@@ -1022,6 +1092,18 @@ impl Projection {
                     o.pid_ns = *pid_ns;
                 }
             }
+            (Event::OwnerHost { subject, host }, _) => {
+                // After the claim or takeover before it in the transaction.
+                if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
+                    o.host = Some(host.clone());
+                }
+            }
+            (Event::ProcessHost { host }, _) => {
+                // After the spawn before it in the transaction (checked).
+                if let Some(p) = self.processes.get_mut(&self.last_process_id) {
+                    p.host = Some(host.clone());
+                }
+            }
             (Event::Refused { subject, code, op, caller, count, last_ms, .. }, _) => {
                 if matches!(code.as_str(), "FENCED" | "NOT_ACTIVE")
                     && let Some(s) = self.subjects.get_mut(subject)
@@ -1102,6 +1184,7 @@ impl Projection {
                         output_bytes_max: *output_bytes_max,
                         requested_seq: seq,
                         requested_ms: now_ms,
+                        host: None,
                         started: None,
                         cancel_requested_seq: None,
                         ended: None,
@@ -1253,6 +1336,17 @@ impl Projection {
 struct Ids {
     lease: u64,
     process: u64,
+}
+
+/// A host id (`ledger::identity::host_id`): 1..=[`super::HOST_BYTES_MAX`] bytes
+/// of printable text.
+fn validate_host(host: &str) -> Result<(), Refusal> {
+    if host.is_empty() || host.len() > super::HOST_BYTES_MAX || host.chars().any(char::is_control) {
+        return refuse(Refusal::InvalidInput {
+            detail: format!("a host id is 1..={} bytes of printable text", super::HOST_BYTES_MAX),
+        });
+    }
+    Ok(())
 }
 
 fn validate_command(c: &super::CommandSpec) -> Result<(), Refusal> {

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 pub const SUBJECT_BYTES_MAX: usize = 256;
 /// Longest free-text field (action, reason, note, holder), in bytes.
 pub const TEXT_BYTES_MAX: usize = 1024;
+/// Longest host id (`OwnerHost`, `ProcessHost`, `StalenessObserved`), in bytes.
+pub const HOST_BYTES_MAX: usize = 255;
 /// Most events in one transaction.
 pub const TXN_EVENTS_MAX: usize = 64;
 /// Most conditions in one transaction.
@@ -341,6 +343,32 @@ pub enum Event {
         subject: String,
         pid_ns: u64,
     },
+    /// The host (see `ledger::identity::host_id`) of the owner a claim or
+    /// takeover of the same transaction installs — recorded on a log shared by
+    /// hosts: an owner on another host is never judged from this host's `/proc`.
+    OwnerHost {
+        subject: String,
+        host: String,
+    },
+    /// The host the spawn of the same transaction runs on (its runner is started
+    /// there): a process is supervised, recovered and settled on its own host.
+    ProcessHost {
+        host: String,
+    },
+    /// The staleness behind the takeover of `subject` in the same transaction,
+    /// judged on the observer's own clock (a log shared by hosts whose clocks
+    /// differ): its writer, on `host`, watched `subject` at `generation` with its
+    /// last heartbeat at `heartbeat_ms` (as the owner wrote it, by the owner's
+    /// clock) and saw no change for `watched_ms` of its own monotonic time. The
+    /// takeover is judged on this evidence, not on the difference of two hosts'
+    /// wall clocks.
+    StalenessObserved {
+        subject: String,
+        generation: u64,
+        heartbeat_ms: u64,
+        watched_ms: u64,
+        host: String,
+    },
 }
 
 /// How much of a refused data write's content its audit record keeps.
@@ -383,6 +411,9 @@ impl Event {
             Event::DeathObserved { .. } => "death_observed",
             Event::Refused { .. } => "refused",
             Event::OwnerPidNamespace { .. } => "owner_pid_namespace",
+            Event::OwnerHost { .. } => "owner_host",
+            Event::ProcessHost { .. } => "process_host",
+            Event::StalenessObserved { .. } => "staleness_observed",
         }
     }
 
@@ -399,7 +430,9 @@ impl Event {
             | Event::RefusedWrites { subject, .. }
             | Event::DeathObserved { subject, .. }
             | Event::Refused { subject, .. }
-            | Event::OwnerPidNamespace { subject, .. } => Some(subject),
+            | Event::OwnerPidNamespace { subject, .. }
+            | Event::OwnerHost { subject, .. }
+            | Event::StalenessObserved { subject, .. } => Some(subject),
             Event::LeaseAcquire { .. }
             | Event::LeaseRelease { .. }
             | Event::Checkpoint { .. }
@@ -408,6 +441,7 @@ impl Event {
             | Event::ProcessCancelRequested { .. }
             | Event::ProcessEnded { .. }
             | Event::OwnerLeaseAcquire { .. }
+            | Event::ProcessHost { .. }
             | Event::Cutover { .. } => None,
         }
     }

@@ -14,6 +14,9 @@ pub mod transfer;
 
 pub use error::{ErrorBody, ErrorDetail, OpError};
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{Committed, Ledger, ReadView, RequestStatus, identity, intent_digest};
@@ -350,10 +353,16 @@ fn owner(pid: Option<u32>, instance: Option<uuid::Uuid>, caller: Caller) -> Resu
 /// Evidence that the current owner of `subject` is dead, judged on its identity
 /// now: what a claim over it records — the proof the state machine checks, and
 /// what was observed (a `DeathObserved` event in the same transaction).
-pub fn dead_owner_evidence(p: &Projection, subject: &str) -> Option<(crate::model::DeadOwner, Event)> {
+pub fn dead_owner_evidence(
+    here: &identity::Here,
+    p: &Projection,
+    subject: &str,
+) -> Option<(crate::model::DeadOwner, Event)> {
     let s = p.subject(subject)?;
     let o = s.owner.as_ref()?;
-    let identity::Liveness::Dead { reason, observed } = identity::liveness(&o.identity, o.pid_ns) else {
+    let identity::Liveness::Dead { reason, observed } =
+        identity::liveness(here, &o.identity, o.pid_ns, o.host.as_deref())
+    else {
         return None;
     };
     let proof = p.dead_owner(subject, reason)?;
@@ -375,6 +384,55 @@ fn pid_namespace_of(subject: &str, owner: &Identity) -> Option<Event> {
     }
     let pid_ns = identity::pid_ns();
     (pid_ns != 0).then(|| Event::OwnerPidNamespace { subject: subject.to_owned(), pid_ns })
+}
+
+/// The event that records which host a local owner runs on, on a log shared by
+/// hosts (none for a remote owner, or on a log on one host).
+fn host_of(here: &identity::Here, subject: &str, owner: &Identity) -> Option<Event> {
+    (here.shared && owner.pid != 0).then(|| Event::OwnerHost { subject: subject.to_owned(), host: here.host.clone() })
+}
+
+/// The longest a takeover on a log shared by hosts waits to have watched the
+/// owner's heartbeat unchanged for the owner's staleness, on this writer's own
+/// clock (see `ledger::observer`): 5 minutes. An owner whose staleness is
+/// longer is refused `TAKEOVER_ACTIVE_REFUSED` with what was watched.
+pub const TAKEOVER_WATCH_MS_MAX: u64 = 300_000;
+
+/// How often a takeover's watch looks at the log again.
+const TAKEOVER_WATCH_POLL_MS: u64 = 100;
+
+/// On a log shared by hosts, before a takeover: watch the owner of `req.subject`
+/// on this writer's own monotonic clock until its heartbeat has not changed for
+/// its staleness (at most [`TAKEOVER_WATCH_MS_MAX`]), or until it changes — a
+/// heartbeat, a new tenure (the takeover is then judged, and refused, on the
+/// state it finds). A log on one host judges staleness on its one clock: no wait.
+pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest) -> Result<(), OpError> {
+    if !ledger.here().shared {
+        return Ok(());
+    }
+    valid(&req.subject)?;
+    let started = Instant::now();
+    loop {
+        let seen = ledger.refresh_with(|p| {
+            let s = p.subject(&req.subject)?;
+            let o = s.owner.as_ref()?;
+            Some((s.generation, o.heartbeat_ms, o.stale_after_ms))
+        })?;
+        let Some((generation, heartbeat_ms, stale_after_ms)) = seen else { return Ok(()) };
+        if (generation, heartbeat_ms) != (req.expect_generation, req.expect_heartbeat_ms) {
+            return Ok(());
+        }
+        let watched_ms = ledger.observer().watched_ms(&req.subject, generation, heartbeat_ms);
+        let waited_ms = started.elapsed().as_millis() as u64;
+        // A staleness past the bound is judged (and refused) on what was
+        // watched: never a wait that long.
+        let limit_ms = stale_after_ms.saturating_add(2 * TAKEOVER_WATCH_POLL_MS).min(TAKEOVER_WATCH_MS_MAX);
+        if watched_ms > stale_after_ms || stale_after_ms >= TAKEOVER_WATCH_MS_MAX || waited_ms >= limit_ms {
+            return Ok(());
+        }
+        let left_ms = stale_after_ms + 1 - watched_ms;
+        std::thread::sleep(Duration::from_millis(left_ms.clamp(1, TAKEOVER_WATCH_POLL_MS)));
+    }
 }
 
 fn single(events: Vec<Event>) -> impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static {
@@ -448,10 +506,10 @@ fn respond(c: Committed) -> Result<OpResponse, OpError> {
 }
 
 pub fn claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<OpResponse, OpError> {
-    plan_claim(req, caller)?.submit(ledger)
+    plan_claim(ledger, req, caller)?.submit(ledger)
 }
 
-pub fn plan_claim(req: &ClaimRequest, caller: Caller) -> Result<Planned, OpError> {
+pub fn plan_claim(ledger: &Ledger, req: &ClaimRequest, caller: Caller) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     if req.action.is_some() && req.request_id.is_none() {
@@ -464,12 +522,15 @@ pub fn plan_claim(req: &ClaimRequest, caller: Caller) -> Result<Planned, OpError
         req.action.clone().map(|action| LockIntent { action, request: req.request_id.clone().unwrap_or_default() });
     let (subject, stale_after_ms) = (req.subject.clone(), req.stale_after_ms);
     let ns = pid_namespace_of(&subject, &me);
+    let here = ledger.here().clone();
+    let host = host_of(&here, &subject, &me);
     Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), move |p, now_ms, writer| {
         // Liveness is judged here, on identity, and enters the log as evidence.
-        let (previous, seen) = dead_owner_evidence(p, &subject).unzip();
+        let (previous, seen) = dead_owner_evidence(&here, p, &subject).unzip();
         let event =
             Event::Claim { subject: subject.clone(), owner: me.clone(), stale_after_ms, lock: lock.clone(), previous };
-        Ok(Txn::new(now_ms, writer, std::iter::once(event).chain(ns.clone()).chain(seen).collect()))
+        let events = std::iter::once(event).chain(ns.clone()).chain(host.clone()).chain(seen).collect();
+        Ok(Txn::new(now_ms, writer, events))
     }))
 }
 
@@ -505,15 +566,21 @@ pub fn plan_note(req: &NoteRequest, caller: Caller) -> Result<Planned, OpError> 
     Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), single(vec![event])))
 }
 
+/// A takeover of a stale owner. On a log shared by hosts it first watches the
+/// owner on this writer's own clock ([`watch_before_takeover`]), and records what
+/// it watched with it (`StalenessObserved`): the state machine judges it on that.
 pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<OpResponse, OpError> {
-    plan_takeover(req, caller)?.submit(ledger)
+    let planned = plan_takeover(ledger, req, caller)?;
+    watch_before_takeover(ledger, req)?;
+    planned.submit(ledger)
 }
 
-pub fn plan_takeover(req: &TakeoverRequest, caller: Caller) -> Result<Planned, OpError> {
+pub fn plan_takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<Planned, OpError> {
     valid_request_id(req.request_id.as_deref())?;
     valid(&req.subject)?;
     let owner = owner(req.pid, req.instance, caller)?;
     let ns = pid_namespace_of(&req.subject, &owner);
+    let host = host_of(ledger.here(), &req.subject, &owner);
     let event = Event::Takeover {
         subject: req.subject.clone(),
         expect_generation: req.expect_generation,
@@ -522,8 +589,26 @@ pub fn plan_takeover(req: &TakeoverRequest, caller: Caller) -> Result<Planned, O
         stale_after_ms: req.stale_after_ms,
         reason: req.reason.clone(),
     };
-    let events = std::iter::once(event).chain(ns).collect();
-    Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), single(events)))
+    let fixed: Vec<Event> = std::iter::once(event).chain(ns).chain(host).collect();
+    let observer = Arc::clone(ledger.observer());
+    let subject = req.subject.clone();
+    Ok(Planned::new(Some(caller.evidence(req.instance)), req.tag(), move |p, now_ms, writer| {
+        let mut events = fixed.clone();
+        // Judged on this writer's own clock, on the state the takeover follows.
+        if observer.here().shared
+            && let Some(s) = p.subject(&subject)
+            && let Some(o) = &s.owner
+        {
+            events.push(Event::StalenessObserved {
+                subject: subject.clone(),
+                generation: s.generation,
+                heartbeat_ms: o.heartbeat_ms,
+                watched_ms: observer.watched_ms(&subject, s.generation, o.heartbeat_ms),
+                host: observer.here().host.clone(),
+            });
+        }
+        Ok(Txn::new(now_ms, writer, events))
+    }))
 }
 
 pub fn lease_acquire(ledger: &Ledger, req: &LeaseAcquireRequest) -> Result<OpResponse, OpError> {
@@ -588,9 +673,13 @@ pub enum Status {
 
 /// The status of one subject's owner now, and why (a death reason, why its
 /// liveness is unknown, or that its heartbeat is old).
-pub fn status_of(owner: Option<&crate::model::Owner>, now_ms: u64) -> (Status, Option<&'static str>) {
+pub fn status_of(
+    here: &identity::Here,
+    owner: Option<&crate::model::Owner>,
+    now_ms: u64,
+) -> (Status, Option<&'static str>) {
     let Some(o) = owner else { return (Status::Free, None) };
-    let liveness = identity::liveness(&o.identity, o.pid_ns);
+    let liveness = identity::liveness(here, &o.identity, o.pid_ns, o.host.as_deref());
     match liveness {
         identity::Liveness::Dead { reason, .. } => (Status::Dead, Some(reason.code())),
         _ if o.is_fresh(now_ms) => (Status::Active, None),
@@ -602,8 +691,8 @@ pub fn status_of(owner: Option<&crate::model::Owner>, now_ms: u64) -> (Status, O
 }
 
 /// The status verdict of one subject's owner, now.
-pub fn status(owner: Option<&crate::model::Owner>, now_ms: u64) -> Status {
-    status_of(owner, now_ms).0
+pub fn status(here: &identity::Here, owner: Option<&crate::model::Owner>, now_ms: u64) -> Status {
+    status_of(here, owner, now_ms).0
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -613,6 +702,8 @@ pub struct SubjectState {
     pub owner: Option<Identity>,
     /// The pid namespace the owner's pid was seen in (0: not recorded).
     pub owner_pid_ns: Option<u64>,
+    /// The host the owner runs on (recorded on a log shared by hosts).
+    pub owner_host: Option<String>,
     pub lock: Option<LockIntent>,
     pub heartbeat_ms: Option<u64>,
     /// How old the last heartbeat is, now.
@@ -641,12 +732,13 @@ pub struct StateResponse {
 
 /// The state of every subject (or of `only`), with each owner's status judged now.
 pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateResponse, OpError> {
-    state_of(&view.projection, &view.head, view.torn_tail, only, now_ms)
+    state_of(&view.here, &view.projection, &view.head, view.torn_tail, only, now_ms)
 }
 
 /// [`state`] from a projection and its chain head (what a ledger's
 /// `refresh_with_head` lends: no copy of the state, and for one subject a lookup).
 pub fn state_of(
+    here: &identity::Here,
     p: &Projection,
     head: &crate::format::ChainLink,
     torn_tail: bool,
@@ -662,12 +754,13 @@ pub fn state_of(
         None => Box::new(p.subjects.iter()),
     };
     let subjects = chosen
-        .map(|(name, s)| (name, s, status_of(s.owner.as_ref(), now_ms)))
+        .map(|(name, s)| (name, s, status_of(here, s.owner.as_ref(), now_ms)))
         .map(|(name, s, (status, status_reason))| SubjectState {
             subject: name.clone(),
             generation: s.generation,
             owner: s.owner.as_ref().map(|o| o.identity.clone()),
             owner_pid_ns: s.owner.as_ref().map(|o| o.pid_ns),
+            owner_host: s.owner.as_ref().and_then(|o| o.host.clone()),
             lock: s.owner.as_ref().and_then(|o| o.lock.clone()),
             heartbeat_ms: s.owner.as_ref().map(|o| o.heartbeat_ms),
             heartbeat_age_ms: s.owner.as_ref().map(|o| now_ms.saturating_sub(o.heartbeat_ms)),

@@ -109,6 +109,12 @@ pub trait LogBackend: Send + Sync {
     fn commit_stats(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Whether writers on several hosts share this log (etcd): then identities
+    /// recorded on another host are never judged from this host's `/proc`, and
+    /// staleness is judged on the observer's own clock (`ledger::observer`).
+    fn shared_by_hosts(&self) -> bool {
+        false
+    }
 }
 
 impl RecordReader for Tailer {

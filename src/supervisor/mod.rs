@@ -114,6 +114,8 @@ pub struct ProcessView {
     pub output_bytes_max: u64,
     pub requested_seq: u64,
     pub requested_ms: u64,
+    /// The host it runs on (recorded on a log shared by hosts).
+    pub host: Option<String>,
     pub runner_pid: Option<u32>,
     pub started_seq: Option<u64>,
     pub cancel_requested_seq: Option<u64>,
@@ -225,6 +227,7 @@ impl ProcessView {
             output_bytes_max: p.output_bytes_max,
             requested_seq: p.requested_seq,
             requested_ms: p.requested_ms,
+            host: p.host.clone(),
             runner_pid: p.started.as_ref().map(|s| s.runner.pid),
             started_seq: p.started.as_ref().map(|s| s.seq),
             cancel_requested_seq: p.cancel_requested_seq,
@@ -417,19 +420,24 @@ pub fn run_until(
         .clone()
         .map(|id| (id, run_digest(&fingerprint, &leases, &owner, req.timeout_ms, req.output_bytes_max)));
     let deadline = Instant::now() + Duration::from_millis(req.lease_wait_ms);
+    // On a log shared by hosts: the process runs (and is recovered) on this host.
+    let here = ledger.here();
+    let host = here.shared.then(|| Event::ProcessHost { host: here.host.clone() });
     let committed = loop {
         let r = ledger.submit(tag.clone(), |_, now_ms, writer| {
             Ok(Txn::new(
                 now_ms,
                 writer,
-                vec![Event::SpawnRequested {
+                std::iter::once(Event::SpawnRequested {
                     fingerprint,
                     command: spec.clone(),
                     owner: owner.clone(),
                     leases: leases.clone(),
                     timeout_ms: req.timeout_ms,
                     output_bytes_max: req.output_bytes_max,
-                }],
+                })
+                .chain(host.clone())
+                .collect(),
             ))
         });
         match r {
@@ -517,7 +525,7 @@ fn wait_for_runner(
     let mut nap = Duration::from_micros(250);
     loop {
         let mut p = find(ledger, process)?;
-        if !done(&p) && orphaned(&p).is_some() {
+        if !done(&p) && orphaned(ledger.here(), &p).is_some() {
             // Its runner and its command are both gone: no exit record will come
             // after a short grace; settled as `recover` would, never waited out.
             p = settle_orphan(ledger, p)?;
@@ -553,11 +561,25 @@ const EXIT_RECORD_POLL_MS: u64 = 25;
 /// Why `p` can only have ended unseen: started, not ended, its runner provably
 /// dead (the code of its failed identity check), and nothing of its command still
 /// running. `None` otherwise (not started, ended, or a runner or command alive).
-fn orphaned(p: &Process) -> Option<&'static str> {
-    if p.ended.is_some() {
+/// A process on another host (always `None`: only its own host sees its runner
+/// and command).
+fn orphaned(here: &identity::Here, p: &Process) -> Option<&'static str> {
+    if p.ended.is_some() || on_other_host(here, p) {
         return None;
     }
-    runner_dead(p).filter(|_| !command_group_alive(p))
+    runner_dead(here, p).filter(|_| !command_group_alive(p))
+}
+
+/// Whether `p` runs on another host than this one (a log shared by hosts): its
+/// host as recorded with its spawn; with none recorded (a log on one host,
+/// imported), its runner's boot id says (see [`identity::Here::is_other_host`]),
+/// and a process not started is this host's only on a log on one host.
+pub fn on_other_host(here: &identity::Here, p: &Process) -> bool {
+    match (&p.host, &p.started) {
+        (Some(h), _) => *h != here.host,
+        (None, Some(s)) => here.is_other_host(&s.runner, None),
+        (None, None) => here.shared,
+    }
 }
 
 /// Settle an orphaned process (see [`orphaned`]): wait at most
@@ -570,11 +592,11 @@ pub fn settle_orphan(ledger: &Ledger, mut p: Process) -> Result<Process, OpError
     while Instant::now() < grace_end {
         std::thread::sleep(Duration::from_millis(EXIT_RECORD_POLL_MS));
         p = find(ledger, p.id)?;
-        if orphaned(&p).is_none() {
+        if orphaned(ledger.here(), &p).is_none() {
             return Ok(p);
         }
     }
-    let Some(reason) = orphaned(&p) else { return Ok(p) };
+    let Some(reason) = orphaned(ledger.here(), &p) else { return Ok(p) };
     tracing::warn!(process = p.id, reason, "runner and command gone without an exit record: completed_unknown");
     end_unknown(ledger, p.id, reason)?;
     find(ledger, p.id)
@@ -584,7 +606,7 @@ pub fn settle_orphan(ledger: &Ledger, mut p: Process) -> Result<Process, OpError
 /// runner and command are both gone ([`settle_orphan`]).
 pub fn show_settled(ledger: &Ledger, process: u64) -> Result<ProcessView, OpError> {
     let p = find(ledger, process)?;
-    let p = if orphaned(&p).is_some() { settle_orphan(ledger, p)? } else { p };
+    let p = if orphaned(ledger.here(), &p).is_some() { settle_orphan(ledger, p)? } else { p };
     Ok(ProcessView::of(&p, false))
 }
 
@@ -863,8 +885,8 @@ fn end_unknown(ledger: &Ledger, process: u64, reason: &str) -> Result<(), OpErro
     }
 }
 
-fn runner_dead(p: &Process) -> Option<&'static str> {
-    p.started.as_ref().and_then(|s| identity::death_of(&s.runner)).map(|r| r.code())
+fn runner_dead(here: &identity::Here, p: &Process) -> Option<&'static str> {
+    p.started.as_ref().and_then(|s| identity::death_of(here, &s.runner, p.host.as_deref())).map(|r| r.code())
 }
 
 /// `process cancel`: a process run for an owner is cancelled only by that
@@ -921,6 +943,14 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
         Err(e) => return Err(e.into()),
     }
     let p = find(ledger, process)?;
+    if on_other_host(ledger.here(), &p) {
+        // Its pids are another host's: nothing here is signalled, nothing judged.
+        let why = format!(
+            "it runs on host {}: the cancel is recorded; only its own host signals it",
+            p.host.as_deref().unwrap_or("(not recorded)")
+        );
+        return Ok(answer(&p, false, Some(&why)));
+    }
     let pgid = p.started.as_ref().map_or(0, |s| s.command_pid);
     let signalled = command_group_alive(&p) && runner::signal_group(pgid, libc::SIGTERM);
     let mut p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
@@ -930,7 +960,7 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
     }
     if p.ended.is_none()
         && !command_group_alive(&p)
-        && let Some(reason) = runner_dead(&p)
+        && let Some(reason) = runner_dead(ledger.here(), &p)
     {
         end_unknown(ledger, process, reason)?;
         p = find(ledger, process)?;
@@ -958,6 +988,8 @@ pub struct RecoverReport {
     pub other_owner_untouched: Vec<u64>,
     /// Ended by someone else while this pass looked.
     pub ended_meanwhile: Vec<u64>,
+    /// Run on another host (a log shared by hosts): its own host recovers it.
+    pub other_host_untouched: Vec<u64>,
     pub prespawn_grace_ms: u64,
 }
 
@@ -981,18 +1013,25 @@ pub fn recover(
     }
     let mut report = RecoverReport { prespawn_grace_ms, ..Default::default() };
     let open: Vec<&Process> = projection.processes.values().filter(|p| p.ended.is_none()).collect();
+    let here = ledger.here();
     for p in open {
+        if on_other_host(here, p) {
+            report.other_host_untouched.push(p.id);
+            continue;
+        }
         if let Some(o) = &p.owner
             && as_owner.is_none_or(|me| me.subject != o.subject)
             && let Some(s) = projection.subject(&o.subject)
             && s.generation != o.generation
-            && s.owner.as_ref().is_some_and(|cur| identity::death_of(&cur.identity).is_none())
+            && s.owner
+                .as_ref()
+                .is_some_and(|cur| identity::death_of(here, &cur.identity, cur.host.as_deref()).is_none())
         {
             report.other_owner_untouched.push(p.id);
             continue;
         }
         let end = match &p.started {
-            Some(s) => match identity::death_of(&s.runner) {
+            Some(s) => match identity::death_of(here, &s.runner, p.host.as_deref()) {
                 None => {
                     report.left_running.push(p.id);
                     continue;

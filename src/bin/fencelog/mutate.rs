@@ -165,6 +165,15 @@ pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
             let exe =
                 std::env::current_exe().map_err(|e| ops::OpError::Io { message: format!("own executable: {e}") })?;
             let state = dir.state_dir("run")?;
+            if dir.etcd.is_some() {
+                // This host's local state of a log in etcd: made 0700 on first use.
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(state)
+                    .map_err(|e| ops::OpError::Io { message: format!("creating {}: {e}", state.display()) })?;
+            }
             let abs = std::path::absolute(state)
                 .map_err(|e| ops::OpError::Io { message: format!("{}: {e}", state.display()) })?;
             printed(&fencelog::supervisor::run(&ledger, &abs, &r, &exe)?)

@@ -645,6 +645,10 @@ impl EtcdBackend {
 const COMPACTION_EXPECTED_BY_REVISION: i64 = 1_000_000;
 
 impl LogBackend for EtcdBackend {
+    fn shared_by_hosts(&self) -> bool {
+        true
+    }
+
     fn head(&self) -> Result<Head> {
         let h = self.read_head()?;
         Ok(h)

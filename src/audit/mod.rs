@@ -39,14 +39,26 @@ pub enum Began {
         evidence: DeathReason,
         observed: Option<Observed>,
     },
+    /// `staleness_observed`: on a log shared by hosts, what the taker watched
+    /// on its own clock (the takeover was judged on it).
     TakeoverOfStaleOwner {
         previous_generation: u64,
         expected_heartbeat_ms: u64,
         reason: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        staleness_observed: Option<StalenessObserved>,
     },
     FenceRotation {
         previous_generation: u64,
     },
+}
+
+/// What a takeover's writer watched of the owner on its own clock.
+#[derive(Debug, Clone, Serialize)]
+pub struct StalenessObserved {
+    pub watched_ms: u64,
+    pub heartbeat_ms: u64,
+    pub host: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -550,6 +562,18 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
                         previous_generation: retired.generation,
                         expected_heartbeat_ms: *expect_heartbeat_ms,
                         reason: reason.clone(),
+                        staleness_observed: txn.events.iter().find_map(|e| match e {
+                            Event::StalenessObserved { subject: s, watched_ms, heartbeat_ms, host, .. }
+                                if s == subject =>
+                            {
+                                Some(StalenessObserved {
+                                    watched_ms: *watched_ms,
+                                    heartbeat_ms: *heartbeat_ms,
+                                    host: host.clone(),
+                                })
+                            }
+                            _ => None,
+                        }),
                     };
                     w.begin(subject, tenure(*generation, owner, began), true);
                 }

@@ -27,10 +27,17 @@ fn began(b: &Began) -> String {
                 evidence.code()
             )
         }
-        Began::TakeoverOfStaleOwner { previous_generation, expected_heartbeat_ms, reason } => format!(
-            "takeover of the stale owner of generation {previous_generation} (expected heartbeat {}; reason {reason:?})",
-            format_ms(*expected_heartbeat_ms)
-        ),
+        Began::TakeoverOfStaleOwner { previous_generation, expected_heartbeat_ms, reason, staleness_observed } => {
+            let watched = staleness_observed
+                .as_ref()
+                .map(|o| format!("; watched unchanged for {} ms on host {:?}'s own clock", o.watched_ms, o.host))
+                .unwrap_or_default();
+            format!(
+                "takeover of the stale owner of generation {previous_generation} (expected heartbeat {}; reason \
+                 {reason:?}{watched})",
+                format_ms(*expected_heartbeat_ms)
+            )
+        }
         Began::FenceRotation { previous_generation } => format!("fence rotation from generation {previous_generation}"),
     }
 }

@@ -139,6 +139,9 @@ pub fn problem_status(e: &OpError) -> StatusCode {
     match e {
         OpError::Refused(Refusal::UnknownProcess { .. } | Refusal::UnknownLease { .. }) => StatusCode::NOT_FOUND,
         OpError::Ledger(crate::ledger::LedgerError::Draining) => StatusCode::SERVICE_UNAVAILABLE,
+        // etcd unreachable or without quorum (its outcome unknown, for a
+        // mutation: retry with the same request id), or a reader cut under.
+        OpError::Ledger(crate::ledger::LedgerError::Storage(s)) if s.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
         // Known not to be in the log (a failed sync cut back): retry elsewhere.
         OpError::Ledger(crate::ledger::LedgerError::Storage(crate::storage::Error::NotCommitted { .. })) => {
             StatusCode::SERVICE_UNAVAILABLE
@@ -560,7 +563,7 @@ async fn takeover(State(app): State<Arc<App>>, peer: Option<axum::Extension<Peer
         let planned = ops::plan_takeover(&app.ledger, &r, who)?;
         // On a log shared by hosts: staleness watched on this daemon's own clock.
         let (ledger, req) = (Arc::clone(&app.ledger), r.clone());
-        tokio::task::spawn_blocking(move || ops::watch_before_takeover(&ledger, &req))
+        tokio::task::spawn_blocking(move || ops::watch_before_takeover(&ledger, &req, HTTP_WAIT_MS_MAX))
             .await
             .map_err(|e| OpError::Io { message: format!("the takeover's watch: {e}") })??;
         op_json(planned.submit_async(&app.ledger).await)
@@ -819,6 +822,9 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
             "the log cannot be written; restart the daemon",
         );
     }
+    if let Some(why) = app.log_unavailable.lock().expect("log_unavailable").clone() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "ETCD_UNAVAILABLE", &why);
+    }
     if app.admitting.load(Ordering::SeqCst) { "ready\n".into_response() } else { not_admitting() }
 }
 
@@ -891,6 +897,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
 }
 
+/// How long a watch stream waits for the next record before it looks at its
+/// client and the cutover again.
+const WATCH_WAIT_MS: u64 = 250;
+/// How long a watch stream waits after its backend could not be read (etcd
+/// unreachable) before it reads again.
+const WATCH_RETRY_MS: u64 = 1_000;
+
 #[derive(Deserialize)]
 struct WatchQuery {
     from: Option<u64>,
@@ -910,7 +923,7 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
         .map(|last| last.saturating_add(1));
     let from = resume.or(q.from).unwrap_or(1).max(1);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
-    let dir = app.dir.clone();
+    let backend = Arc::clone(app.ledger.backend());
     let closed = watch_closed(&app);
     // Reading the log is blocking file I/O: each stream tails on a blocking thread
     // of its own (at most WATCH_STREAMS_MAX), and hands events over one at a time
@@ -918,10 +931,12 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
     // from sequence 1 of a long log never holds the log in memory.
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let mut tailer = crate::storage::Tailer::new(&dir, crate::inspect::body_max(), from);
+        // The backend's own reader: a directory's segments, or etcd's keys (woken
+        // by etcd's watch of the head).
+        let mut reader = backend.reader(from);
         loop {
             let mut gone = false;
-            let polled = tailer.poll(|r| {
+            let polled = reader.poll(&mut |r| {
                 if gone {
                     return;
                 }
@@ -950,9 +965,21 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
             if gone {
                 return;
             }
-            if let Err(e) = polled {
-                let _ = tx.blocking_send(Ok(SseEvent::default().event("error").data(e.to_string())));
-                return;
+            match polled {
+                // etcd unreachable for now: the stream waits (keep-alives go on)
+                // and resumes where it stopped.
+                Err(e) if e.is_transient() => {
+                    tracing::warn!("watch: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(WATCH_RETRY_MS));
+                    if e.code() == "CUT_UNDER_READER" {
+                        reader = backend.reader(reader.next_seq());
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Ok(SseEvent::default().event("error").data(e.to_string())));
+                    return;
+                }
+                Ok(_) => {}
             }
             if *closed.borrow() {
                 let _ = tx.blocking_send(Ok(SseEvent::default().event("cutover").data("{\"cutover\":true}")));
@@ -962,7 +989,10 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
             if tx.is_closed() {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            if let Err(e) = reader.wait_for_more(Duration::from_millis(WATCH_WAIT_MS)) {
+                tracing::warn!("watch: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(WATCH_RETRY_MS));
+            }
         }
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()

@@ -28,8 +28,20 @@ use crate::ops::{self, Caller, ClaimRequest, GenerationOp, GenerationRequest, Op
 
 pub use http::{ROUTES, problem_status};
 
-/// The home subject a daemon claims unless told otherwise.
+/// The home subject a daemon claims unless told otherwise (on a log shared by
+/// hosts, [`home_default`]).
 pub const HOME_DEFAULT: &str = "fencelog/serve";
+
+/// The home a daemon claims by default: [`HOME_DEFAULT`] on a log on one host;
+/// on a log shared by hosts one home per host, `fencelog/serve/HOST` (the host id,
+/// `ledger::identity::host_id`): a daemon on each host, and a successor on the
+/// same host takes the home of the one before it.
+pub fn home_default(log: &crate::storage::Location) -> String {
+    match log {
+        crate::storage::Location::Dir(_) => HOME_DEFAULT.to_owned(),
+        _ => format!("{HOME_DEFAULT}/{}", crate::ledger::identity::host_id()),
+    }
+}
 /// The home's staleness: a daemon heartbeats it every quarter of this.
 pub const HOME_STALE_AFTER_MS: u64 = 20_000;
 /// Largest request body.
@@ -78,7 +90,11 @@ pub mod exit {
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
+    /// The daemon's local state (token, address, process output, runners' files):
+    /// the log directory itself, or with a log in etcd a directory of this host's.
     pub dir: PathBuf,
+    /// Where the log is: `dir`, or a prefix in an etcd cluster.
+    pub log: crate::storage::Location,
     pub listen: SocketAddr,
     pub token_file: Option<PathBuf>,
     pub home: String,
@@ -151,6 +167,12 @@ pub struct Ready {
     pub replayed: u64,
     pub open_ms: u64,
     pub token_file: String,
+    /// Where the log is: the directory, or `etcd:ENDPOINTS/PREFIX`.
+    pub log: String,
+    /// What the boot check of the service under the log warns about (etcd keeps
+    /// every revision, …); none on a directory.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The Unix socket, when `--unix` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unix: Option<String>,
@@ -171,6 +193,9 @@ pub(crate) struct App {
     pub cutting: AtomicBool,
     /// The log cannot be written (the ledger is poisoned): not ready; exits 1.
     pub broken: AtomicBool,
+    /// The service under the log (etcd) did not answer the last heartbeat: not
+    /// ready, and why, until a heartbeat lands again.
+    pub log_unavailable: Mutex<Option<String>>,
     /// The home was released (the heartbeat stops only then).
     pub home_released: AtomicBool,
     /// The home was taken from this daemon.
@@ -352,10 +377,21 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             .map_err(|e| (exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
     }
     let dir = std::fs::canonicalize(&o.dir).map_err(|e| (exit::IO, io("log directory", e)))?;
-    let ledger = Arc::new(Ledger::open(&dir, LedgerOptions::default()).map_err(|e| {
+    let log = match &o.log {
+        crate::storage::Location::Dir(_) => crate::storage::Location::Dir(dir.clone()),
+        other => other.clone(),
+    };
+    let ledger = Arc::new(Ledger::open_at(&log, LedgerOptions::default()).map_err(|e| {
         let e = OpError::from(e);
         (e.exit_code(), e)
     })?);
+    let warnings = ledger.backend().check_service().map_err(|e| {
+        let e = OpError::from(crate::ledger::LedgerError::Storage(e));
+        (exit::IO, e)
+    })?;
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
     let replayed = ledger.open_report().replayed_records;
     let (token, token_path) = load_token(&dir, o.token_file.as_deref()).map_err(|e| (e.exit_code(), e))?;
     let generation = claim_home(&ledger, &o, &token)?;
@@ -391,6 +427,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             admitting: AtomicBool::new(true),
             cutting: AtomicBool::new(false),
             broken: AtomicBool::new(false),
+            log_unavailable: Mutex::new(None),
             home_released: AtomicBool::new(false),
             home_lost: AtomicBool::new(false),
             abort_waits: Arc::new(AtomicBool::new(false)),
@@ -412,6 +449,8 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             replayed,
             open_ms: t0.elapsed().as_millis() as u64,
             token_file: token_path.display().to_string(),
+            log: log.describe(),
+            warnings,
             unix: o.unix.as_ref().map(|p| p.display().to_string()),
         };
         {
@@ -524,7 +563,18 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
             ops::generation(&ledger, GenerationOp::Heartbeat, &req, Caller::default())
         })
         .await;
+        let unavailable = match &r {
+            Ok(Err(OpError::Ledger(crate::ledger::LedgerError::Storage(s)))) if s.is_transient() => Some(s.to_string()),
+            _ => None,
+        };
+        *app.log_unavailable.lock().expect("log_unavailable") = unavailable.clone();
         match r {
+            // etcd unreachable or without quorum: the heartbeat goes on trying (a
+            // home taken meanwhile is found by the first heartbeat that lands:
+            // FENCED, and the cutover below).
+            _ if unavailable.is_some() => {
+                tracing::warn!("the home's heartbeat did not land: {}", unavailable.unwrap_or_default());
+            }
             Ok(Err(OpError::Refused(r))) => {
                 tracing::error!("the home was taken: {r}; cutting over");
                 app.home_lost.store(true, Ordering::SeqCst);

@@ -1395,9 +1395,22 @@ impl Hooks<LedgerState> for Ledger {
     /// Replay from the newest vouched snapshot, with the other writer's records.
     /// Audit windows counted attempts judged on the discarded state: the retries
     /// count them again, and the first is written again.
+    ///
+    /// The backend unreachable meanwhile (etcd without a leader, say): nothing is
+    /// poisoned — the state is marked stale and rebuilt by the next catch-up,
+    /// which every retried judgement makes first (and which fails, transiently,
+    /// while the backend stays unreachable).
     fn rebuild(&self, core: &mut Inner) -> Result<(), String> {
         core.fenced.clear();
-        let r = replay(&*self.backend).map_err(|e| e.to_string())?;
+        let r = match replay(&*self.backend) {
+            Ok(r) => r,
+            Err(LedgerError::Storage(e)) if e.is_transient() => {
+                tracing::warn!(error = %e, "catching up after another writer appended: the log is unreachable; later");
+                core.stale = true;
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         let last = r.projection.last_seq;
         (core.tailer, core.projection, core.head) = (r.tailer, r.projection, r.head);
         core.caught_up_to(last);

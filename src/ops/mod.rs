@@ -392,10 +392,13 @@ fn host_of(here: &identity::Here, subject: &str, owner: &Identity) -> Option<Eve
     (here.shared && owner.pid != 0).then(|| Event::OwnerHost { subject: subject.to_owned(), host: here.host.clone() })
 }
 
-/// The longest a takeover on a log shared by hosts waits to have watched the
-/// owner's heartbeat unchanged for the owner's staleness, on this writer's own
-/// clock (see `ledger::observer`): 5 minutes. An owner whose staleness is
-/// longer is refused `TAKEOVER_ACTIVE_REFUSED` with what was watched.
+/// The longest the CLI's takeover on a log shared by hosts waits to have watched
+/// the owner's heartbeat unchanged for the owner's staleness, on this writer's
+/// own clock (see `ledger::observer`): 5 minutes (the daemon's: its longest wait,
+/// `daemon::HTTP_WAIT_MS_MAX`). An owner whose staleness is longer is refused
+/// `TAKEOVER_ACTIVE_REFUSED` with what was watched (`age_ms`); the watch goes on
+/// in a writer that lives on (the daemon), so a retry after the rest of the
+/// staleness succeeds.
 pub const TAKEOVER_WATCH_MS_MAX: u64 = 300_000;
 
 /// How often a takeover's watch looks at the log again.
@@ -403,10 +406,11 @@ const TAKEOVER_WATCH_POLL_MS: u64 = 100;
 
 /// On a log shared by hosts, before a takeover: watch the owner of `req.subject`
 /// on this writer's own monotonic clock until its heartbeat has not changed for
-/// its staleness (at most [`TAKEOVER_WATCH_MS_MAX`]), or until it changes — a
-/// heartbeat, a new tenure (the takeover is then judged, and refused, on the
-/// state it finds). A log on one host judges staleness on its one clock: no wait.
-pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest) -> Result<(), OpError> {
+/// its staleness (waiting at most `wait_ms_max`; none if the staleness is
+/// longer), or until it changes — a heartbeat, a new tenure (the takeover is then
+/// judged, and refused, on the state it finds). A log on one host judges
+/// staleness on its one clock: no wait.
+pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest, wait_ms_max: u64) -> Result<(), OpError> {
     if !ledger.here().shared {
         return Ok(());
     }
@@ -426,8 +430,8 @@ pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest) -> Result<(
         let waited_ms = started.elapsed().as_millis() as u64;
         // A staleness past the bound is judged (and refused) on what was
         // watched: never a wait that long.
-        let limit_ms = stale_after_ms.saturating_add(2 * TAKEOVER_WATCH_POLL_MS).min(TAKEOVER_WATCH_MS_MAX);
-        if watched_ms > stale_after_ms || stale_after_ms >= TAKEOVER_WATCH_MS_MAX || waited_ms >= limit_ms {
+        let limit_ms = stale_after_ms.saturating_add(2 * TAKEOVER_WATCH_POLL_MS).min(wait_ms_max);
+        if watched_ms > stale_after_ms || stale_after_ms >= wait_ms_max || waited_ms >= limit_ms {
             return Ok(());
         }
         let left_ms = stale_after_ms + 1 - watched_ms;
@@ -571,7 +575,7 @@ pub fn plan_note(req: &NoteRequest, caller: Caller) -> Result<Planned, OpError> 
 /// it watched with it (`StalenessObserved`): the state machine judges it on that.
 pub fn takeover(ledger: &Ledger, req: &TakeoverRequest, caller: Caller) -> Result<OpResponse, OpError> {
     let planned = plan_takeover(ledger, req, caller)?;
-    watch_before_takeover(ledger, req)?;
+    watch_before_takeover(ledger, req, TAKEOVER_WATCH_MS_MAX)?;
     planned.submit(ledger)
 }
 

@@ -115,6 +115,12 @@ pub trait LogBackend: Send + Sync {
     fn shared_by_hosts(&self) -> bool {
         false
     }
+    /// What a long-running writer (the daemon) checks of the service under the
+    /// log at boot: an error if it cannot work (etcd refuses a commit group),
+    /// else warnings (etcd keeps every revision: no compaction).
+    fn check_service(&self) -> Result<Vec<String>> {
+        Ok(vec![])
+    }
 }
 
 impl RecordReader for Tailer {

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 //! Helpers shared by the integration tests.
 
+pub mod daemon;
 pub mod etcd;
 
 use std::collections::BTreeMap;

@@ -277,8 +277,10 @@ pub(crate) enum Cmd {
         dir: Dir,
         #[arg(long, default_value = "127.0.0.1:7411")]
         listen: std::net::SocketAddr,
-        #[arg(long, default_value = fencelog::daemon::HOME_DEFAULT)]
-        home: String,
+        /// The daemon's home subject (default: fencelog/serve; with --etcd, one per
+        /// host: fencelog/serve/HOST).
+        #[arg(long)]
+        home: Option<String>,
         #[arg(long, default_value_t = fencelog::daemon::DRAIN_GRACE_MS_DEFAULT)]
         drain_grace_ms: u64,
         /// If a live daemon holds the home: ask it to cut over, and take the home the

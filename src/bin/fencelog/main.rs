@@ -141,11 +141,17 @@ fn run(cmd: cli::Cmd) -> Printed {
                 });
             }
             let token_file = dir.token_file.clone();
+            let log = dir.location()?;
+            if dir.etcd.is_some() {
+                dir.state_dir("serve")?;
+            }
+            let home = home.unwrap_or_else(|| fencelog::daemon::home_default(&log));
             fencelog::ops::valid(&home)?;
             let self_exe =
                 std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
             let o = fencelog::daemon::ServeOptions {
                 dir: dir.path().to_path_buf(),
+                log,
                 listen,
                 token_file,
                 home,

@@ -127,6 +127,34 @@ impl Pager {
     }
 }
 
+/// The first pause before a request is sent again ([`Conn::run`]); it doubles,
+/// up to [`RETRY_PAUSE_MS_MAX`], within the request's deadline.
+const RETRY_PAUSE_MS_FIRST: u64 = 10;
+const RETRY_PAUSE_MS_MAX: u64 = 200;
+
+/// Which failures [`Conn::run`] sends a request again after.
+#[derive(Debug, Clone, Copy)]
+enum Retry {
+    /// Only a request that was never sent (no connection to the member).
+    NeverSent,
+    /// Any unavailability (the request is idempotent).
+    Unavailable,
+}
+
+impl Retry {
+    fn again(self, e: &etcd_client::Error) -> bool {
+        let etcd_client::Error::GRpcStatus(s) = e else {
+            // A transport error may have come after the request was sent.
+            return matches!((self, e), (Retry::Unavailable, etcd_client::Error::TransportError(_)));
+        };
+        match self {
+            // tonic's words for a connection that could not be made.
+            Retry::NeverSent => s.code() == tonic::Code::Unavailable && s.message().contains("tcp connect error"),
+            Retry::Unavailable => matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown),
+        }
+    }
+}
+
 /// A connection: the client and the runtime its requests run on. Every request
 /// is handed to that runtime and waited for on the caller's thread (any thread:
 /// a blocking pool's, a plain one), with its deadline.
@@ -198,16 +226,33 @@ impl Conn {
     }
 
     /// Run one request on the connection's runtime, waiting at most
-    /// [`ETCD_REQUEST_TIMEOUT_MS`].
-    fn run<T: Send + 'static, F>(&self, f: impl FnOnce(Client) -> F) -> Result<T>
+    /// [`ETCD_REQUEST_TIMEOUT_MS`] in all. The client spreads requests over the
+    /// endpoints and does not steer around a member that is down: a request that
+    /// could not be sent to one (the connection refused: it never reached etcd) is
+    /// sent again, to the next, within the same deadline. An idempotent request
+    /// (`Retry::Unavailable`: a read, a put of a key of its own) is sent again after
+    /// any answer of unavailability (no leader, a leader change, a member cut off);
+    /// a `Txn` (`Retry::NeverSent`) only when it was never sent — it may have been
+    /// applied otherwise, and only the caller can tell (by the head).
+    fn run<T: Send + 'static, F>(&self, retry: Retry, f: impl Fn(Client) -> F + Send + 'static) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
     {
-        let fut = f(self.client.clone());
+        let client = self.client.clone();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let rt = self.rt.as_ref().expect("a live connection");
         rt.spawn(async move {
-            let r = tokio::time::timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS), fut).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS);
+            let mut pause = Duration::from_millis(RETRY_PAUSE_MS_FIRST);
+            let r = loop {
+                match tokio::time::timeout_at(deadline, f(client.clone())).await {
+                    Ok(Err(e)) if retry.again(&e) && tokio::time::Instant::now() + pause < deadline => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(RETRY_PAUSE_MS_MAX));
+                    }
+                    other => break other,
+                }
+            };
             let _ = tx.send(r);
         });
         match rx.recv() {
@@ -219,9 +264,28 @@ impl Conn {
     }
 
     fn get(&self, key: Vec<u8>, opts: Option<GetOptions>) -> Result<etcd_client::GetResponse> {
-        self.run(
-            move |c| async move { c.kv_client().max_decoding_message_size(MESSAGE_BYTES_MAX).get(key, opts).await },
-        )
+        self.run(Retry::Unavailable, move |c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move { c.kv_client().max_decoding_message_size(MESSAGE_BYTES_MAX).get(key, opts).await }
+        })
+    }
+
+    /// A put of a key nothing else writes (a snapshot's, the archive marker):
+    /// sent again if etcd was unavailable.
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> Result<etcd_client::PutResponse> {
+        self.run(Retry::Unavailable, move |mut c| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { c.put(key, value, None).await }
+        })
+    }
+
+    /// A delete of a range (its keys, or those with its prefix): sent again if
+    /// etcd was unavailable.
+    fn delete(&self, key: Vec<u8>, opts: etcd_client::DeleteOptions) -> Result<etcd_client::DeleteResponse> {
+        self.run(Retry::Unavailable, move |mut c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move { c.delete(key, Some(opts)).await }
+        })
     }
 
     /// One page of the range `start..end`, as many keys as `pager` asks for; a
@@ -230,18 +294,26 @@ impl Conn {
     /// [`PAYLOAD_BYTES_MAX`] and its frame).
     fn get_page(&self, start: Vec<u8>, end: Vec<u8>, pager: &mut Pager) -> Result<etcd_client::GetResponse> {
         let first = pager.limit;
-        let (r, limit) = self.run(move |c| async move {
-            let mut limit = first;
-            loop {
-                let opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
-                match c.kv_client().max_decoding_message_size(MESSAGE_BYTES_MAX).get(start.clone(), Some(opts)).await {
-                    Err(etcd_client::Error::GRpcStatus(s))
-                        if matches!(s.code(), tonic::Code::OutOfRange | tonic::Code::ResourceExhausted)
-                            && limit > 1 =>
+        let (r, limit) = self.run(Retry::Unavailable, move |c| {
+            let (start, end) = (start.clone(), end.clone());
+            async move {
+                let mut limit = first;
+                loop {
+                    let opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
+                    match c
+                        .kv_client()
+                        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                        .get(start.clone(), Some(opts))
+                        .await
                     {
-                        limit /= 2
+                        Err(etcd_client::Error::GRpcStatus(s))
+                            if matches!(s.code(), tonic::Code::OutOfRange | tonic::Code::ResourceExhausted)
+                                && limit > 1 =>
+                        {
+                            limit /= 2
+                        }
+                        r => return r.map(|r| (r, limit)),
                     }
-                    r => return r.map(|r| (r, limit)),
                 }
             }
         })?;
@@ -251,7 +323,10 @@ impl Conn {
     }
 
     fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        self.run(move |mut c| async move { c.txn(txn).await })
+        self.run(Retry::NeverSent, move |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
     }
 
     /// Wait at most `timeout` for the key `key` to change after `revision`;
@@ -602,13 +677,11 @@ impl EtcdBackend {
     pub fn set_archived(&mut self, below_seq: u64, link: &ChainLink) -> Result<u64> {
         let key = keys::key(&self.prefix, keys::ARCHIVED);
         let value = serde_json::to_vec(&ArchivedJson { below_seq, link: hex(link) }).expect("serializes");
-        self.conn.run(move |mut c| async move { c.put(key, value, None).await })?;
+        self.conn.put(key, value)?;
         let from = self.first_seq();
         self.archived = Some(Archived { below_seq, link: *link });
         let (start, end) = (keys::record(&self.prefix, from.min(below_seq)), keys::record(&self.prefix, below_seq));
-        let deleted = self.conn.run(move |mut c| async move {
-            c.delete(start, Some(etcd_client::DeleteOptions::new().with_range(end))).await
-        })?;
+        let deleted = self.conn.delete(start, etcd_client::DeleteOptions::new().with_range(end))?;
         Ok(deleted.deleted() as u64)
     }
 
@@ -617,7 +690,8 @@ impl EtcdBackend {
     /// Returns what to warn about.
     pub fn check_cluster(&self) -> Result<Vec<String>> {
         let mut warnings = vec![];
-        let alarms = self.conn.run(|mut c| async move {
+        self.probe_group_limits()?;
+        let alarms = self.conn.run(Retry::Unavailable, |mut c| async move {
             c.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await
         })?;
         for a in alarms.alarms() {
@@ -626,7 +700,7 @@ impl EtcdBackend {
         // Compaction: every append rewrites the head key, so etcd's history grows
         // by a revision per commit group; without auto-compaction it reaches the
         // quota. A revision old enough and still readable says none runs.
-        let status = self.conn.run(|mut c| async move { c.status().await })?;
+        let status = self.conn.run(Retry::Unavailable, |mut c| async move { c.status().await })?;
         let revision = status.header().map_or(0, |h| h.revision());
         if revision > COMPACTION_EXPECTED_BY_REVISION {
             let old = self.conn.get(keys::key(&self.prefix, keys::META), Some(GetOptions::new().with_revision(1)));
@@ -641,12 +715,49 @@ impl EtcdBackend {
     }
 }
 
+impl EtcdBackend {
+    /// Does etcd take a commit group as large as fencelog makes them? A `Txn` of
+    /// [`ETCD_TXN_OPS_MAX`] puts and [`GROUP_PAYLOAD_BYTES_MAX`] bytes whose
+    /// compare never holds (etcd checks a request's size and operations before it
+    /// evaluates it; nothing is written): refused, the cluster runs with a lower
+    /// `--max-txn-ops` or `--max-request-bytes` than its defaults, and every large
+    /// group would be refused — an error, before the daemon admits anything.
+    fn probe_group_limits(&self) -> Result<()> {
+        let probe = keys::key(&self.prefix, "probe");
+        let value = vec![0u8; GROUP_PAYLOAD_BYTES_MAX / ETCD_TXN_OPS_MAX];
+        // Distinct keys (etcd refuses a key twice in one request).
+        let ops: Vec<TxnOp> = (0..ETCD_TXN_OPS_MAX)
+            .map(|i| TxnOp::put(keys::key(&self.prefix, &format!("probe/{i:03}")), value.clone(), None))
+            .collect();
+        // A version is never below 0: the compare never holds.
+        let txn = Txn::new().when([Compare::version(probe.clone(), CompareOp::Less, 0)]).and_then(ops);
+        match self.conn.txn(txn) {
+            Ok(r) if !r.succeeded() => Ok(()),
+            Ok(_) => Err(self.etcd_refusal("a probe whose compare cannot hold was applied".into())),
+            Err(Error::Etcd { detail, .. }) => Err(self.etcd_refusal(format!(
+                "etcd refuses a commit group of {ETCD_TXN_OPS_MAX} operations and {GROUP_PAYLOAD_BYTES_MAX} \
+                 bytes ({detail}): run it with --max-txn-ops >= {ETCD_TXN_OPS_MAX} and --max-request-bytes >= \
+                 {ETCD_REQUEST_BYTES_MAX} (its defaults; docs/DISTRIBUTED.md)"
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn etcd_refusal(&self, detail: String) -> Error {
+        Error::Etcd { cluster: self.opts.describe(), detail }
+    }
+}
+
 /// Past this revision, a cluster with auto-compaction has compacted revision 1.
 const COMPACTION_EXPECTED_BY_REVISION: i64 = 1_000_000;
 
 impl LogBackend for EtcdBackend {
     fn shared_by_hosts(&self) -> bool {
         true
+    }
+
+    fn check_service(&self) -> Result<Vec<String>> {
+        self.check_cluster()
     }
 
     fn head(&self) -> Result<Head> {
@@ -746,19 +857,17 @@ impl LogBackend for EtcdBackend {
         let chunks: Vec<&[u8]> = body.chunks(keys::SNAPSHOT_CHUNK_BYTES).collect();
         for (n, chunk) in chunks.iter().enumerate() {
             let (k, v) = (keys::snapshot_chunk(&self.prefix, seq, n), chunk.to_vec());
-            self.conn.run(move |mut c| async move { c.put(k, v, None).await })?;
+            self.conn.put(k, v)?;
         }
         let meta =
             SnapJson { seq, head: hex(head), digest: hex(&digest), bytes: body.len() as u64, chunks: chunks.len() };
         let (k, v) = (keys::snapshot_meta(&self.prefix, seq), serde_json::to_vec(&meta).expect("serializes"));
-        self.conn.run(move |mut c| async move { c.put(k, v, None).await })?;
+        self.conn.put(k, v)?;
         // Only the newest few are kept.
         let (kept, _) = self.newest_snapshots_all();
         for old in kept.iter().skip(snapshots::SNAPSHOTS_KEPT) {
             let dir = keys::snapshot_dir(&self.prefix, old.seq);
-            let _ = self.conn.run(move |mut c| async move {
-                c.delete(dir, Some(etcd_client::DeleteOptions::new().with_prefix())).await
-            });
+            let _ = self.conn.delete(dir, etcd_client::DeleteOptions::new().with_prefix());
         }
         Ok(SnapshotMeta { seq, head: *head, digest, source: format!("{}s/{seq:020}", self.opts.describe()) })
     }

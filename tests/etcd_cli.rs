@@ -156,3 +156,53 @@ fn a_supervised_run_on_etcd_keeps_its_records_there_and_its_output_here() {
     let (code, list) = fl(&c.endpoints, &p, None, &["process", "list"]);
     assert_eq!((code, list["processes"].as_array().map(Vec::len)), (0, Some(1)), "nothing else ran: {list}");
 }
+
+/// Flip one byte of record `seq`'s frame (its payload: the CRC then fails), in
+/// etcd itself, through the cluster's own client.
+fn damage_record(endpoints: &str, prefix: &str, seq: u64) {
+    let key = format!("{prefix}r/{seq:020}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let eps: Vec<&str> = endpoints.split(',').collect();
+        let mut c = etcd_client::Client::connect(eps, None).await.unwrap();
+        let mut v = c.get(key.as_bytes(), None).await.unwrap().kvs()[0].value().to_vec();
+        let at = v.len() - 1;
+        v[at] ^= 0x40;
+        c.put(key.as_bytes(), v, None).await.unwrap();
+    });
+}
+
+/// Proves: `repair --etcd` cuts a damaged log in etcd as `repair` cuts a
+/// directory: an intact log is not touched (exit 2), a cut after the first damage
+/// is refused (exit 2, naming the damage), a cut from the damaged record keeps the
+/// cut records as evidence keys (`ev/…`, their bytes as they were) and leaves a
+/// log that verifies intact with the head set back and takes appends again.
+#[test]
+fn repair_on_etcd_cuts_from_the_damage_and_keeps_the_cut_records_as_evidence() {
+    let c = etcd::shared();
+    let p = etcd::fresh_prefix("repair");
+    assert_eq!(fl(&c.endpoints, &p, None, &["init"]).0, 0);
+    let pid = std::process::id().to_string();
+    for i in 0..10 {
+        let (code, v) = fl(&c.endpoints, &p, None, &["claim", "--subject", &format!("s/{i}"), "--pid", &pid]);
+        assert_eq!(code, 0, "{v}");
+    }
+    let (code, v) = fl(&c.endpoints, &p, None, &["repair", "--cut-from", "3"]);
+    assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_OPTION")), "an intact log: {v}");
+    damage_record(&c.endpoints, &p, 6);
+    let (code, v) = fl(&c.endpoints, &p, None, &["inspect", "verify", "--json"]);
+    assert_eq!((code, v["problems"][0]["seq"].as_u64()), (1, Some(6)), "{v}");
+    assert_eq!(v["problems"][0]["kind"], "checksum_mismatch", "{v}");
+    let (code, v) = fl(&c.endpoints, &p, None, &["repair", "--cut-from", "7"]);
+    assert_eq!(code, 2, "after the damage: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("cut from 6 or earlier"), "{v}");
+    let before = keys_under(&c.endpoints, &format!("{p}r/"));
+    let (code, v) = fl(&c.endpoints, &p, None, &["repair", "--cut-from", "6"]);
+    assert_eq!((code, v["intact"].as_bool(), v["last_seq"].as_u64()), (0, Some(true), Some(5)), "{v}");
+    assert_eq!(keys_under(&c.endpoints, &format!("{p}ev/")), before - 5, "the cut records, kept");
+    assert_eq!(keys_under(&c.endpoints, &format!("{p}r/")), 5);
+    let (code, v) = fl(&c.endpoints, &p, None, &["inspect", "verify", "--json"]);
+    assert_eq!((code, v["status"].as_str(), v["last_seq"].as_u64()), (0, Some("intact"), Some(5)), "{v}");
+    let (code, v) = fl(&c.endpoints, &p, None, &["claim", "--subject", "after", "--pid", &pid]);
+    assert_eq!((code, v["seq"].as_u64()), (0, Some(6)), "{v}");
+}

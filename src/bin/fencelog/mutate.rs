@@ -197,7 +197,14 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             _ => printed(&fencelog::storage::init(dir.path(), LogOptions::default())?),
         },
         Cmd::Repair { dir, cut_from } => {
-            let r = fencelog::storage::repair(dir.path(), cut_from, &LogOptions::default())?;
+            let r = match dir.location()? {
+                #[cfg(feature = "etcd")]
+                fencelog::storage::Location::Etcd(e) => {
+                    let log = fencelog::storage::etcd::EtcdBackend::open_unchecked(&e, &LogOptions::default())?;
+                    log.repair(cut_from, LogOptions::default().now_ms())?
+                }
+                _ => fencelog::storage::repair(dir.path(), cut_from, &LogOptions::default())?,
+            };
             Ok((serde_json::to_value(&r).expect("report serializes"), if r.intact { 0 } else { 1 }))
         }
         Cmd::Claim { .. }

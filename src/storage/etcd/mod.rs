@@ -20,6 +20,7 @@
 //! log before its next turn, and request ids answer from the log).
 
 pub mod keys;
+mod repair;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -476,6 +477,17 @@ impl EtcdBackend {
     /// record keys against the head, the last record against the head): a prefix
     /// holding no log is `NOT_A_LOG` and nothing is written.
     pub fn open(opts: &EtcdOptions, log: &LogOptions) -> Result<EtcdBackend> {
+        Self::open_checked(opts, log, true)
+    }
+
+    /// [`EtcdBackend::open`] without the check of the history's ends, for the
+    /// tools that read a damaged log to report or cut its damage (the inspector,
+    /// `repair`): the marker is still required. Its writer must not append.
+    pub fn open_unchecked(opts: &EtcdOptions, log: &LogOptions) -> Result<EtcdBackend> {
+        Self::open_checked(opts, log, false)
+    }
+
+    fn open_checked(opts: &EtcdOptions, log: &LogOptions, check: bool) -> Result<EtcdBackend> {
         let conn = Arc::new(Conn::connect(opts)?);
         let prefix = opts.prefix.as_bytes().to_vec();
         let meta = conn.get(keys::key(&prefix, keys::META), None)?;
@@ -526,7 +538,9 @@ impl EtcdBackend {
         };
         b.archived = b.read_archived()?;
         let head = b.read_head()?;
-        b.check_history(&head)?;
+        if check {
+            b.check_history(&head)?;
+        }
         *b.cursor.lock().expect("cursor") = Cursor { next_seq: head.seq + 1, prev_link: head.link };
         b.report.last_seq = head.seq;
         b.report.chain_head = hex(&head.link);
@@ -1210,6 +1224,14 @@ impl EtcdBackend {
             if !r.more() {
                 break;
             }
+        }
+        if !stopped && next.saturating_sub(1) == head.seq && head.seq >= first && prev.is_some_and(|l| l != head.link) {
+            let detail = format!("the head names record {}'s chain link as another than the record's", head.seq);
+            report!(
+                &mut sum,
+                problem("head_mismatch", &self.key_path(head.seq), 0, head.seq, false, 0, detail),
+                &mut stopped
+            );
         }
         if !stopped && next.saturating_sub(1) != head.seq {
             let (kind, detail) = if next.saturating_sub(1) > head.seq {

@@ -1,12 +1,20 @@
 //! HTTP compare-and-append, one run, one machine: a real `fencelog serve` on
 //! loopback (heartbeats on distinct subjects; claims of new subjects) at 1, 16, 64
 //! and 256 concurrent keep-alive clients — txn/s, p50, p99 — and, side by side in
-//! the same run, etcd (one member on loopback, started here) doing the equivalent
-//! transaction (compare mod_revision, put) through its v3 JSON gateway. The daemon's
-//! resident memory is measured after 100,000 subjects exist.
+//! the same run, etcd (one member on loopback, started here by
+//! `scripts/etcd-cluster.sh`) doing the equivalent transaction (compare
+//! mod_revision, put) through its v3 JSON gateway. The daemon's resident memory is
+//! measured after 100,000 subjects exist.
 //!
-//!   benches/setup-etcd.sh                          # once: Debian's etcd-server
+//! With `--etcd`: the daemon with its log *in* etcd, on a 1-member and on a
+//! 3-member loopback cluster, at 1, 16 and 64 clients, beside raw etcd doing the
+//! equivalent compare-and-put `Txn` through the same client crate (etcd-client,
+//! gRPC) on the same cluster; and the boot of a ledger from etcd holding
+//! 1,000,000 records and a snapshot (100,000 with `--quick`).
+//!
+//!   scripts/deps.sh test                           # once: Debian's etcd-server, etcd-client
 //!   cargo bench --bench serve                      # full run
+//!   cargo bench --bench serve -- --quick --json --etcd   # the log in etcd
 //!   cargo bench --bench serve -- --quick --json    # short run, one JSON object
 //!   cargo bench --bench serve -- --rss-only        # the resident-memory figure alone
 //!   cargo bench --bench serve -- --clients 64 --no-etcd   # one row, fencelog alone, no RSS
@@ -265,8 +273,13 @@ impl Drop for Daemon {
 }
 
 fn start_daemon(dir: &Path) -> Daemon {
+    start_daemon_args(dir, &[])
+}
+
+fn start_daemon_args(dir: &Path, extra: &[&str]) -> Daemon {
     let mut child = Command::new(FENCELOG)
         .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -400,19 +413,28 @@ impl Drop for Etcd {
     }
 }
 
-fn start_etcd(dir: &Path) -> Result<(Etcd, String), String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/etcd-single.sh");
+/// A loopback cluster of `members` started by the repository's script: its
+/// members (stopped when dropped) and its endpoints (`127.0.0.1:P,…`).
+fn start_cluster(dir: &Path, members: usize) -> Result<(Vec<Etcd>, String), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/etcd-cluster.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .arg(dir)
-        .args(["23790", "23800"])
+        .args(["start", dir.to_str().unwrap(), &members.to_string()])
         .output()
         .map_err(|e| format!("{}: {e}", script.display()))?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
     }
     let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-    Ok((Etcd { pid: v["pid"].as_u64().unwrap_or(0) as u32 }, v["endpoint"].as_str().unwrap_or("").to_owned()))
+    let pids =
+        v["members"].as_array().into_iter().flatten().map(|m| Etcd { pid: m["pid"].as_u64().unwrap_or(0) as u32 });
+    Ok((pids.collect(), v["endpoints"].as_str().unwrap_or("").to_owned()))
+}
+
+/// One member, and the URL of its v3 JSON gateway.
+fn start_etcd(dir: &Path) -> Result<(Vec<Etcd>, String), String> {
+    let (members, endpoints) = start_cluster(dir, 1)?;
+    Ok((members, format!("http://{endpoints}")))
 }
 
 fn start_daemon_with(bin: &Path, dir: &Path) -> Daemon {
@@ -537,10 +559,139 @@ fn reads_bench(root: &Path, bins: &[(String, PathBuf)], quick: bool) -> Value {
     Value::Object(out)
 }
 
+/// Raw etcd through the same client crate fencelog uses: `clients` tasks, each
+/// a compare-and-put `Txn` on a key of its own (compare its mod_revision with the
+/// one it wrote last, put) — the equivalent of a heartbeat — until `run_for`.
+fn raw_etcd_txns(endpoints: &str, clients: usize, run_for: Duration, round: &str) -> Figures {
+    use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let eps: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
+    let results = rt.block_on(async move {
+        let client = Client::connect(eps, None).await.expect("etcd");
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let mut c = client.clone();
+                let key = format!("/raw/{round}/{clients}/{i}");
+                tokio::spawn(async move {
+                    let (mut lat, mut errors) = (Vec::new(), 0u64);
+                    let mut rev = 0i64;
+                    while start.elapsed() < run_for {
+                        let txn = Txn::new()
+                            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)])
+                            .and_then([TxnOp::put(key.as_str(), "1", None)]);
+                        let t = Instant::now();
+                        match c.txn(txn).await {
+                            Ok(r) if r.succeeded() => rev = r.header().map_or(0, |h| h.revision()),
+                            _ => errors += 1,
+                        }
+                        lat.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    (lat, errors, start.elapsed())
+                })
+            })
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("a client task"));
+        }
+        results
+    });
+    let (mut all, mut errors, mut longest) = (Vec::new(), 0, Duration::ZERO);
+    for (lat, e, took) in results {
+        all.extend(lat);
+        errors += e;
+        longest = longest.max(took);
+    }
+    all.sort_by(f64::total_cmp);
+    let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors }
+}
+
+fn fl_cli(args: &[&str]) -> Value {
+    let out = Command::new(FENCELOG).args(args).output().expect("fencelog");
+    assert!(out.status.success(), "fencelog {args:?}: {}", String::from_utf8_lossy(&out.stdout));
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// The `--etcd` bench (see the module).
+fn etcd_bench(root: &Path, quick: bool) -> Value {
+    let run_for = Duration::from_millis(if quick { 2000 } else { 5000 });
+    let mut out = serde_json::Map::new();
+    out.insert("quick".into(), json!(quick));
+    out.insert("cores".into(), json!(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)));
+    for members in [1usize, 3] {
+        let tmp = tempfile::Builder::new().prefix("etcd-serve").tempdir_in(root).unwrap();
+        let (_cluster, endpoints) = start_cluster(&tmp.path().join("etcd"), members).expect("an etcd cluster");
+        let prefix = "/bench/";
+        fl_cli(&["init", "--etcd", &endpoints, "--etcd-prefix", prefix]);
+        let d = start_daemon_args(&tmp.path().join("state"), &["--etcd", &endpoints, "--etcd-prefix", prefix]);
+        let mut rows = serde_json::Map::new();
+        for (round, k) in [1usize, 16, 64].into_iter().enumerate() {
+            let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
+            let fl_claim = fencelog_claims(&d, k, run_for, round);
+            let raw = raw_etcd_txns(&endpoints, k, run_for, &format!("{members}-{round}"));
+            let row = json!({
+                "fencelog_heartbeat": fl_hb.json(),
+                "fencelog_claim": fl_claim.json(),
+                "raw_etcd_txn": raw.json(),
+                "heartbeat_vs_raw": ((fl_hb.txn_per_s / raw.txn_per_s.max(1.0)) * 100.0).round() / 100.0,
+                "p50_minus_raw_us": (fl_hb.p50_us - raw.p50_us).round(),
+            });
+            eprintln!("{members} member(s), {k} clients: {row}");
+            rows.insert(format!("clients_{k}"), row);
+        }
+        out.insert(format!("members_{members}"), Value::Object(rows));
+    }
+    // Boot from etcd: a log of N records (a file log imported), a snapshot, then
+    // a ledger opened on it, as the daemon opens one.
+    let records: u64 = if quick { 100_000 } else { 1_000_000 };
+    let tmp = tempfile::Builder::new().prefix("etcd-boot").tempdir_in(root).unwrap();
+    let (_cluster, endpoints) = start_cluster(&tmp.path().join("etcd"), 1).expect("an etcd cluster");
+    let src = tmp.path().join("src");
+    fl_cli(&["demo", "--dir", src.to_str().unwrap(), "--records", &records.to_string(), "--appenders", "8"]);
+    let t = Instant::now();
+    fl_cli(&["import", "--dir", src.to_str().unwrap(), "--etcd", &endpoints, "--etcd-prefix", "/boot/"]);
+    let import_s = t.elapsed().as_secs_f64();
+    let loc = fencelog::storage::Location::Etcd(
+        fencelog::storage::etcd::EtcdOptions::parse(&endpoints, "/boot/").expect("options"),
+    );
+    let opts = fencelog::ledger::LedgerOptions::default;
+    let full = {
+        let t = Instant::now();
+        let l = fencelog::ledger::Ledger::open_at(&loc, opts()).expect("open");
+        let took = t.elapsed().as_secs_f64() * 1e3;
+        l.snapshot_now().expect("snapshot");
+        took
+    };
+    let mut boots = vec![];
+    for _ in 0..3 {
+        let t = Instant::now();
+        let l = fencelog::ledger::Ledger::open_at(&loc, opts()).expect("open");
+        boots.push(t.elapsed().as_secs_f64() * 1e3);
+        assert!(l.open_report().snapshot_seq.is_some(), "booted from the snapshot");
+    }
+    boots.sort_by(f64::total_cmp);
+    out.insert(
+        "boot".into(),
+        json!({"records": records, "import_s": (import_s * 10.0).round() / 10.0,
+               "replay_all_ms": full.round(), "boot_from_snapshot_ms_median": boots[1].round()}),
+    );
+    Value::Object(out)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    if args.iter().any(|a| a == "--etcd") {
+        let root =
+            std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+        std::fs::create_dir_all(&root).unwrap();
+        let out = etcd_bench(&std::path::absolute(root).unwrap(), quick);
+        println!("{}", if as_json { out.to_string() } else { serde_json::to_string_pretty(&out).unwrap() });
+        return;
+    }
     if args.iter().any(|a| a == "--reads") {
         let root =
             std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
@@ -580,7 +731,7 @@ fn main() {
         start_etcd(&tmp.path().join("etcd"))
     };
     if let Err(why) = &etcd {
-        eprintln!("etcd not measured: {why} (benches/setup-etcd.sh installs it)");
+        eprintln!("etcd not measured: {why} (scripts/deps.sh test installs it)");
     }
     let mut out = serde_json::Map::new();
     out.insert("quick".into(), json!(quick));

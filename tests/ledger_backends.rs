@@ -213,6 +213,38 @@ fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow(f:
     assert_eq!(fresh.projection(), pa);
 }
 
+/// Proves: a writer whose state is behind another writer's records never answers
+/// from it. Writer B last looked when A held a subject; A released it and took
+/// another (and rotated its fence). B's claim of the first is committed — never
+/// refused ALREADY_ACTIVE from what B last saw, a refusal that appends nothing —
+/// and B's claim of the second is refused naming A's current tenure — never
+/// committed over it. (On an optimistic backend B does not read before judging:
+/// a read of the head before an answer that appends nothing, or the append's
+/// compare, finds what A wrote.)
+fn a_writer_behind_another_never_answers_from_what_it_last_saw(f: Fixture) {
+    let owner = me();
+    let a = ledger(&f);
+    a.submit(None, claim("first", &owner)).unwrap();
+    // B reads the log when it opens, then only writes: it has met no other
+    // writer's records since.
+    let b = ledger(&f);
+    b.submit(None, claim("mine", &owner)).unwrap();
+    let generation = |l: &Ledger, s: &str| l.refresh().unwrap().subject(s).map(|x| x.generation);
+    a.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::Release { subject: "first".into(), generation: 1 }])))
+        .unwrap();
+    a.submit(None, claim("second", &owner)).unwrap();
+    a.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::RotateFence { subject: "second".into(), generation: 1 }])))
+        .unwrap();
+    let c = b.submit(None, claim("first", &owner)).expect("free since A released it");
+    assert!(c.seq.is_some());
+    match b.submit(None, claim("second", &owner)) {
+        Err(LedgerError::Refused(Refusal::AlreadyActive { generation: 2, .. })) => {}
+        other => panic!("judged on what B last saw: {other:?}"),
+    }
+    assert_eq!(generation(&a, "first"), Some(2));
+    assert_eq!(generation(&b, "second"), Some(2));
+}
+
 /// Proves: `drain` (the daemon's cutover) refuses new transactions with DRAINING
 /// and lets every transaction already judged finish: afterwards each submission of
 /// 8 threads (submitting until refused) has a known answer — committed (and its
@@ -546,6 +578,7 @@ mod optimistic {
     }
     on_memory_and_etcd!(
         writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow,
+        a_writer_behind_another_never_answers_from_what_it_last_saw,
         several_threads_per_writer_overtaking_never_append_twice
     );
 }

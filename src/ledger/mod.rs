@@ -36,6 +36,7 @@ pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -183,7 +184,15 @@ struct LedgerState {
     /// backend was unreachable), or a catch-up stopped part way for the same
     /// reason. Rebuilt from the log (replay) before it is used again.
     stale: bool,
+    /// When this ledger last met another writer's records (a catch-up read them,
+    /// or an append found the head moved): an optimistic backend's writer reads
+    /// before judging only while others write.
+    others_seen: Option<Instant>,
 }
+
+/// How long after meeting another writer's records a writer on an optimistic
+/// backend still catches up before each turn's judgements.
+const OTHERS_RECENT_MS: u64 = 1_000;
 
 /// The engine's state with the ledger's: the projection runs ahead of the
 /// engine's durable sequence only while a group is being committed (its last
@@ -346,6 +355,7 @@ impl Ledger {
             own_checkpoint_seq: 0,
             last_snapshot: None,
             stale: false,
+            others_seen: None,
         };
         let report = LedgerOpenReport {
             storage: backend.open_report(),
@@ -438,6 +448,9 @@ impl Ledger {
         let read_from = tailer.next_seq();
         let applied = apply_tail(tailer.as_mut(), projection, head, since_snapshot);
         let (last, read_to) = (projection.last_seq, tailer.next_seq());
+        if last > inner.last_seq() {
+            inner.others_seen = Some(Instant::now());
+        }
         if let Err(e) = applied {
             let transient = matches!(&e, LedgerError::Storage(s) if s.is_transient());
             if !transient && (last != inner.last_seq() || read_to != read_from) {
@@ -615,6 +628,41 @@ impl Ledger {
     /// Build, check and (if it writes) apply and queue one transaction. Returns the
     /// answer and the last sequence it depends on.
     fn check_and_queue(
+        &self,
+        inner: &mut Inner,
+        caller: &CallerId,
+        request: Option<(String, [u8; 32])>,
+        build: &mut impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
+    ) -> (Result<Committed, LedgerError>, u64) {
+        let (answer, covers) = self.check_and_queue_once(inner, caller, request.clone(), build);
+        // On an optimistic backend the state may be behind another writer's
+        // records (the turn did not read before judging). A write is vouched for
+        // by its append's compare, and so is an answer that waits on a group
+        // queued before it; an answer that writes nothing and waits on nothing (a
+        // refusal, a deduplicated request, a no-op) is given only once the head
+        // says nothing came meanwhile — else the state is caught up and it is
+        // judged again.
+        let writes =
+            matches!(&answer, Ok(Committed { seq: Some(s), deduplicated: false, .. }) if *s > inner.durable_seq());
+        if !self.backend.optimistic() || writes || inner.last_seq() > inner.durable_seq() {
+            return (answer, covers);
+        }
+        match self.backend.head() {
+            Ok(h) if h.seq == inner.durable_seq() && h.link == inner.head => (answer, covers),
+            Ok(_) => match self.catch_up_with(inner) {
+                Ok(()) => self.check_and_queue_once(inner, caller, request, build),
+                Err(e) => (Err(e), covers),
+            },
+            Err(e) => {
+                if e.is_transient() {
+                    inner.stale = true;
+                }
+                (Err(LedgerError::Storage(e)), covers)
+            }
+        }
+    }
+
+    fn check_and_queue_once(
         &self,
         inner: &mut Inner,
         caller: &CallerId,
@@ -1370,7 +1418,15 @@ impl Hooks<LedgerState> for Ledger {
         self.backend.exclusive(give_up, f)
     }
 
+    /// Before a turn's judgements. On an optimistic backend (etcd) the read is
+    /// skipped while no other writer has been seen for [`OTHERS_RECENT_MS`]: the
+    /// append's compare finds one that came first (`HeadMoved`: rebuilt, judged
+    /// again), and a writer alone pays one round trip per group, not two.
     fn catch_up(&self, core: &mut Inner, _x: &mut dyn Exclusive) -> Result<(), LedgerError> {
+        let alone = core.others_seen.is_none_or(|t| t.elapsed() >= Duration::from_millis(OTHERS_RECENT_MS));
+        if self.backend.optimistic() && !core.stale && alone {
+            return Ok(());
+        }
         self.catch_up_with(core)
     }
 
@@ -1390,6 +1446,8 @@ impl Hooks<LedgerState> for Ledger {
 
     fn on_durable(&self, core: &mut Inner, group: &storage::Appended) {
         core.head = group.chain_head;
+        // The tailer need not read this writer's own records back.
+        core.tailer.skip_own(group.first_seq, group.last_seq, group.chain_head);
     }
 
     /// Replay from the newest vouched snapshot, with the other writer's records.
@@ -1402,6 +1460,7 @@ impl Hooks<LedgerState> for Ledger {
     /// while the backend stays unreachable).
     fn rebuild(&self, core: &mut Inner) -> Result<(), String> {
         core.fenced.clear();
+        core.others_seen = Some(Instant::now());
         let r = match replay(&*self.backend) {
             Ok(r) => r,
             Err(LedgerError::Storage(e)) if e.is_transient() => {

@@ -57,6 +57,11 @@ pub trait RecordReader: Send {
         std::thread::sleep(timeout.min(std::time::Duration::from_millis(50)));
         Ok(())
     }
+    /// Records `first_seq..=last_seq` (chain link of the last: `chain_head`) were
+    /// appended by the reader's own writer: a reader that is exactly at
+    /// `first_seq` may go past them without reading them back (a reader of a
+    /// remote log saves the round trip; a local one may ignore this).
+    fn skip_own(&mut self, _first_seq: u64, _last_seq: u64, _chain_head: ChainLink) {}
 }
 
 /// What the holder of [`LogBackend::exclusive`] may do.
@@ -113,6 +118,14 @@ pub trait LogBackend: Send + Sync {
     /// recorded on another host are never judged from this host's `/proc`, and
     /// staleness is judged on the observer's own clock (`ledger::observer`).
     fn shared_by_hosts(&self) -> bool {
+        false
+    }
+    /// Whether an append's compare is all that orders writers (etcd): a writer
+    /// may judge on the state it has and learn of another writer's records from
+    /// a failed compare (`HeadMoved`), instead of reading before every turn.
+    /// `false` for a backend whose exclusive section must be caught up with first
+    /// (the file backend's lock, across processes).
+    fn optimistic(&self) -> bool {
         false
     }
     /// What a long-running writer (the daemon) checks of the service under the

@@ -770,6 +770,10 @@ impl LogBackend for EtcdBackend {
         true
     }
 
+    fn optimistic(&self) -> bool {
+        true
+    }
+
     fn check_service(&self) -> Result<Vec<String>> {
         self.check_cluster()
     }
@@ -1085,6 +1089,12 @@ impl RecordReader for EtcdReader {
     fn wait_for_more(&mut self, timeout: Duration) -> Result<()> {
         let head = keys::key(&self.prefix, keys::HEAD);
         self.conn.wait_change(head, self.revision, timeout).map(drop)
+    }
+
+    fn skip_own(&mut self, first_seq: u64, last_seq: u64, chain_head: ChainLink) {
+        if self.cursor.map_or(self.visit_from, |c| c.next_seq) == first_seq && first_seq >= self.first {
+            self.cursor = Some(Cursor { next_seq: last_seq + 1, prev_link: chain_head });
+        }
     }
 }
 

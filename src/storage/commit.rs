@@ -45,10 +45,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::backend::{AppendOutcome, Exclusive};
+use super::backend::{AppendOutcome, Appended, Exclusive};
 use super::error::Error;
 use super::options::LogOptions;
-use super::writer::Appended;
 use crate::format::ChainLink;
 
 /// Commit groups one leader writes before it lets go of the exclusive section.

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::backend::{FileBackend, LogBackend};
+use super::FileBackend;
+use super::backend::LogBackend;
 use super::error::Result;
 use super::options::LogOptions;
 

@@ -1,43 +1,43 @@
-//! `storage`: segment files in a directory, the append lock, fsync and group commit,
-//! recovery of a torn tail, and verifying readers. It moves opaque payloads; it does
-//! not know what records mean.
+//! `storage`: where the log lives, behind one seam (`backend`: the `LogBackend`
+//! trait and its shared types, alone). Its rooms: `file` (segment files in a
+//! directory, the append lock, fsync, recovery of a torn tail, verifying
+//! readers), `memory` (a log in memory, for tests), `etcd` (a log in an etcd
+//! cluster). Around them: the commit engine (`commit`: group commit over any
+//! backend), options, errors, `Location` (where a log is) and `Source` (what the
+//! inspector reads). It moves opaque payloads; it does not know what records mean.
 
-mod ahead;
 mod backend;
 pub(crate) mod commit;
-mod dir;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-pub mod export;
-mod halt;
-mod history;
+pub mod file;
 mod location;
-mod lock;
+mod memory;
 mod options;
-mod reader;
-mod recovery;
-mod repair;
-pub mod snapshots;
 mod source;
-mod writer;
 
-pub use backend::{AppendOutcome, Exclusive, FileBackend, Head, LogBackend, MemoryBackend, RecordReader};
+pub use backend::{
+    AppendOutcome, Appended, Exclusive, Head, LogBackend, OpenReport, RecordReader, Repair, SNAPSHOTS_KEPT,
+    SnapshotMeta, digest_of,
+};
 pub use commit::{EXTRA_TURNS_MAX, GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
-pub use dir::{
+pub use error::{Error, Result};
+pub use file::FileBackend;
+pub use file::dir::{
     ENV_KEY_FILE, EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode,
     list_segments, listing, segment_path,
 };
-pub use error::{Error, Result};
-pub use halt::SYNC_FAILED_FILE;
-pub use history::check_whole_history;
-pub use location::Location;
-pub use options::{Clock, LogOptions, VerifyOnOpen};
-pub use reader::{
+pub use file::halt::SYNC_FAILED_FILE;
+pub use file::history::check_whole_history;
+pub use file::reader::{
     Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, reader_problem, scan_dir, segment_fingerprint,
     verify_dir,
 };
-pub use recovery::{OpenReport, Repair};
-pub use repair::{Cut, InitReport, RepairReport, init, repair};
+pub use file::repair::{Cut, InitReport, RepairReport, init, repair};
+pub use file::writer::{Locked, Log};
+pub use file::{export, snapshots};
+pub use location::Location;
+pub use memory::MemoryBackend;
+pub use options::{Clock, LogOptions, VerifyOnOpen};
 pub use source::{Source, StoredSnapshot};
-pub use writer::{Appended, Locked, Log};

@@ -30,12 +30,11 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use serde::{Deserialize, Serialize};
 
-use super::backend::{AppendOutcome, Exclusive, Head, LogBackend, RecordReader};
+use super::backend::{
+    AppendOutcome, Appended, Exclusive, Head, LogBackend, OpenReport, RecordReader, SNAPSHOTS_KEPT, SnapshotMeta, digest_of,
+};
 use super::error::{Error, Result};
 use super::options::LogOptions;
-use super::recovery::OpenReport;
-use super::snapshots::{self, SnapshotMeta};
-use super::writer::Appended;
 use crate::format::{
     BODY_BYTES_HARD_MAX, ChainLink, Cursor, FORMAT_VERSION, GENESIS_LINK, RecordRef, SUPPORTED_VERSIONS, chain_link,
     decode_frame, encode_frame, hex,
@@ -871,7 +870,7 @@ impl LogBackend for EtcdBackend {
     }
 
     fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
-        let digest = snapshots::digest_of(body);
+        let digest = digest_of(body);
         let chunks: Vec<&[u8]> = body.chunks(keys::SNAPSHOT_CHUNK_BYTES).collect();
         for (n, chunk) in chunks.iter().enumerate() {
             let (k, v) = (keys::snapshot_chunk(&self.prefix, seq, n), chunk.to_vec());
@@ -883,7 +882,7 @@ impl LogBackend for EtcdBackend {
         self.conn.put(k, v)?;
         // Only the newest few are kept.
         let (kept, _) = self.newest_snapshots_all();
-        for old in kept.iter().skip(snapshots::SNAPSHOTS_KEPT) {
+        for old in kept.iter().skip(SNAPSHOTS_KEPT) {
             let dir = keys::snapshot_dir(&self.prefix, old.seq);
             let _ = self.conn.delete(dir, etcd_client::DeleteOptions::new().with_prefix());
         }
@@ -892,7 +891,7 @@ impl LogBackend for EtcdBackend {
 
     fn newest_snapshots(&self) -> (Vec<SnapshotMeta>, Vec<String>) {
         let (mut all, warnings) = self.newest_snapshots_all();
-        all.truncate(snapshots::SNAPSHOTS_KEPT);
+        all.truncate(SNAPSHOTS_KEPT);
         (all, warnings)
     }
 
@@ -907,7 +906,7 @@ impl LogBackend for EtcdBackend {
             let kv = r.kvs().first().ok_or_else(|| format!("chunk {n} of the snapshot at {} is missing", meta.seq))?;
             body.extend_from_slice(kv.value());
         }
-        if body.len() as u64 != j.bytes || snapshots::digest_of(&body) != meta.digest {
+        if body.len() as u64 != j.bytes || digest_of(&body) != meta.digest {
             return Err(format!("the snapshot at {} does not match its description (length or blake3)", meta.seq));
         }
         Ok(body)
@@ -1120,7 +1119,7 @@ impl EtcdBackend {
     /// called intact. `on` returns `false` to stop.
     pub fn scan(&self, from_seq: u64, mut on: impl FnMut(super::ScanItem<'_>) -> bool) -> Result<super::ReadSummary> {
         use super::ScanItem;
-        use super::reader::problem;
+        use super::file::reader::problem;
         let mut sum = super::ReadSummary::default();
         sum.chain_head = hex(&GENESIS_LINK);
         let mut stopped = false;

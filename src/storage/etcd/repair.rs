@@ -11,7 +11,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp};
 
 use super::{ETCD_TXN_OPS_MAX, EtcdBackend, GROUP_PAYLOAD_BYTES_MAX, keys};
 use crate::format::{BODY_BYTES_HARD_MAX, decode_frame, hex};
-use crate::storage::repair::{Cut, RepairReport};
+use crate::storage::{Cut, RepairReport};
 use crate::storage::{Error, Result, ScanItem};
 
 impl EtcdBackend {

@@ -10,13 +10,13 @@ use serde::Serialize;
 
 use super::ahead::with_links_ahead;
 use super::dir::{list_segments, listing, open_regular, read_regular};
-use super::error::{Error, Result};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
     Action, BODY_FIXED_BYTES, Cursor, FRAME_HEADER_BYTES, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef,
     SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError, classify, decode_frame, hex,
     scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
 };
+use crate::storage::error::{Error, Result};
 
 /// One problem found by a reader.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

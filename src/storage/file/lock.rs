@@ -31,7 +31,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::dir::LOCK_FILE;
-use super::error::{Error, Result};
+use crate::storage::error::{Error, Result};
 
 pub(crate) struct AppendLock {
     /// The directory: what excludes every writer of this build.

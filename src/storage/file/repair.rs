@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::dir::{EVIDENCE_INFIX, sync_dir, write_evidence};
-use super::error::{Error, Result};
 use super::lock::AppendLock;
-use super::options::LogOptions;
 use super::reader::{ScanItem, scan_dir, verify_dir};
 use super::writer::Log;
+use crate::storage::error::{Error, Result};
+use crate::storage::options::LogOptions;
 
 /// What `init` did.
 #[derive(Debug, Clone, Serialize)]

@@ -9,8 +9,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::dir::{create_dir_private, open_private, segment_path, sync_dir};
-use super::error::{Error, Result};
 use crate::format::{ChainLink, FRAME_HEADER_BYTES, GENESIS_LINK, SEGMENT_BYTES_HARD_MAX, SegmentHeader};
+use crate::storage::error::{Error, Result};
 
 /// Frames appended to segment files of a directory, in sequence order.
 pub struct SegmentSink {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::dir::{open_private, stat_path, sync_dir};
-use super::error::{Error, Result};
+use crate::storage::error::{Error, Result};
 
 /// The marker's name in the log directory.
 pub const SYNC_FAILED_FILE: &str = "SYNC_FAILED";

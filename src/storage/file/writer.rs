@@ -11,16 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::backend::{AppendOutcome, Exclusive};
-use super::commit::{
-    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, Settled, lead_on_blocking_pool,
-};
 use super::dir::{
     check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path, stat_file, stat_path,
 };
-use super::error::{Error, Result};
 use super::lock::AppendLock;
-use super::options::LogOptions;
 use super::recovery::{
     OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, header_error, is_torn_creation,
     recover, refusal, set_aside_torn_segment,
@@ -29,15 +23,14 @@ use crate::format::{
     Action, ChainLink, FRAMES_END_MARK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, classify,
     encode_frame, frame_bytes, scan_segment_frames,
 };
+use crate::storage::backend::{AppendOutcome, Exclusive};
+use crate::storage::commit::{
+    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, Settled, lead_on_blocking_pool,
+};
+use crate::storage::error::{Error, Result};
+use crate::storage::options::LogOptions;
 
-/// An acknowledged (synced) append.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Appended {
-    pub first_seq: u64,
-    pub last_seq: u64,
-    /// Chain link of `last_seq`.
-    pub chain_head: ChainLink,
-}
+pub use crate::storage::backend::Appended;
 
 struct Shared {
     /// Set once with `poisoned` (read on every request without taking the mutex).

@@ -10,35 +10,18 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::dir::SNAPSHOT_DIR;
-use super::error::Error;
 use crate::format::ChainLink;
+use crate::storage::error::Error;
+
+pub use crate::storage::backend::{SNAPSHOTS_KEPT, SnapshotMeta, digest_of};
 
 const MAGIC: &[u8; 8] = b"FLSNAP01";
 const HEADER_BYTES: usize = 8 + 8 + 32 + 8 + 4;
-/// Snapshots kept on disk (the newest ones).
-pub const SNAPSHOTS_KEPT: usize = 2;
 /// Largest snapshot file read back. A file is decoded (held whole) only after the
 /// log's chain vouches for its digest; until then it is only streamed.
 const SNAPSHOT_BYTES_MAX: u64 = 1 << 30;
 /// A temp file older than this was left by a writer that crashed mid-snapshot.
 const TEMP_ABANDONED_AFTER_MS: u64 = 10 * 60 * 1000;
-
-/// A stored snapshot as it describes itself (its body checked by CRC and digested,
-/// streaming): what a checkpoint record must vouch for before it is used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotMeta {
-    pub seq: u64,
-    pub head: ChainLink,
-    /// blake3 of the body: what a checkpoint record carries.
-    pub digest: [u8; 32],
-    /// Where it is, for messages (a path for the file backend).
-    pub source: String,
-}
-
-/// The digest a checkpoint record carries for a snapshot body.
-pub fn digest_of(body: &[u8]) -> [u8; 32] {
-    *blake3::hash(body).as_bytes()
-}
 
 fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let p = p.to_path_buf();

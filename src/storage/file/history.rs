@@ -8,12 +8,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::dir::{open_regular, segment_path};
-use super::error::{Error, Result};
 use super::recovery::{check_header_continuity, header_error, refusal};
 use crate::format::{
     BODY_FIXED_BYTES, ChainLink, Cursor, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader,
     decode_frame, hex, scan_frames, segment_file_bytes_max,
 };
+use crate::storage::error::{Error, Result};
 
 /// For readers, which take no lock: the directory is a log (else `NOT_A_LOG`), is
 /// not writable by others, names no odd segment, has not lost its segments, and its

@@ -5,44 +5,19 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use serde::Serialize;
 
 use super::ahead::with_links_ahead;
 use super::dir::{create_first_segment, listing, open_regular, read_regular, segment_path, sync_dir, write_evidence};
-use super::error::{Error, Result};
 use super::history::check_history;
-use super::options::{LogOptions, VerifyOnOpen};
 use crate::format::{
     Action, BODY_BYTES_HARD_MAX, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome,
     SegmentHeader, SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_ahead,
     segment_file_bytes_max,
 };
+use crate::storage::error::{Error, Result};
+use crate::storage::options::{LogOptions, VerifyOnOpen};
 
-/// One repair made while opening, with the evidence file that keeps what was cut.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Repair {
-    /// `torn_tail` or `torn_segment_creation`.
-    pub kind: &'static str,
-    /// What the damage looked like (`incomplete_frame`, `checksum_mismatch`, ...).
-    pub damage: String,
-    pub segment: PathBuf,
-    pub offset: u64,
-    pub bytes: u64,
-    /// The sequence the cut record would have carried.
-    pub seq: u64,
-    pub evidence: PathBuf,
-}
-
-/// What `Log::open` found and did.
-#[derive(Debug, Clone, Serialize)]
-pub struct OpenReport {
-    pub segments: usize,
-    pub records_verified: u64,
-    /// Last durable sequence (0 for an empty log).
-    pub last_seq: u64,
-    pub chain_head: String,
-    pub repairs: Vec<Repair>,
-}
+pub use crate::storage::backend::{OpenReport, Repair};
 
 /// The state a writer continues from.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::error::{Error, Result};
+use crate::storage::error::{Error, Result};
 
 /// Earlier builds locked only this file; it is still locked, second, after the
 /// directory (see `lock.rs`), so old and new writers exclude each other.

@@ -282,7 +282,13 @@ fn a_cutover_settles_admitted_requests_and_the_successor_agrees() {
     }
     let pid = d.child.id();
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    std::thread::sleep(Duration::from_millis(50));
+    // Wait for the cutover to have begun (admission withdrawn: /readyz stops
+    // answering 200, or the listener is gone), not for a time.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while call(&d.url("/readyz"), "GET", None, None, &[]).0 == 200 {
+        assert!(Instant::now() < deadline, "SIGTERM never withdrew admission");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let (s, e, hs) = d.call("POST", "/v1/claim", Some(json!({"subject": "late"})), &[]);
     if s != 0 {
         assert_eq!((s, e["code"].as_str()), (503, Some("CUTOVER_IN_PROGRESS")), "{e}");

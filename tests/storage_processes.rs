@@ -44,10 +44,19 @@ fn kill_9_at_random_moments_never_loses_an_acknowledged_append() {
     let mut repairs = 0;
     for round in 0..60 {
         let mut child = spawn(d.path(), &format!("r{round}"), 0, 1 + rng.below(4), 8 * 1024);
-        let stdout = child.stdout.take().unwrap();
+        let mut r = BufReader::new(child.stdout.take().unwrap());
+        // Round 0 and every odd round are killed only after the child's first
+        // acknowledged append (so the log exists, and progress does not depend on
+        // how busy the machine is); the even rounds after it are killed at any
+        // moment, opening and recovering included.
+        let waits_for_first_ack = round == 0 || round % 2 == 1;
+        let mut first = Vec::new();
+        if waits_for_first_ack {
+            r.read_until(b'\n', &mut first).unwrap();
+            assert!(first.starts_with(b"ACK "), "round {round}: the child said {:?}", String::from_utf8_lossy(&first));
+        }
         let reader = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let mut r = BufReader::new(stdout);
+            let mut buf = first;
             while r.read_until(b'\n', &mut buf).map(|n| n > 0).unwrap_or(false) {}
             buf
         });
@@ -55,6 +64,9 @@ fn kill_9_at_random_moments_never_loses_an_acknowledged_append() {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let acked = acks(&reader.join().unwrap());
+        if waits_for_first_ack {
+            assert!(!acked.is_empty(), "round {round}: its first acknowledged append was read");
+        }
         for (seq, payload) in acked {
             assert!(promised.insert(seq, payload).is_none(), "round {round}: sequence {seq} acknowledged twice");
         }
@@ -71,7 +83,7 @@ fn kill_9_at_random_moments_never_loses_an_acknowledged_append() {
         let seqs: Vec<u64> = on_disk.keys().copied().collect();
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "round {round}: sequences dense");
     }
-    assert!(promised.len() > 100, "the children must have made progress: {}", promised.len());
+    assert!(promised.len() >= 31, "every round that waited for an acknowledgement made one: {}", promised.len());
     eprintln!("{} acknowledged appends checked, {repairs} torn tails repaired", promised.len());
 }
 

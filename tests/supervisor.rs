@@ -1340,6 +1340,33 @@ fn env_values_are_redacted_from_kept_output_before_the_exit_record() {
     assert_eq!(code, 0);
 }
 
+/// Proves (review of issue 23, item 13): when the kept output file cannot be
+/// redacted (the failpoint `redact::file` fails the rewrite in the runner), the
+/// file is removed rather than left holding the secret: the exit record says
+/// nothing was kept of stdout, the tail is still redacted, and the value is in no
+/// file of the log's directory. Before, the failure went only to `runner.log`.
+#[test]
+fn a_kept_output_that_cannot_be_redacted_is_removed_not_left_holding_the_secret() {
+    let (_t, dir) = new_log();
+    let secret = "sk-live-fedcba9876543210";
+    let out = Command::new(FENCELOG)
+        .args(["run", "--env", &format!("API_KEY={secret}"), "--wait-ms", "30000", "--"])
+        .args(["sh", "-c", "echo \"key=$API_KEY\""])
+        .env("FENCELOG_DIR", &dir)
+        .env("FAILPOINTS", "redact::file=return")
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!((out.status.code(), v["status"].as_str()), (Some(0), Some("succeeded")), "{v}");
+    assert_eq!(v["stdout_tail"], "key=[REDACTED:API_KEY]\n", "{v}");
+    let shown = show(&dir, 1);
+    let stdout = &shown["stdout"];
+    assert_eq!((stdout["bytes_kept"].as_u64(), stdout["bytes_seen"].as_u64()), (Some(0), Some(29)), "{shown}");
+    assert_eq!(files_holding(&dir, secret.as_bytes()), Vec::<PathBuf>::new(), "the value is nowhere");
+    let log = fs::read_to_string(dir.join("processes/1/runner.log")).unwrap_or_default();
+    assert!(log.contains("cannot redact the kept stdout") && log.contains("removed it"), "{log}");
+}
+
 /// Proves (issue 23, item 14): environment values are recorded as a *keyed*
 /// blake3, the key a per-log file kept outside the log (`env.key`, 0600): the
 /// recorded digest is not the plain blake3 of the value (which anyone with a

@@ -354,8 +354,8 @@ fn run_process(
 /// Take the command's `--env` values out of what is kept of `stream` — the output
 /// file (rewritten, synced, renamed into place) and the tail — before the exit
 /// record names them: the record then carries the redacted file's length and
-/// digest. A file that cannot be redacted is said so in `runner.log` (its tail is
-/// redacted all the same).
+/// digest. A file that cannot be redacted is removed (nothing kept, said so in
+/// `runner.log`); its tail is redacted all the same.
 fn redact_capture(
     dir: &Path,
     process: u64,
@@ -372,7 +372,21 @@ fn redact_capture(
                 c.truncated |= red.truncated;
             }
             Ok(None) => {}
-            Err(e) => say(process, format!("cannot redact the kept {}: {e}", stream.file_name())),
+            // A secret must not outlive the command in the open: a kept file that
+            // cannot be redacted is removed, and the record says nothing was kept.
+            Err(e) => {
+                let path = super::output_path(dir, process, stream);
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        say(process, format!("cannot redact the kept {}: {e}; removed it", stream.file_name()));
+                        (c.bytes_kept, c.kept_blake3) = (0, *blake3::hash(b"").as_bytes());
+                        c.truncated = c.bytes_seen > 0;
+                    }
+                    Err(rm) => {
+                        say(process, format!("cannot redact the kept {}: {e}; nor remove it: {rm}", stream.file_name()))
+                    }
+                }
+            }
         }
     }
     let (tail, _) = r.redact(&c.tail, c.bytes_seen > c.tail.len() as u64, false);

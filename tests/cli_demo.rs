@@ -69,3 +69,20 @@ fn the_demo_log_is_a_ledger_that_state_and_inspect_read() {
     let (code, v) = run(&["demo", "--dir", dir_s, "--records", "10", "--payload-bytes", "5000"]);
     assert_eq!((code, v["error"]["code"].as_str()), (2, Some("INVALID_INPUT")), "validated before allocating");
 }
+
+/// Proves: `demo` is a load generator on a log directory; given `--etcd` it says so
+/// (exit 2, USAGE) rather than ignoring the flag and writing a log into the
+/// current directory (where an empty `--dir` led before).
+#[test]
+fn demo_with_etcd_is_a_usage_error_not_a_log_in_the_current_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(FENCELOG)
+        .args(["demo", "--etcd", "127.0.0.1:1", "--records", "5"])
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!((out.status.code(), v["error"]["code"].as_str()), (Some(2), Some("USAGE")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("--etcd"), "{v}");
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "nothing written here");
+}

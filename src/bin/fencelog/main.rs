@@ -110,6 +110,10 @@ fn run(cmd: cli::Cmd) -> Printed {
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { log, subject, format, out } => inspect::audit(&log, subject.as_deref(), format, out),
+        Cmd::Demo { dir, .. } if dir.etcd.is_some() => Err(OpError::Usage {
+            code: "USAGE",
+            message: "demo runs on a log directory (--dir DIR), not on --etcd".into(),
+        }),
         Cmd::Demo { dir, records, appenders, payload_bytes } => {
             demo::demo(dir.path(), records, appenders, payload_bytes)
         }

@@ -31,7 +31,8 @@ use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, T
 use serde::{Deserialize, Serialize};
 
 use super::backend::{
-    AppendOutcome, Appended, Exclusive, Head, LogBackend, OpenReport, RecordReader, SNAPSHOTS_KEPT, SnapshotMeta, digest_of,
+    AppendOutcome, Appended, Exclusive, Head, LogBackend, OpenReport, RecordReader, SNAPSHOTS_KEPT, SnapshotMeta,
+    digest_of,
 };
 use super::error::{Error, Result};
 use super::options::LogOptions;

@@ -141,8 +141,11 @@ fn two_daemons_on_two_hosts_race_100_claims_with_one_winner_each() {
 /// One mutation's answer under load: the request id, the status, the body.
 type Answer = (String, u16, Value);
 
-/// `clients` threads claiming fresh subjects on `daemons` (with request ids)
-/// until `stop`; every answer.
+/// `clients` threads claiming on `daemons` (with request ids) until `stop`;
+/// every answer. Even clients claim fresh subjects (each answered 2xx unless
+/// the cluster is unavailable); odd clients contend for 10 shared subjects
+/// `contested/K`, of which only the first claim of each can win (the rest are
+/// 409 `ALREADY_ACTIVE`: answers that must never be in the log).
 fn load(daemons: &[&Daemon], clients: usize, stop: &AtomicBool) -> Vec<Answer> {
     let answers = Mutex::new(Vec::new());
     std::thread::scope(|sc| {
@@ -152,8 +155,8 @@ fn load(daemons: &[&Daemon], clients: usize, stop: &AtomicBool) -> Vec<Answer> {
                 let mut n = 0;
                 while !stop.load(Ordering::SeqCst) {
                     let id = format!("load-{c}-{n}");
-                    let (status, v) =
-                        d.post("/v1/claim", json!({"subject": format!("load/{c}/{n}"), "request_id": id}));
+                    let subject = if c % 2 == 0 { format!("load/{c}/{n}") } else { format!("contested/{}", n % 10) };
+                    let (status, v) = d.post("/v1/claim", json!({"subject": subject, "request_id": id}));
                     answers.lock().unwrap().push((id, status, v));
                     n += 1;
                 }
@@ -164,8 +167,10 @@ fn load(daemons: &[&Daemon], clients: usize, stop: &AtomicBool) -> Vec<Answer> {
 }
 
 /// Every answer against the log: a 2xx is committed at its sequence with its
-/// generation; a 409 is never committed; no (subject, generation) twice.
-fn check_answers(log: &Log, answers: &[Answer]) -> (usize, usize) {
+/// generation; a 409 is never committed; a 503 (outcome unknown) is resolved by
+/// its request id, committed at most once; no (subject, generation) twice.
+/// Returns (acknowledged, refused, unavailable).
+fn check_answers(log: &Log, answers: &[Answer]) -> (usize, usize, usize) {
     let (code, dump) = log.fl(&["inspect", "dump", "--json"]);
     assert_eq!(code, 0);
     let lines: Vec<Value> = match &dump {
@@ -184,7 +189,12 @@ fn check_answers(log: &Log, answers: &[Answer]) -> (usize, usize) {
         }
     }
     assert!(claims.values().all(|n| *n == 1), "a subject claimed twice: {:?}", claims.iter().find(|(_, n)| **n > 1));
-    let (mut ok, mut refused) = (0, 0);
+    let committed_ids: BTreeMap<&str, usize> =
+        lines.iter().filter_map(|r| r["request"].as_str()).fold(BTreeMap::new(), |mut m, id| {
+            *m.entry(id).or_default() += 1;
+            m
+        });
+    let (mut ok, mut refused, mut unavailable) = (0, 0, 0);
     for (id, status, v) in answers {
         match status {
             200..=299 => {
@@ -194,14 +204,30 @@ fn check_answers(log: &Log, answers: &[Answer]) -> (usize, usize) {
                 ok += 1;
             }
             409 => {
-                let (_, shown) = log.fl(&["request", "show", id]);
-                assert_eq!(shown["status"], "never_committed", "{id} was answered 409: {shown}");
+                assert!(!committed_ids.contains_key(id.as_str()), "{id} was answered 409 and is in the log");
+                // The log's own answer too, for the first few (a process each).
+                if refused < 10 {
+                    let (_, shown) = log.fl(&["request", "show", id]);
+                    assert_eq!(shown["status"], "never_committed", "{id} was answered 409: {shown}");
+                }
                 refused += 1;
+            }
+            503 => {
+                assert!(committed_ids.get(id.as_str()).copied().unwrap_or(0) <= 1, "{id} committed twice");
+                let (_, shown) = log.fl(&["request", "show", id]);
+                assert!(
+                    matches!(shown["status"].as_str(), Some("committed" | "never_committed")),
+                    "{id} was answered 503; its outcome is resolvable: {shown}"
+                );
+                unavailable += 1;
             }
             _ => {}
         }
     }
-    (ok, refused)
+    for (id, n) in &committed_ids {
+        assert_eq!(*n, 1, "request {id} committed {n} times");
+    }
+    (ok, refused, unavailable)
 }
 
 /// Proves: `kill -9` of the etcd leader while two daemons on two hosts take
@@ -238,8 +264,10 @@ fn kill_9_of_the_etcd_leader_under_load_loses_no_acknowledged_mutation() {
         assert!(matches!(v["code"].as_str(), Some("ETCD_UNAVAILABLE" | "NOT_COMMITTED" | "REQUEST_TIMEOUT")), "{v}");
     }
     assert!(answers.iter().all(|(_, s, _)| matches!(s, 200 | 409 | 503)), "{:?}", &answers[..5]);
-    let (ok, _) = check_answers(&log, &answers);
+    let (ok, refused, unavailable) = check_answers(&log, &answers);
+    eprintln!("{ok} acknowledged, {refused} refused (409), {unavailable} unavailable (503)");
     assert!(ok > 100, "the load ran: {ok} acknowledged");
+    assert!(refused > 0, "contended claims were refused, and none of them is in the log");
     log.verify();
     drop((a, b));
 }
@@ -424,4 +452,93 @@ fn import_then_a_daemon_boots_on_etcd_with_the_same_state() {
     };
     assert_eq!(pick(&after), pick(&before));
     assert_eq!(pick(&after)["s/3"].0, 2);
+}
+
+/// Proves: on a log in etcd, `/v1/watch` on one host's daemon and `inspect follow
+/// --etcd` both see the records another host's daemon appends — each once, in
+/// order, the watch's event id the record's sequence — through etcd's watch, and
+/// a watch resumed with `Last-Event-ID` continues exactly after it.
+#[test]
+fn watch_and_follow_on_etcd_see_what_another_host_appends() {
+    use std::io::BufRead;
+    let c = etcd::shared();
+    let log = Log::new(&c.endpoints, "watch");
+    let t = tempfile::tempdir().unwrap();
+    let a = log.serve(&t.path().join("a"), "host-a", &[]);
+    let b = log.serve(&t.path().join("b"), "host-b", &[]);
+    let head = a.get("/v1/head").1["seq"].as_u64().unwrap();
+    // The follower starts at the head (no --from): it prints what comes next.
+    let mut args = vec!["inspect".to_owned(), "follow".into()];
+    args.extend(log.args());
+    args.extend(["--json", "--max-records", "6", "--timeout-ms", "600000", "-v"].map(String::from));
+    let mut follower = Command::new(FENCELOG)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(follower.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("following") {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "the follower never started");
+    }
+    // A watch on host a's daemon, from just after the head.
+    let watch = |last: u64| {
+        let r = common::daemon::agent()
+            .get(&a.url("/v1/watch"))
+            .header("Authorization", &format!("Bearer {}", a.token))
+            .header("Last-Event-ID", &last.to_string())
+            .call()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        std::io::BufReader::new(r.into_body().into_reader())
+    };
+    let mut stream = watch(head);
+    let mut claimed = vec![];
+    for i in 0..6 {
+        let (s, v) = b.post("/v1/claim", json!({"subject": format!("watched/{i}")}));
+        assert_eq!(s, 200, "{v}");
+        claimed.push(v["seq"].as_u64().unwrap());
+    }
+    // Events from the stream until every claim's sequence was seen (the home's
+    // heartbeats may come between): ids dense from head + 1, each once.
+    let read_until = |stream: &mut std::io::BufReader<_>, last_wanted: u64| -> Vec<(u64, Value)> {
+        let (mut out, mut id, mut line) = (vec![], None, String::new());
+        while out.last().is_none_or(|(i, _)| *i < last_wanted) {
+            line.clear();
+            assert!(stream.read_line(&mut line).unwrap() > 0, "the watch ended early: {out:?}");
+            let l = line.trim_end();
+            if let Some(v) = l.strip_prefix("id:") {
+                id = v.trim().parse::<u64>().ok();
+            } else if let Some(data) = l.strip_prefix("data:") {
+                out.push((id.expect("an id before its data"), serde_json::from_str(data.trim()).unwrap()));
+            }
+        }
+        out
+    };
+    let events = read_until(&mut stream, claimed[5]);
+    let ids: Vec<u64> = events.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, (head + 1..=claimed[5]).collect::<Vec<_>>(), "every record once, in order");
+    for (id, v) in &events {
+        assert_eq!(v["seq"].as_u64(), Some(*id));
+    }
+    for seq in &claimed {
+        let (_, v) = events.iter().find(|(i, _)| i == seq).unwrap();
+        assert_eq!(v["kinds"], json!(["claim"]), "{v}");
+    }
+    drop(stream);
+    // Resumed after the third claim: exactly what follows it.
+    let mut resumed = watch(claimed[2]);
+    let rest = read_until(&mut resumed, claimed[5]);
+    assert_eq!(rest.iter().map(|(i, _)| *i).collect::<Vec<_>>(), (claimed[2] + 1..=claimed[5]).collect::<Vec<_>>());
+    // The follower: the first six records after the head, in order.
+    let out = follower.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let seqs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (head + 1..=head + 6).collect::<Vec<_>>());
+    drop((a, b));
 }

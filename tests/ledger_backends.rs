@@ -159,7 +159,10 @@ on_every_backend!(
     threads_commit_dense_sequences_and_replay_agrees,
     racing_claims_have_exactly_one_winner,
     one_request_id_commits_once,
-    snapshots_go_through_the_backend
+    snapshots_go_through_the_backend,
+    a_drained_ledger_closes_and_its_snapshot_is_adopted,
+    an_undecodable_record_met_while_catching_up_is_refused_every_time_after,
+    a_panic_while_the_ledger_is_held_poisons_it
 );
 
 /// Proves: two ledgers (two writers) on one log with no lock between them (in
@@ -396,16 +399,15 @@ fn several_threads_per_writer_overtaking_never_append_twice(f: Fixture) {
 }
 
 /// Proves (review): a drained ledger still closes cleanly — its own records (the
-/// closing snapshot's checkpoint) are admitted — and the snapshot is adopted next.
-#[test]
-fn a_drained_ledger_closes_and_its_snapshot_is_adopted() {
-    let d = tempfile::tempdir().unwrap();
-    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+/// closing snapshot's checkpoint) are admitted — and the snapshot is adopted next
+/// (on every backend: the snapshot goes through the backend).
+fn a_drained_ledger_closes_and_its_snapshot_is_adopted(f: Fixture) {
+    let l = ledger(&f);
     l.submit(None, claim("c", &me())).unwrap();
     assert!(l.drain(1_000).unwrap().settled);
     assert!(matches!(l.submit(None, claim("d", &me())), Err(LedgerError::Draining)));
     l.close().unwrap();
-    let again = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let again = ledger(&f);
     assert_eq!(again.open_report().snapshot_seq, Some(1));
 }
 
@@ -525,16 +527,17 @@ fn a_long_tail_after_a_snapshot_is_read_again_and_gives_the_full_replay_state() 
 }
 
 /// Proves (review): a live ledger that meets a record it cannot decode — appended
-/// by another writer after it opened — refuses every later answer, rather than
+/// by another writer after it opened (on every backend: another process on the
+/// directory, another host on etcd) — refuses every later answer, rather than
 /// answering from a projection that silently lacks that record (the reader has
 /// moved past it, so a second catch-up would find "nothing new").
-#[test]
-fn an_undecodable_record_met_while_catching_up_is_refused_every_time_after() {
-    let d = tempfile::tempdir().unwrap();
-    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+fn an_undecodable_record_met_while_catching_up_is_refused_every_time_after(f: Fixture) {
+    let l = ledger(&f);
     l.submit(None, claim("a", &me())).unwrap();
-    let other = fencelog::storage::Log::open(d.path(), Default::default()).unwrap();
-    other.append(b"\xff\xff\xff not a transaction").unwrap();
+    let other = (f.open)();
+    let head = other.head().unwrap().seq;
+    let appended = other.append_if_head(head, vec![b"\xff\xff\xff not a transaction".to_vec()]).unwrap();
+    assert!(matches!(appended, fencelog::storage::AppendOutcome::Appended(_)), "{appended:?}");
     drop(other);
     let err = l.refresh().expect_err("refused");
     assert_eq!(err.code(), "CORRUPTION", "{err}");
@@ -551,10 +554,8 @@ fn an_undecodable_record_met_while_catching_up_is_refused_every_time_after() {
 /// Proves (review): a panic while the ledger's state is held outside a commit
 /// group (here: in a `refresh_with` closure) poisons the ledger; later calls hear
 /// WRITER_POISONED instead of being judged on state that may be half-changed.
-#[test]
-fn a_panic_while_the_ledger_is_held_poisons_it() {
-    let d = tempfile::tempdir().unwrap();
-    let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+fn a_panic_while_the_ledger_is_held_poisons_it(f: Fixture) {
+    let l = ledger(&f);
     l.submit(None, claim("a", &me())).unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         l.refresh_with(|_| -> () { panic!("a reader's closure panicked") })

@@ -1295,6 +1295,40 @@ fn process_wait_settles_a_process_whose_runner_and_command_are_gone() {
     assert_eq!(lines(&marker), 1, "never run again");
 }
 
+/// Proves (issue 23, item 7, the CLI's `process show`): a show of a process whose
+/// runner is gone but whose command still runs reads only — `running`, nothing
+/// appended (the head is unchanged); once the command is gone too, `process show`
+/// itself settles it as `completed_unknown` (after the exit record's grace) and
+/// answers that, instead of showing `running` until a wait or `recover`.
+#[test]
+fn process_show_settles_a_process_whose_runner_and_command_are_gone() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &["--wait-ms", "0"], &["sleep", "300"]);
+    assert_eq!(code, 0, "{v}");
+    let v = until(&dir, 1, "running", |v| v["status"] == "running");
+    let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
+    kill9(runner);
+    wait_gone(runner);
+    let head = |dir: &Path| fl(dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]).1;
+    let before = head(&dir);
+    assert_eq!(show(&dir, 1)["status"], "running", "its command still runs");
+    assert_eq!(head(&dir), before, "a show that finds nothing to settle writes nothing");
+    fencelog::supervisor::runner::signal_group(pid, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !group_members(pid).is_empty() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let shown = show(&dir, 1);
+    assert_eq!(
+        (shown["status"].as_str(), shown["end_code"].as_str()),
+        (Some("completed_unknown"), Some("process_dead")),
+        "{shown}"
+    );
+    let (code, r) = fl(&dir, &["recover"]);
+    assert_eq!((code, r["completed_unknown"].clone()), (0, serde_json::json!([])), "nothing left to settle: {r}");
+}
+
 /// Every file under `dir`, recursively, that holds `needle`.
 fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     let mut hits = vec![];

@@ -602,12 +602,21 @@ pub fn settle_orphan(ledger: &Ledger, mut p: Process) -> Result<Process, OpError
     find(ledger, p.id)
 }
 
-/// `process show` at a writer (the daemon): the process, settled first if its
-/// runner and command are both gone ([`settle_orphan`]).
+/// `process show` at a writer (the daemon; the CLI once [`needs_settling`] says
+/// so): the process, settled first if its runner and command are both gone
+/// ([`settle_orphan`]).
 pub fn show_settled(ledger: &Ledger, process: u64) -> Result<ProcessView, OpError> {
     let p = find(ledger, process)?;
     let p = if orphaned(ledger.here(), &p).is_some() { settle_orphan(ledger, p)? } else { p };
     Ok(ProcessView::of(&p, false))
+}
+
+/// Does `process` in a read of the log need settling ([`settle_orphan`]) — started,
+/// its runner and command both gone on this host, no exit record? A reader (the
+/// CLI's `process show`) then opens the log as a writer and settles it
+/// ([`show_settled`]); otherwise it answers from its read and writes nothing.
+pub fn needs_settling(here: &identity::Here, projection: &Projection, process: u64) -> bool {
+    projection.processes.get(&process).is_some_and(|p| orphaned(here, p).is_some())
 }
 
 /// `process show`.

@@ -22,7 +22,17 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             printed(&sup::recover(&ledger, prespawn_grace_ms, LogOptions::default().now_ms(), me.as_ref())?)
         }
         Cmd::Process { cmd } => match cmd {
-            ProcessCmd::Show { dir, id } => printed(&sup::show(&read_only(&dir)?.projection, id)?),
+            ProcessCmd::Show { dir, id } => {
+                // A read, unless it finds the process over without its record
+                // (runner and command gone): then settled as `wait` would.
+                let view = read_only(&dir)?;
+                if sup::needs_settling(&view.here, &view.projection, id) {
+                    drop(view);
+                    printed(&sup::show_settled(&open(&dir)?, id)?)
+                } else {
+                    printed(&sup::show(&view.projection, id)?)
+                }
+            }
             ProcessCmd::List { dir, status, owner } => {
                 printed(&sup::list(&read_only(&dir)?.projection, status.as_deref(), owner.as_deref())?)
             }

@@ -164,6 +164,15 @@ fn archive_keeps_etcd_bounded_and_one_history_verifies_across_archive_and_etcd()
     assert_eq!((code, v["status"].as_str(), v["records"].as_u64()), (0, Some("intact"), head["seq"].as_u64()), "{v}");
     let (code, out) = fl(&c.endpoints, &p, &["audit", "--format", "json", "--archive", arch.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");
+    // Without the archive the audit's story is incomplete, and it says so (exit 1).
+    let (code, out) = fl(&c.endpoints, &p, &["audit", "--format", "json"]);
+    let v = json(&out);
+    assert_eq!(code, 1, "{v}");
+    assert!(
+        v["log_problems"].as_array().unwrap().iter().any(|p| p["kind"] == "history_archived"),
+        "the audit names the archived history: {}",
+        v["log_problems"]
+    );
     let (code, out) =
         fl(&c.endpoints, &p, &["export", "--archive", arch.to_str().unwrap(), "--to", whole.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");

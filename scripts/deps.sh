@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages that are missing, of those asked for by name of the
 # command they provide: `scripts/deps.sh build` (what building fencelog needs:
-# a C compiler, protoc), `scripts/deps.sh test` (that, and what the tests start:
-# etcd). Sourced or run; uses sudo when not root.
+# a C compiler, protoc), `scripts/deps.sh test` (that, and what the tests start
+# or check with: etcd, systemd's analyzers for the unit file). Sourced or run; uses sudo when not root.
 set -euo pipefail
 
 want=("$@")
@@ -18,6 +18,7 @@ for w in "${want[@]}"; do
       command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
       command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
       command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
+      command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
       ;;
     *) echo "scripts/deps.sh: unknown set $w (build, test)" >&2; exit 2 ;;
   esac

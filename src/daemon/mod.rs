@@ -512,6 +512,18 @@ fn limit_malloc_arenas() {
 /// Most glibc malloc arenas in the daemon (see [`limit_malloc_arenas`]).
 pub const MALLOC_ARENAS_MAX: i32 = 2;
 
+/// systemd's watchdog period for this process, in ms (`$WATCHDOG_USEC`, when
+/// `$WATCHDOG_PID` is unset or names this process), if one is asked for.
+fn watchdog_ms() -> Option<u64> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.trim().parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID")
+        && pid.trim().parse::<u32>().ok() != Some(std::process::id())
+    {
+        return None;
+    }
+    (usec > 0).then(|| (usec / 1000).max(1))
+}
+
 /// systemd's readiness protocol: a datagram to `$NOTIFY_SOCKET` (a path, or `@`
 /// for the abstract namespace), if it is set; otherwise nothing.
 pub fn sd_notify(state: &str) {
@@ -544,8 +556,19 @@ async fn signals(
 
 /// Heartbeat the home every quarter of its staleness; a fenced heartbeat means the
 /// home was taken: stop admitting at once and cut over.
+///
+/// Under systemd's watchdog (`WatchdogSec=`: `$WATCHDOG_USEC`) each turn of this
+/// loop that got an answer — the heartbeat landed, or the log's service said it
+/// is unavailable — also sends `WATCHDOG=1`, and the loop turns at least twice
+/// per watchdog period: a daemon whose heartbeat hangs (a stuck disk, a deadlock)
+/// stops the pings and systemd restarts it.
 async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>, stale_after_ms: u64) {
-    let mut tick = tokio::time::interval(Duration::from_millis((stale_after_ms / 4).max(10)));
+    let watchdog_ms = watchdog_ms();
+    let mut period_ms = (stale_after_ms / 4).max(10);
+    if let Some(w) = watchdog_ms {
+        period_ms = period_ms.min((w / 2).max(10));
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(period_ms));
     tick.tick().await;
     loop {
         tick.tick().await;
@@ -568,6 +591,9 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
             _ => None,
         };
         *app.log_unavailable.lock().expect("log_unavailable") = unavailable.clone();
+        if watchdog_ms.is_some() && (unavailable.is_some() || matches!(r, Ok(Ok(_)))) {
+            sd_notify("WATCHDOG=1");
+        }
         match r {
             // etcd unreachable or without quorum: the heartbeat goes on trying (a
             // home taken meanwhile is found by the first heartbeat that lands:

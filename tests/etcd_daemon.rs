@@ -249,12 +249,12 @@ fn kill_9_of_the_etcd_leader_under_load_loses_no_acknowledged_mutation() {
         let loader = sc.spawn(|| load(&[&a, &b], 8, &stop));
         // Some answers before, the kill under load, some answers after.
         let count = |d: &Daemon| d.get("/v1/head").1["seq"].as_u64().unwrap_or(0);
-        wait_until("load before the kill", || count(&a) > 50);
+        wait_until("load before the kill", || count(&a) > 100);
         let l = cluster.leader().expect("a leader");
         cluster.kill(l);
         *leader.lock().unwrap() = Some(l);
         let before = count(&a).max(count(&b));
-        wait_until("load after a new leader", || count(&a) > before + 50 || count(&b) > before + 50);
+        wait_until("load after a new leader", || count(&a) > before + 100 || count(&b) > before + 100);
         stop.store(true, Ordering::SeqCst);
         loader.join().unwrap()
     });
@@ -467,10 +467,12 @@ fn watch_and_follow_on_etcd_see_what_another_host_appends() {
     let a = log.serve(&t.path().join("a"), "host-a", &[]);
     let b = log.serve(&t.path().join("b"), "host-b", &[]);
     let head = a.get("/v1/head").1["seq"].as_u64().unwrap();
-    // The follower starts at the head (no --from): it prints what comes next.
+    // The follower starts just after that head (a heartbeat may land before it
+    // looks: --from, not "from now on").
     let mut args = vec!["inspect".to_owned(), "follow".into()];
     args.extend(log.args());
-    args.extend(["--json", "--max-records", "6", "--timeout-ms", "600000", "-v"].map(String::from));
+    let from = (head + 1).to_string();
+    args.extend(["--json", "--from", &from, "--max-records", "6", "--timeout-ms", "120000", "-v"].map(String::from));
     let mut follower = Command::new(FENCELOG)
         .args(&args)
         .stdout(std::process::Stdio::piped())

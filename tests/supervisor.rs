@@ -1396,6 +1396,12 @@ fn a_kept_output_that_cannot_be_redacted_is_removed_not_left_holding_the_secret(
     let shown = show(&dir, 1);
     let stdout = &shown["stdout"];
     assert_eq!((stdout["bytes_kept"].as_u64(), stdout["bytes_seen"].as_u64()), (Some(0), Some(29)), "{shown}");
+    assert_eq!(
+        (stdout["truncated"].as_bool(), stdout["kept_blake3"].as_str()),
+        (Some(true), Some(blake3::hash(b"").to_hex().as_str()))
+    );
+    let out = Command::new(FENCELOG).args(["process", "logs", "1"]).env("FENCELOG_DIR", &dir).output().unwrap();
+    assert_eq!((out.status.code(), out.stdout.len()), (Some(0), 0), "nothing kept, nothing printed, no damage");
     assert_eq!(files_holding(&dir, secret.as_bytes()), Vec::<PathBuf>::new(), "the value is nowhere");
     let log = fs::read_to_string(dir.join("processes/1/runner.log")).unwrap_or_default();
     assert!(log.contains("cannot redact the kept stdout") && log.contains("removed it"), "{log}");

@@ -376,7 +376,13 @@ fn redact_capture(
             // cannot be redacted is removed, and the record says nothing was kept.
             Err(e) => {
                 let path = super::output_path(dir, process, stream);
-                match std::fs::remove_file(&path) {
+                // Synced away before the record says nothing was kept: a removal
+                // lost in a crash would bring the secret back.
+                let removed = match std::fs::remove_file(&path) {
+                    Err(rm) if rm.kind() != std::io::ErrorKind::NotFound => Err(rm),
+                    _ => path.parent().map_or(Ok(()), |d| std::fs::File::open(d).and_then(|d| d.sync_all())),
+                };
+                match removed {
                     Ok(()) => {
                         say(process, format!("cannot redact the kept {}: {e}; removed it", stream.file_name()));
                         (c.bytes_kept, c.kept_blake3) = (0, *blake3::hash(b"").as_bytes());

@@ -63,7 +63,21 @@ pub fn env_key(dir: &Path) -> std::io::Result<[u8; ENV_KEY_BYTES]> {
             .open(&temp)?;
         f.write_all(&key)?;
         f.sync_all()?;
-        std::fs::hard_link(&temp, &path)
+        match std::fs::hard_link(&temp, &path) {
+            // A file system without hard links: made in place instead (a
+            // concurrent first caller may then see it empty, and fail once).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP)) => {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&path)?;
+                f.write_all(&key)?;
+                f.sync_all()
+            }
+            other => other,
+        }
     })();
     let _ = std::fs::remove_file(&temp);
     match linked {

@@ -25,12 +25,15 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
             ProcessCmd::Show { dir, id } => {
                 // A read, unless it finds the process over without its record
                 // (runner and command gone): then settled as `wait` would.
+                // If the log cannot be opened for writing (a read-only copy, a
+                // log halted by SYNC_FAILED), the read's answer stands.
                 let view = read_only(&dir)?;
-                if sup::needs_settling(&view.here, &view.projection, id) {
-                    drop(view);
-                    printed(&sup::show_settled(&open(&dir)?, id)?)
-                } else {
-                    printed(&sup::show(&view.projection, id)?)
+                let settled = sup::needs_settling(&view.here, &view.projection, id)
+                    .then(|| open(&dir).and_then(|l| sup::show_settled(&l, id)))
+                    .and_then(Result::ok);
+                match settled {
+                    Some(shown) => printed(&shown),
+                    None => printed(&sup::show(&view.projection, id)?),
                 }
             }
             ProcessCmd::List { dir, status, owner } => {

@@ -687,14 +687,15 @@ impl EtcdBackend {
 
     /// Mark records before `below_seq` as archived (their link `link`: the one of
     /// record `below_seq - 1`), then delete their keys. The marker goes first: a
-    /// crash between leaves keys below it, which nothing reads.
+    /// crash between leaves keys below it, which nothing reads — and the delete
+    /// runs from the first record key there can be (sequence 1), so the next
+    /// `archive` deletes what a crashed one left.
     pub fn set_archived(&mut self, below_seq: u64, link: &ChainLink) -> Result<u64> {
         let key = keys::key(&self.prefix, keys::ARCHIVED);
         let value = serde_json::to_vec(&ArchivedJson { below_seq, link: hex(link) }).expect("serializes");
         self.conn.put(key, value)?;
-        let from = self.first_seq();
         self.archived = Some(Archived { below_seq, link: *link });
-        let (start, end) = (keys::record(&self.prefix, from.min(below_seq)), keys::record(&self.prefix, below_seq));
+        let (start, end) = (keys::record(&self.prefix, 1), keys::record(&self.prefix, below_seq));
         let deleted = self.conn.delete(start, etcd_client::DeleteOptions::new().with_range(end))?;
         Ok(deleted.deleted() as u64)
     }

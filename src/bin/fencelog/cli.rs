@@ -72,6 +72,40 @@ impl Dir {
 }
 
 /// A log in etcd (required).
+/// Where `serve` keeps its state and its log: no `--server` (it is the server).
+#[derive(Args, Clone)]
+pub(crate) struct ServeDir {
+    /// The daemon's directory: the log itself (created 0700 on first start if
+    /// missing or empty), its token and process output. With --etcd: this host's
+    /// local state only (token, process output, runners), the log in etcd.
+    #[arg(long, env = "FENCELOG_DIR")]
+    pub(crate) dir: PathBuf,
+    /// The log in an etcd cluster instead of the directory: its members'
+    /// HOST:PORT, comma-separated (requests time out after 5 s: ETCD_UNAVAILABLE).
+    #[arg(long, env = "FENCELOG_ETCD")]
+    pub(crate) etcd: Option<String>,
+    /// The key prefix of the log in etcd.
+    #[arg(long, env = "FENCELOG_ETCD_PREFIX", default_value = fencelog::storage::etcd::DEFAULT_PREFIX)]
+    pub(crate) etcd_prefix: String,
+    /// The bearer token file (default: DIR/serve.token, generated 0600 on first
+    /// start).
+    #[arg(long, env = "FENCELOG_TOKEN_FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+}
+
+impl ServeDir {
+    /// As the other commands' [`Dir`] (no server).
+    pub(crate) fn as_dir(&self) -> Dir {
+        Dir {
+            dir: Some(self.dir.clone()),
+            etcd: self.etcd.clone(),
+            etcd_prefix: self.etcd_prefix.clone(),
+            server: None,
+            token_file: self.token_file.clone(),
+        }
+    }
+}
+
 #[derive(Args, Clone)]
 pub(crate) struct EtcdArg {
     /// The cluster's members: HOST:PORT, comma-separated.
@@ -139,6 +173,7 @@ pub(crate) enum Cmd {
     Repair {
         #[command(flatten)]
         dir: Dir,
+        /// Cut from this sequence on (the first damaged record, or earlier); the records cut are kept as evidence.
         #[arg(long)]
         cut_from: u64,
     },
@@ -146,12 +181,16 @@ pub(crate) enum Cmd {
     Claim {
         #[command(flatten)]
         dir: Dir,
+        /// The subject to claim (1 to 256 bytes, no control characters).
         #[arg(long)]
         subject: String,
+        /// The owner process (default: the caller's parent); its identity evidence (start time, boot id, executable) is recorded.
         #[arg(long)]
         pid: Option<u32>,
+        /// The owner's instance id (default: a new UUID), named in the evidence of a refusal.
         #[arg(long)]
         instance: Option<uuid::Uuid>,
+        /// The owner is stale once it has not heartbeated for this long (ms).
         #[arg(long, default_value_t = fencelog::ops::STALE_AFTER_MS_DEFAULT)]
         stale_after_ms: u64,
         /// Claim as a mutation lock doing ACTION (requires --request-id).
@@ -164,8 +203,10 @@ pub(crate) enum Cmd {
     Heartbeat {
         #[command(flatten)]
         dir: Dir,
+        /// The subject you own.
         #[arg(long)]
         subject: String,
+        /// The generation you hold (your fencing token); another is refused FENCED.
         #[arg(long)]
         generation: u64,
         /// Your instance: named with your process in the evidence a refusal keeps.
@@ -178,8 +219,10 @@ pub(crate) enum Cmd {
     Release {
         #[command(flatten)]
         dir: Dir,
+        /// The subject you own.
         #[arg(long)]
         subject: String,
+        /// The generation you hold; another is refused FENCED.
         #[arg(long)]
         generation: u64,
         /// Your instance: named with your process in the evidence a refusal keeps.
@@ -192,18 +235,25 @@ pub(crate) enum Cmd {
     Takeover {
         #[command(flatten)]
         dir: Dir,
+        /// The subject held by a stale owner.
         #[arg(long)]
         subject: String,
+        /// The generation you saw (refused TAKEOVER_RACE if it changed).
         #[arg(long)]
         expect_generation: u64,
+        /// The heartbeat time you saw (refused TAKEOVER_RACE if it changed).
         #[arg(long)]
         expect_heartbeat_ms: u64,
+        /// The new owner process (default: the caller's parent).
         #[arg(long)]
         pid: Option<u32>,
+        /// The new owner's instance id (default: a new UUID).
         #[arg(long)]
         instance: Option<uuid::Uuid>,
+        /// The new owner is stale once it has not heartbeated for this long (ms).
         #[arg(long, default_value_t = fencelog::ops::STALE_AFTER_MS_DEFAULT)]
         stale_after_ms: u64,
+        /// Why, kept in the record for the audit.
         #[arg(long, default_value = "")]
         reason: String,
         #[command(flatten)]
@@ -213,8 +263,10 @@ pub(crate) enum Cmd {
     RotateFence {
         #[command(flatten)]
         dir: Dir,
+        /// The subject you own.
         #[arg(long)]
         subject: String,
+        /// The generation you hold; the next one fences every holder of it.
         #[arg(long)]
         generation: u64,
         /// Your instance: named with your process in the evidence a refusal keeps.
@@ -227,10 +279,13 @@ pub(crate) enum Cmd {
     Note {
         #[command(flatten)]
         dir: Dir,
+        /// The subject you own.
         #[arg(long)]
         subject: String,
+        /// The generation you hold (a note under an old one is kept, marked late).
         #[arg(long)]
         generation: u64,
+        /// The note (at most 1,024 bytes).
         #[arg(long)]
         text: String,
         /// Your instance: named with your process in the evidence a refusal keeps.
@@ -253,6 +308,7 @@ pub(crate) enum Cmd {
     State {
         #[command(flatten)]
         dir: Dir,
+        /// Only this subject (default: every subject).
         #[arg(long)]
         subject: Option<String>,
     },
@@ -262,10 +318,13 @@ pub(crate) enum Cmd {
     Demo {
         #[command(flatten)]
         dir: Dir,
+        /// Transactions to commit in all.
         #[arg(long, default_value_t = 10_000)]
         records: u64,
+        /// Concurrent appender threads.
         #[arg(long, default_value_t = 8)]
         appenders: u64,
+        /// Bytes of each note.
         #[arg(long, default_value_t = 200)]
         payload_bytes: usize,
     },
@@ -274,18 +333,20 @@ pub(crate) enum Cmd {
     /// ready. SIGTERM/SIGINT cut over (every admitted request settled from the log).
     Serve {
         #[command(flatten)]
-        dir: Dir,
-        #[arg(long, default_value = "127.0.0.1:7411")]
+        dir: ServeDir,
+        /// Address to listen on (HOST:PORT; port 0 picks a free one). Loopback by default.
+        #[arg(long, env = "FENCELOG_LISTEN", default_value = "127.0.0.1:7411")]
         listen: std::net::SocketAddr,
         /// The daemon's home subject (default: fencelog/serve; with --etcd, one per
         /// host: fencelog/serve/HOST).
-        #[arg(long)]
+        #[arg(long, env = "FENCELOG_HOME")]
         home: Option<String>,
-        #[arg(long, default_value_t = fencelog::daemon::DRAIN_GRACE_MS_DEFAULT)]
+        /// At a cutover, how long admitted requests get to finish before each is settled from the log.
+        #[arg(long, env = "FENCELOG_DRAIN_GRACE_MS", default_value_t = fencelog::daemon::DRAIN_GRACE_MS_DEFAULT)]
         drain_grace_ms: u64,
         /// If a live daemon holds the home: ask it to cut over, and take the home the
         /// moment it is released.
-        #[arg(long)]
+        #[arg(long, env = "FENCELOG_HANDOVER")]
         handover: bool,
         /// Staleness of the home claim; heartbeats every quarter of it.
         #[arg(long, default_value_t = fencelog::daemon::HOME_STALE_AFTER_MS, hide = true)]
@@ -293,11 +354,11 @@ pub(crate) enum Cmd {
         /// Also listen on this Unix socket (mode 0600). Its callers are processes on
         /// this host, known by the pid the kernel gives: a claim without --pid is held
         /// for the calling process.
-        #[arg(long)]
+        #[arg(long, env = "FENCELOG_UNIX")]
         unix: Option<PathBuf>,
         /// How long a client has to send a request's headers (on a new connection, and
         /// between requests on a kept-alive one) before the connection is closed.
-        #[arg(long, default_value_t = fencelog::daemon::HEADER_READ_TIMEOUT_MS_DEFAULT)]
+        #[arg(long, env = "FENCELOG_HEADER_READ_TIMEOUT_MS", default_value_t = fencelog::daemon::HEADER_READ_TIMEOUT_MS_DEFAULT)]
         header_read_timeout_ms: u64,
     },
     /// Run a command under supervision: its intent, start and exit are records, its
@@ -321,6 +382,7 @@ pub(crate) enum Cmd {
         /// Answer with the result within this long, else with a handle (0: at once).
         #[arg(long, default_value_t = fencelog::supervisor::WAIT_MS_DEFAULT)]
         wait_ms: u64,
+        /// Working directory of the command (default: the current one).
         #[arg(long)]
         cwd: Option<PathBuf>,
         /// NAME=VALUE (repeatable); the value never enters the log, only its blake3.
@@ -332,6 +394,7 @@ pub(crate) enum Cmd {
         /// The owner the command runs for (refused if GENERATION is not current).
         #[arg(long, requires = "generation")]
         owner: Option<String>,
+        /// The generation of --owner the command runs under.
         #[arg(long, requires = "owner")]
         generation: Option<u64>,
         /// The command and its arguments.
@@ -349,12 +412,14 @@ pub(crate) enum Cmd {
     Recover {
         #[command(flatten)]
         dir: Dir,
+        /// A process requested this long ago and never started is abandoned (PRESPAWN_ABANDONED).
         #[arg(long, default_value_t = fencelog::supervisor::PRESPAWN_GRACE_MS_DEFAULT)]
         prespawn_grace_ms: u64,
         /// As the current owner of SUBJECT (at GENERATION): also settle the processes
         /// run for its earlier generations.
         #[arg(long, requires = "generation")]
         owner: Option<String>,
+        /// The current generation of --owner.
         #[arg(long, requires = "owner")]
         generation: Option<u64>,
     },
@@ -386,6 +451,7 @@ pub(crate) enum Cmd {
     Archive {
         #[command(flatten)]
         etcd: EtcdArg,
+        /// The archive directory (created if missing; the same one every time).
         #[arg(long)]
         to: PathBuf,
     },
@@ -409,8 +475,10 @@ pub(crate) enum Cmd {
     Audit {
         #[command(flatten)]
         log: LogArg,
+        /// Only this subject's story.
         #[arg(long)]
         subject: Option<String>,
+        /// Report format: text, json or html.
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
         /// Write the report to FILE instead of stdout.
@@ -433,6 +501,7 @@ pub(crate) enum InspectCmd {
     Verify {
         #[command(flatten)]
         log: LogArg,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
         /// SEQ:HEX, a chain head kept elsewhere (repeatable): exit 1 with
@@ -445,8 +514,10 @@ pub(crate) enum InspectCmd {
     Head {
         #[command(flatten)]
         log: LogArg,
+        /// The sequence whose chain head to print (default: the last record).
         #[arg(long)]
         at: Option<u64>,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -454,21 +525,28 @@ pub(crate) enum InspectCmd {
     Dump {
         #[command(flatten)]
         log: LogArg,
+        /// One JSON object per line (NDJSON) instead of text.
         #[arg(long)]
         json: bool,
+        /// First sequence to print.
         #[arg(long)]
         from: Option<u64>,
+        /// Last sequence to print.
         #[arg(long)]
         to: Option<u64>,
+        /// Only records naming this subject.
         #[arg(long)]
         subject: Option<String>,
+        /// Only records with an event of this kind (claim, heartbeat, takeover, ...).
         #[arg(long)]
         kind: Option<String>,
         /// Unix ms, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS[.fff]Z (UTC).
         #[arg(long, value_parser = fencelog::inspect::parse_time)]
         since: Option<u64>,
+        /// Only records written at or before this time (as --since).
         #[arg(long, value_parser = fencelog::inspect::parse_time)]
         until: Option<u64>,
+        /// Read past damage: print every frame that decodes, and each damaged place.
         #[arg(long)]
         raw: bool,
     },
@@ -476,8 +554,10 @@ pub(crate) enum InspectCmd {
     State {
         #[command(flatten)]
         log: LogArg,
+        /// The sequence to replay up to (default: the end).
         #[arg(long)]
         at: Option<u64>,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -485,6 +565,7 @@ pub(crate) enum InspectCmd {
     Stat {
         #[command(flatten)]
         log: LogArg,
+        /// How many subjects to list, the largest first.
         #[arg(long, default_value_t = 10)]
         top: usize,
     },
@@ -492,11 +573,13 @@ pub(crate) enum InspectCmd {
     Follow {
         #[command(flatten)]
         log: LogArg,
+        /// One JSON object per line (NDJSON) instead of text.
         #[arg(long)]
         json: bool,
         /// Start at this sequence (default: records appended from now on).
         #[arg(long)]
         from: Option<u64>,
+        /// How often to look for new records in a directory (ms).
         #[arg(long, default_value_t = 100)]
         poll_ms: u64,
         /// Stop after this many records.
@@ -510,11 +593,14 @@ pub(crate) enum InspectCmd {
 
 #[derive(Subcommand)]
 pub(crate) enum LeaseCmd {
+    /// Acquire a lease on a resource, for a free-text holder or an owner's tenure; all or nothing.
     Acquire {
         #[command(flatten)]
         dir: Dir,
+        /// The resource to lease (a name).
         #[arg(long)]
         resource: String,
+        /// read (shared) or write (exclusive).
         #[arg(long, value_enum)]
         mode: Mode,
         /// A free-text holder (or --owner/--generation instead).
@@ -524,18 +610,23 @@ pub(crate) enum LeaseCmd {
         /// in the record that ends the tenure (release, takeover, dead-owner claim).
         #[arg(long, requires = "generation")]
         owner: Option<String>,
+        /// The current generation of --owner.
         #[arg(long, requires = "owner")]
         generation: Option<u64>,
+        /// A free-text holder's lease expires after this long (ms).
         #[arg(long, default_value_t = fencelog::ops::LEASE_TTL_MS_DEFAULT)]
         ttl_ms: u64,
         #[command(flatten)]
         req: Req,
     },
+    /// Release a lease with its token (once; a second release is refused).
     Release {
         #[command(flatten)]
         dir: Dir,
+        /// The lease id (from acquire).
         #[arg(long)]
         lease: u64,
+        /// The lease's token (from acquire); a wrong one is refused and kept as evidence.
         #[arg(long)]
         token: u64,
         #[command(flatten)]
@@ -545,16 +636,20 @@ pub(crate) enum LeaseCmd {
 
 #[derive(Subcommand)]
 pub(crate) enum ProcessCmd {
+    /// A supervised process: its command, status, pid, leases, outcome and output tails.
     Show {
         #[command(flatten)]
         dir: Dir,
+        /// The process id (from run).
         id: u64,
     },
     /// Wait until the process is terminal (or TIMEOUT_MS passed: then as it is).
     Wait {
         #[command(flatten)]
         dir: Dir,
+        /// The process id (from run).
         id: u64,
+        /// Wait at most this long (ms), then answer with the process as it is.
         #[arg(long, default_value_t = fencelog::supervisor::WAIT_MS_DEFAULT)]
         timeout_ms: u64,
     },
@@ -564,11 +659,15 @@ pub(crate) enum ProcessCmd {
     Cancel {
         #[command(flatten)]
         dir: Dir,
+        /// The process id (from run).
         id: u64,
+        /// Cancel as the current owner of this subject (fenced if not).
         #[arg(long, requires = "generation")]
         owner: Option<String>,
+        /// The current generation of --owner.
         #[arg(long, requires = "owner")]
         generation: Option<u64>,
+        /// Between TERM and KILL (ms).
         #[arg(long, default_value_t = 2_000)]
         grace_ms: u64,
     },
@@ -576,17 +675,23 @@ pub(crate) enum ProcessCmd {
     Logs {
         #[command(flatten)]
         dir: Dir,
+        /// The process id (from run).
         id: u64,
+        /// Which output: stdout or stderr.
         #[arg(long, value_enum, default_value = "stdout")]
         stream: StreamArg,
+        /// Keep printing as the process writes, until it ends.
         #[arg(long)]
         follow: bool,
     },
+    /// Supervised processes, filtered by status or owner.
     List {
         #[command(flatten)]
         dir: Dir,
+        /// Only processes in this status (requested, running, succeeded, failed, ...).
         #[arg(long)]
         status: Option<String>,
+        /// Only processes run for this owner subject.
         #[arg(long)]
         owner: Option<String>,
     },
@@ -600,9 +705,11 @@ pub(crate) enum StreamArg {
 
 #[derive(Subcommand)]
 pub(crate) enum RequestCmd {
+    /// What became of a request id: committed at a sequence (with its answer), or never committed.
     Show {
         #[command(flatten)]
         dir: Dir,
+        /// The request id (as given with --request-id or Idempotency-Key).
         id: String,
     },
 }
@@ -611,4 +718,39 @@ pub(crate) enum RequestCmd {
 pub(crate) enum Mode {
     Read,
     Write,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of every command, as `fencelog CMD SUB --flag`, that has no
+    /// help text (hidden ones and clap's own `--help`/`--version` aside).
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let own = matches!(a.get_id().as_str(), "help" | "version");
+            if !own && !a.is_hide_set() && a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!(
+                    "{path} {}",
+                    a.get_long().map_or_else(|| a.get_id().to_string(), |l| format!("--{l}"))
+                ));
+            }
+        }
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                out.push(format!("{path} {} (no about)", sub.get_name()));
+            }
+            undocumented(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    /// Proves: every flag and argument of every command says what it is for in
+    /// `--help` (and so in the man pages and completions made from the same
+    /// definitions).
+    #[test]
+    fn every_flag_of_every_command_has_help() {
+        let mut out = vec![];
+        undocumented(&super::Cli::command(), "fencelog", &mut out);
+        assert!(out.is_empty(), "{} without help:\n{}", out.len(), out.join("\n"));
+    }
 }

@@ -24,7 +24,6 @@ pub(crate) fn dir_of(cmd: &Cmd) -> Option<&Dir> {
         | Cmd::Takeover { dir, .. }
         | Cmd::State { dir, .. }
         | Cmd::Demo { dir, .. }
-        | Cmd::Serve { dir, .. }
         | Cmd::Run { dir, .. }
         | Cmd::Recover { dir, .. }
         | Cmd::Runner { dir, .. } => Some(dir),
@@ -37,7 +36,12 @@ pub(crate) fn dir_of(cmd: &Cmd) -> Option<&Dir> {
             | ProcessCmd::Logs { dir, .. }
             | ProcessCmd::List { dir, .. } => dir,
         }),
-        Cmd::Inspect { .. } | Cmd::Audit { .. } | Cmd::Export { .. } | Cmd::Import { .. } | Cmd::Archive { .. } => None,
+        Cmd::Inspect { .. }
+        | Cmd::Audit { .. }
+        | Cmd::Export { .. }
+        | Cmd::Import { .. }
+        | Cmd::Archive { .. }
+        | Cmd::Serve { .. } => None,
     }
 }
 

@@ -50,9 +50,7 @@ fn main() -> ExitCode {
             if !e.use_stderr() {
                 return ExitCode::SUCCESS; // --help, --version
             }
-            let message = e.render().to_string();
-            let first = message.lines().next().unwrap_or("usage error").trim_start_matches("error: ");
-            let body = ErrorBody { error: ErrorDetail::Plain { code: "USAGE", message: first.into() } };
+            let body = ErrorBody { error: ErrorDetail::Plain { code: "USAGE", message: usage_message(&e) } };
             println!("{}", serde_json::to_string(&body).expect("error body serializes"));
             return ExitCode::from(2);
         }
@@ -135,6 +133,7 @@ fn run(cmd: cli::Cmd) -> Printed {
             unix,
             header_read_timeout_ms,
         } => {
+            let dir = dir.as_dir();
             use fencelog::daemon::{HEADER_READ_TIMEOUT_MS_MAX, HEADER_READ_TIMEOUT_MS_MIN};
             if !(HEADER_READ_TIMEOUT_MS_MIN..=HEADER_READ_TIMEOUT_MS_MAX).contains(&header_read_timeout_ms) {
                 return Err(OpError::Usage {
@@ -219,6 +218,22 @@ fn runner_args() -> Option<(fencelog::supervisor::runner::Site, Option<u64>)> {
         return None;
     }
     Some((fencelog::supervisor::runner::Site { dir, log }, process))
+}
+
+/// clap's error as one line: its text up to the usage lines, so that a missing
+/// argument is named ("the following required arguments were not provided:
+/// --dir <DIR>"), not cut at the colon.
+fn usage_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let said: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let joined = said.join(" ");
+    let joined = joined.trim_start_matches("error: ").trim();
+    if joined.is_empty() { "usage error".into() } else { joined.chars().take(1000).collect() }
 }
 
 /// Diagnostics go to stderr (stdout carries the one JSON answer): warnings by

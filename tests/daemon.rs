@@ -151,6 +151,11 @@ fn every_endpoint_answers_with_the_clis_bodies_behind_a_token() {
     assert_eq!((s, st["subjects"][0]["subject"].as_str()), (200, Some("b")));
     let (s, h) = d.get("/v1/head");
     assert_eq!((s, h["seq"].as_u64().is_some()), (200, true));
+    // The build, as `fencelog version --json` says it.
+    let (s, v) = d.get("/v1/version");
+    let cli = Command::new(FENCELOG).args(["version", "--json"]).output().unwrap();
+    assert_eq!((s, v), (200, serde_json::from_slice::<Value>(&cli.stdout).unwrap()));
+    assert_eq!(call(&d.url("/v1/version"), "GET", None, None, &[]).0, 401, "behind the token");
     // A problem the front door answers (a body that is not JSON) is counted too.
     let (s, _, _) = d.call("POST", "/v1/claim", Some(Value::String("not an object".into())), &[]);
     assert_eq!(s, 400);

@@ -49,6 +49,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/requests/{id}"),
     ("GET", "/v1/state"),
     ("GET", "/v1/head"),
+    ("GET", "/v1/version"),
     ("GET", "/v1/watch"),
     ("POST", "/v1/admin/cutover"),
     ("GET", "/v1/openapi.json"),
@@ -319,6 +320,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/requests/{id}", get(request_show))
         .route("/v1/state", get(state))
         .route("/v1/head", get(head))
+        .route("/v1/version", get(|| async { axum::Json(ops::version::version_info()) }))
         .route("/v1/watch", get(watch))
         .route("/v1/admin/cutover", post(admin_cutover))
         .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))

@@ -11,6 +11,7 @@ pub mod demo;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod transfer;
+pub mod version;
 
 pub use error::{ErrorBody, ErrorDetail, OpError};
 

@@ -455,6 +455,28 @@ pub(crate) enum Cmd {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Shell completions on stdout: `fencelog completions bash >
+    /// /etc/bash_completion.d/fencelog` (zsh: a `_fencelog` file on $fpath; fish:
+    /// ~/.config/fish/completions/fencelog.fish).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Man pages (roff) for fencelog and each of its commands, written to --out
+    /// (the repository's docs/man/ is made so: `man -l docs/man/fencelog.1`).
+    Man {
+        /// The directory to write the pages to (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// This build: its version, the log format versions it writes and reads, its
+    /// features (the daemon answers the same at GET /v1/version).
+    Version {
+        /// Print one JSON object instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// The runner of a supervised process (started by `run`).
     #[command(name = "__runner", hide = true)]
     Runner {

@@ -41,6 +41,9 @@ pub(crate) fn dir_of(cmd: &Cmd) -> Option<&Dir> {
         | Cmd::Export { .. }
         | Cmd::Import { .. }
         | Cmd::Archive { .. }
+        | Cmd::Completions { .. }
+        | Cmd::Man { .. }
+        | Cmd::Version { .. }
         | Cmd::Serve { .. } => None,
     }
 }

@@ -10,6 +10,7 @@ mod cli;
 mod client;
 mod demo;
 mod inspect;
+mod man;
 mod mutate;
 mod process;
 
@@ -108,6 +109,38 @@ fn run(cmd: cli::Cmd) -> Printed {
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { log, subject, format, out } => inspect::audit(&log, subject.as_deref(), format, out),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            use std::io::Write;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cli::Cli::command(), "fencelog", &mut script);
+            match std::io::stdout().lock().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(OpError::Io { message: format!("stdout: {e}") })
+                }
+                _ => Ok((serde_json::Value::Null, 0)),
+            }
+        }
+        Cmd::Man { out } => {
+            let pages =
+                man::write_pages(&out).map_err(|e| OpError::Io { message: format!("{}: {e}", out.display()) })?;
+            Ok((serde_json::json!({"out": out, "pages": pages}), 0))
+        }
+        Cmd::Version { json } => {
+            let v = fencelog::ops::version::version_info();
+            if json {
+                printed(&v)
+            } else {
+                println!(
+                    "fencelog {} (writes format {}, reads {:?}; features: {})",
+                    v.version,
+                    v.format_version_written,
+                    v.format_versions_read,
+                    v.features.join(", ")
+                );
+                Ok((serde_json::Value::Null, 0))
+            }
+        }
         Cmd::Demo { dir, .. } if dir.etcd.is_some() => Err(OpError::Usage {
             code: "USAGE",
             message: "demo runs on a log directory (--dir DIR), not on --etcd".into(),

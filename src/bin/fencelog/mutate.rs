@@ -224,6 +224,9 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         | Cmd::Export { .. }
         | Cmd::Import { .. }
         | Cmd::Archive { .. }
+        | Cmd::Completions { .. }
+        | Cmd::Man { .. }
+        | Cmd::Version { .. }
         | Cmd::Serve { .. } => unreachable!("dispatched in main"),
     }
 }

@@ -2,7 +2,8 @@
 # Install the Debian packages that are missing, of those asked for by name of the
 # command they provide: `scripts/deps.sh build` (what building fencelog needs:
 # a C compiler, protoc), `scripts/deps.sh test` (that, and what the tests start
-# or check with: etcd, systemd's analyzers for the unit file). Sourced or run; uses sudo when not root.
+# or check with: etcd, systemd's analyzers for the unit file, promtool for the
+# metrics). Sourced or run; uses sudo when not root.
 set -euo pipefail
 
 want=("$@")
@@ -19,6 +20,7 @@ for w in "${want[@]}"; do
       command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
       command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
       command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+      command -v promtool >/dev/null 2>&1 || need+=(prometheus)
       ;;
     *) echo "scripts/deps.sh: unknown set $w (build, test)" >&2; exit 2 ;;
   esac

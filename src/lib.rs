@@ -33,4 +33,5 @@ pub mod model;
 pub mod ops;
 pub mod storage;
 pub mod supervisor;
+pub(crate) mod sys;
 pub mod view;

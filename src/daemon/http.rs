@@ -14,12 +14,6 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -59,54 +53,6 @@ pub const ROUTES: &[(&str, &str)] = &[
 ];
 
 const OPENAPI: &str = include_str!("../../docs/openapi.json");
-
-pub(crate) struct Metrics {
-    registry: Registry,
-    requests: Family<Vec<(String, String)>, Counter>,
-    refusals: Family<Vec<(String, String)>, Counter>,
-    commit_seconds: Histogram,
-    appends: Gauge,
-    syncs: Gauge,
-    head_seq: Gauge,
-    log_bytes: Gauge,
-    subjects: Family<Vec<(String, String)>, Gauge>,
-    processes: Family<Vec<(String, String)>, Gauge>,
-    leases: Family<Vec<(String, String)>, Gauge>,
-}
-
-impl Metrics {
-    pub(crate) fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("fencelog");
-        let m = Metrics {
-            requests: Family::default(),
-            refusals: Family::default(),
-            commit_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
-            appends: Gauge::default(),
-            syncs: Gauge::default(),
-            head_seq: Gauge::default(),
-            log_bytes: Gauge::default(),
-            subjects: Family::default(),
-            processes: Family::default(),
-            leases: Family::default(),
-            registry: Registry::default(),
-        };
-        registry.register("http_requests", "HTTP requests by route and status", m.requests.clone());
-        registry.register(
-            "refusals",
-            "Problems answered, by code (operations' refusals and the front door's)",
-            m.refusals.clone(),
-        );
-        registry.register("commit_seconds", "Mutation latency, admission to answer", m.commit_seconds.clone());
-        registry.register("appends", "Records appended through this daemon", m.appends.clone());
-        registry.register("syncs", "Syncs made (records per sync = appends / syncs)", m.syncs.clone());
-        registry.register("head_seq", "Last sequence of the log", m.head_seq.clone());
-        registry.register("log_bytes", "Bytes of the log's segments", m.log_bytes.clone());
-        registry.register("subjects", "Subjects by owner status", m.subjects.clone());
-        registry.register("processes", "Supervised processes by status", m.processes.clone());
-        registry.register("leases", "Leases by state", m.leases.clone());
-        Metrics { registry, ..m }
-    }
-}
 
 /// `application/problem+json` (RFC 9457) with the CLI's `code` and evidence.
 fn problem(status: StatusCode, code: &str, detail: &str, mut extra: serde_json::Map<String, Value>) -> Response {
@@ -472,7 +418,7 @@ where
     })
     .await
     .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }));
-    app.metrics.commit_seconds.observe(t0.elapsed().as_secs_f64());
+    app.metrics.commit_seconds.get_or_create(&vec![("op".into(), op.to_owned())]).observe(t0.elapsed().as_secs_f64());
     if app.cutting.load(Ordering::SeqCst) {
         let (how, seq) = settlement(op, &r);
         app.settled.lock().expect("settled").push(SettledRequest { request: rid.clone(), op: op.into(), how, seq });
@@ -856,47 +802,28 @@ async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery
     }
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
         return overloaded();
     };
+    // OpenMetrics only for a scraper that asks for it; the Prometheus text format
+    // 0.0.4 otherwise (what promtool and curl read).
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
     let worker = Arc::clone(&app);
-    let _ = tokio::task::spawn_blocking(move || {
+    let encoded = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let m = &worker.metrics;
-        let (appends, syncs) = worker.ledger.commit_stats();
-        m.appends.set(appends as i64);
-        m.syncs.set(syncs as i64);
-        let now = crate::storage::LogOptions::default().now_ms();
-        let _ = worker.ledger.refresh_with(|p| {
-            m.head_seq.set(p.last_seq as i64);
-            m.subjects.clear();
-            m.processes.clear();
-            m.leases.clear();
-            for s in p.subjects.values() {
-                let status =
-                    serde_json::to_value(ops::status(worker.ledger.here(), s.owner.as_ref(), now)).expect("status");
-                m.subjects.get_or_create(&vec![("status".into(), status.as_str().unwrap_or("").into())]).inc();
-            }
-            for x in p.processes.values() {
-                m.processes.get_or_create(&vec![("status".into(), x.status().as_str().into())]).inc();
-            }
-            for l in p.leases.values() {
-                let state = crate::model::flatten_tagged(&l.state)["kind"].as_str().unwrap_or("").to_owned();
-                m.leases.get_or_create(&vec![("state".into(), state)]).inc();
-            }
-        });
-        let bytes: u64 = crate::storage::list_segments(&worker.dir)
-            .map(|segs| segs.iter().filter_map(|(_, p)| std::fs::metadata(p).ok()).map(|m| m.len()).sum())
-            .unwrap_or(0);
-        m.log_bytes.set(bytes as i64);
+        super::metrics::Metrics::scrape(&worker, openmetrics)
     })
     .await;
-    let mut out = String::new();
-    if encode(&mut out, &app.metrics.registry).is_err() {
+    let Ok(Ok(out)) = encoded else {
         return plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", "metrics encoding failed");
-    }
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
+    };
+    let kind = if openmetrics { super::metrics::OPENMETRICS_TYPE } else { super::metrics::TEXT_004_TYPE };
+    ([(header::CONTENT_TYPE, kind)], out).into_response()
 }
 
 /// How long a watch stream waits for the next record before it looks at its

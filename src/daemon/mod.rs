@@ -12,6 +12,7 @@
 //! last. See `docs/DAEMON.md`.
 
 mod http;
+mod metrics;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -204,6 +205,10 @@ pub(crate) struct App {
     pub abort_waits: Arc<AtomicBool>,
     pub inflight: Arc<tokio::sync::Semaphore>,
     pub watchers: Arc<tokio::sync::Semaphore>,
+    /// Slots of open connections ([`CONNECTIONS_MAX`], TCP and Unix together).
+    pub connections: Arc<tokio::sync::Semaphore>,
+    /// When the home's heartbeat last landed (the claim, at boot).
+    pub home_heartbeat_landed: Mutex<Instant>,
     /// Slots of process output streams ([`LOG_STREAMS_MAX`]).
     pub log_streams: Arc<tokio::sync::Semaphore>,
     /// Admitted mutations not yet answered: ticket → (request id, operation).
@@ -215,11 +220,19 @@ pub(crate) struct App {
     pub cutover_tx: tokio::sync::mpsc::Sender<(String, bool)>,
     /// Tells watch streams to send their final event and close.
     pub watch_close: tokio::sync::watch::Sender<bool>,
-    pub metrics: http::Metrics,
+    pub metrics: metrics::Metrics,
     pub drain_grace_ms: u64,
 }
 
 impl App {
+    /// Ready to admit requests (`/readyz` 200, `fencelog_ready` 1): admitting, the
+    /// log writable, its service (etcd) answering the heartbeat.
+    pub fn is_ready(&self) -> bool {
+        self.admitting.load(Ordering::SeqCst)
+            && !self.broken.load(Ordering::SeqCst)
+            && self.log_unavailable.lock().expect("log_unavailable").is_none()
+    }
+
     /// Constant-time comparison of a presented bearer token.
     pub fn token_ok(&self, presented: &[u8]) -> bool {
         if presented.len() != self.token.len() {
@@ -433,6 +446,8 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             abort_waits: Arc::new(AtomicBool::new(false)),
             inflight: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS_MAX)),
             watchers: Arc::new(tokio::sync::Semaphore::new(WATCH_STREAMS_MAX)),
+            connections: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)),
+            home_heartbeat_landed: Mutex::new(Instant::now()),
             log_streams: Arc::new(tokio::sync::Semaphore::new(LOG_STREAMS_MAX)),
             admitted: Mutex::new(BTreeMap::new()),
             next_ticket: AtomicU64::new(1),
@@ -440,7 +455,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             shutdown,
             cutover_tx: cut_tx.clone(),
             watch_close: tokio::sync::watch::channel(false).0,
-            metrics: http::Metrics::new(),
+            metrics: metrics::Metrics::new(),
             drain_grace_ms: o.drain_grace_ms,
         });
         let ready = Ready {
@@ -463,7 +478,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         tokio::spawn(signals(stop_signals, cut_tx.clone()));
         tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
         let router = http::router(Arc::clone(&app));
-        let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+        let slots = Arc::clone(&app.connections);
         let tcp = http::CappedListener { inner: listener, slots: Arc::clone(&slots) };
         let unix = unix.map(|inner| http::UnixCapped { inner, slots });
         let header_read = Duration::from_millis(o.header_read_timeout_ms);
@@ -591,6 +606,9 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
             _ => None,
         };
         *app.log_unavailable.lock().expect("log_unavailable") = unavailable.clone();
+        if matches!(r, Ok(Ok(_))) {
+            *app.home_heartbeat_landed.lock().expect("heartbeat") = Instant::now();
+        }
         if watchdog_ms.is_some() && (unavailable.is_some() || matches!(r, Ok(Ok(_)))) {
             sd_notify("WATCHDOG=1");
         }

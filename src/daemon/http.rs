@@ -117,6 +117,12 @@ fn op_problem(app: &App, e: &OpError) -> Response {
     if matches!(e, OpError::Ledger(crate::ledger::LedgerError::Draining)) {
         code = "NOT_COMMITTED".into();
     }
+    // A refusal the log keeps as evidence (a fenced write, a takeover race, …):
+    // one line for the operator too.
+    if crate::model::RECORDED_REFUSALS.contains(&code.as_str()) {
+        let subject = inner.get("subject").and_then(|v| v.as_str()).unwrap_or("").to_owned();
+        tracing::info!(code = %code, subject = %subject, detail = %detail, "refusal kept as evidence");
+    }
     if code == "NOT_COMMITTED" {
         inner.insert("retryable".into(), json!(true));
     }
@@ -153,8 +159,12 @@ impl Drop for Admitted<'_> {
 /// clone of the inner service each, per request.)
 async fn front_door(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<axum::extract::MatchedPath>().cloned();
+    let access = app.access_log.then(|| AccessEntry::of(&req));
     let r = length_gate(&app, req, next).await;
     let route = route.as_ref().map_or("unmatched", axum::extract::MatchedPath::as_str);
+    if let Some(a) = access {
+        a.log(route, &r);
+    }
     app.metrics
         .requests
         .get_or_create(&vec![("route".into(), route.to_owned()), ("status".into(), r.status().as_u16().to_string())])
@@ -166,6 +176,70 @@ async fn front_door(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
     }
     r
 }
+
+/// What the access log (`serve --access-log`) says of one request, taken before it
+/// is handled: one line at `info` per request, target `fencelog::access`.
+struct AccessEntry {
+    t0: Instant,
+    method: axum::http::Method,
+    request_id: Option<String>,
+    caller: String,
+    trace_id: Option<String>,
+}
+
+impl AccessEntry {
+    fn of(req: &Request) -> AccessEntry {
+        let h = req.headers();
+        let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let caller = match (req.extensions().get::<Peer>(), req.extensions().get::<TcpPeer>()) {
+            (Some(p), _) => format!("unix pid {}", p.pid),
+            (None, Some(TcpPeer(a))) => format!("tcp {a}"),
+            _ => "unknown".into(),
+        };
+        AccessEntry {
+            t0: Instant::now(),
+            method: req.method().clone(),
+            request_id: text("idempotency-key"),
+            caller,
+            trace_id: text("traceparent").and_then(|t| trace_id(&t)),
+        }
+    }
+
+    fn log(self, route: &str, r: &Response) {
+        // A server-made request id is on the answer.
+        let request_id = r
+            .headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or(self.request_id)
+            .unwrap_or_default();
+        tracing::info!(
+            target: "fencelog::access",
+            method = %self.method,
+            route,
+            status = r.status().as_u16(),
+            latency_ms = (self.t0.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+            request_id = %crate::view::escape_controls(&request_id),
+            caller = %self.caller,
+            trace_id = self.trace_id.as_deref().unwrap_or(""),
+            "request"
+        );
+    }
+}
+
+/// The trace id of a W3C `traceparent` header (`00-<32 hex>-<16 hex>-<2 hex>`),
+/// if it is one.
+fn trace_id(traceparent: &str) -> Option<String> {
+    let mut parts = traceparent.trim().split('-');
+    let (version, id) = (parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(version, 2) && hex(id, 32) && id.bytes().any(|b| b != b'0')).then(|| id.to_ascii_lowercase())
+}
+
+/// The TCP peer of a connection (inserted only when the access log is on).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TcpPeer(pub std::net::SocketAddr);
 
 /// A body announced larger than the limit is refused from its `Content-Length`,
 /// before any of it is read — so a client that sent `Expect: 100-continue` hears
@@ -987,13 +1061,13 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for CappedIo<S> {
 
 impl CappedListener {
     /// The next connection, once one of the slots is free.
-    async fn accept(&self) -> CappedIo<tokio::net::TcpStream> {
+    async fn accept(&self) -> (CappedIo<tokio::net::TcpStream>, std::net::SocketAddr) {
         let slot = Arc::clone(&self.slots).acquire_owned().await.expect("the semaphore is never closed");
         loop {
             match self.inner.accept().await {
-                Ok((io, _)) => {
+                Ok((io, addr)) => {
                     let _ = io.set_nodelay(true);
-                    return CappedIo { io, _slot: slot };
+                    return (CappedIo { io, _slot: slot }, addr);
                 }
                 // Out of descriptors or similar: wait a little, never spin.
                 Err(e) => {
@@ -1046,6 +1120,7 @@ pub(crate) async fn serve(
     router: Router,
     header_read: Duration,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    access_log: bool,
 ) {
     // Every connection task holds a clone of `alive`; `closed()` resolves once
     // all are dropped.
@@ -1059,8 +1134,11 @@ pub(crate) async fn serve(
             }
         };
         tokio::select! {
-            io = tcp.accept() => {
-                connection(io, router.clone(), header_read, shutdown.clone(), alive.subscribe());
+            (io, addr) = tcp.accept() => {
+                // The peer's address is carried only for the access log (a layer
+                // per connection costs every request a little).
+                let svc = if access_log { router.clone().layer(axum::Extension(TcpPeer(addr))) } else { router.clone() };
+                connection(io, svc, header_read, shutdown.clone(), alive.subscribe());
             }
             (io, peer) = unix_accept => {
                 let svc = match peer {

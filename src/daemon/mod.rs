@@ -111,6 +111,8 @@ pub struct ServeOptions {
     /// How long a client has to send a request's headers, on a new connection and
     /// between requests on a kept-alive one.
     pub header_read_timeout_ms: u64,
+    /// One `info` line per request (target `fencelog::access`).
+    pub access_log: bool,
 }
 
 /// Default of [`ServeOptions::header_read_timeout_ms`].
@@ -221,6 +223,8 @@ pub(crate) struct App {
     /// Tells watch streams to send their final event and close.
     pub watch_close: tokio::sync::watch::Sender<bool>,
     pub metrics: metrics::Metrics,
+    /// `--access-log`: one line per request.
+    pub access_log: bool,
     pub drain_grace_ms: u64,
 }
 
@@ -413,7 +417,11 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     let recovered =
         crate::supervisor::recover(&ledger, crate::supervisor::PRESPAWN_GRACE_MS_DEFAULT, now_ms, Some(&home))
             .map_err(fail(exit::IO))?;
-    tracing::info!(?recovered, "process recovery");
+    for (decision, processes) in recovered.decisions() {
+        for process in processes {
+            tracing::info!(decision, process, "process recovery");
+        }
+    }
 
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(o.listen)
@@ -456,6 +464,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             cutover_tx: cut_tx.clone(),
             watch_close: tokio::sync::watch::channel(false).0,
             metrics: metrics::Metrics::new(),
+            access_log: o.access_log,
             drain_grace_ms: o.drain_grace_ms,
         });
         let ready = Ready {
@@ -473,6 +482,18 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{}", serde_json::to_string(&ready).expect("ready line")).and_then(|_| out.flush());
         }
+        let report = ledger_report(&app.ledger);
+        tracing::info!(
+            log = %ready.log,
+            replayed = ready.replayed,
+            snapshot_seq = report.0,
+            head_seq = report.1,
+            home = %app.home.subject,
+            generation = app.home.generation,
+            listening = %ready.listening,
+            open_ms = ready.open_ms,
+            "ready"
+        );
         sd_notify("READY=1");
         // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
         tokio::spawn(signals(stop_signals, cut_tx.clone()));
@@ -483,7 +504,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         let unix = unix.map(|inner| http::UnixCapped { inner, slots });
         let header_read = Duration::from_millis(o.header_read_timeout_ms);
         let done = app.shutdown.subscribe();
-        let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done));
+        let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done, o.access_log));
         let (reason, home_lost) = cut_rx.recv().await.unwrap_or(("channel closed".into(), false));
         let code = cutover(&app, &reason, home_lost).await;
         let _ = app.shutdown.send(true);
@@ -640,10 +661,42 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
     }
 }
 
+/// (snapshot the boot started from, last sequence) for the boot line.
+fn ledger_report(ledger: &Ledger) -> (u64, u64) {
+    let r = ledger.open_report();
+    (r.snapshot_seq.unwrap_or(0), ledger.head().map(|(seq, _)| seq).unwrap_or(0))
+}
+
+/// Requests listed by name in a cutover's log line (all are in its record).
+const SETTLED_LOGGED_MAX: usize = 50;
+
+/// One line per cutover: how many admitted requests were settled each way, and
+/// the first [`SETTLED_LOGGED_MAX`] of them (`request op how[@seq]`).
+fn log_settlement(reason: &str, settled: &[SettledRequest]) {
+    let count = |how: &str| settled.iter().filter(|s| s.how == how).count();
+    let listed: Vec<String> = settled
+        .iter()
+        .take(SETTLED_LOGGED_MAX)
+        .map(|s| {
+            let at = s.seq.map(|q| format!("@{q}")).unwrap_or_default();
+            format!("{} {} {}{at}", crate::view::escape_controls(&s.request), s.op, s.how)
+        })
+        .collect();
+    tracing::info!(
+        reason,
+        admitted = settled.len(),
+        committed = count("committed"),
+        not_committed = count("not_committed"),
+        outcome_unknown = count("outcome_unknown"),
+        settled = %listed.join(", "),
+        "cutover"
+    );
+}
+
 /// The cutover: stop admitting, give admitted requests the grace, drain the
 /// ledger so each is settled from the log, record how, release the home last.
 async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
-    tracing::info!(reason, "cutover");
+    tracing::debug!(reason, "cutover begins");
     sd_notify("STOPPING=1");
     app.admitting.store(false, Ordering::SeqCst);
     app.cutting.store(true, Ordering::SeqCst);
@@ -658,7 +711,11 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
     app.abort_waits.store(true, Ordering::SeqCst);
     let ledger = Arc::clone(&app.ledger);
     let drained = tokio::task::spawn_blocking(move || ledger.drain(DRAIN_SETTLE_MS)).await;
-    tracing::info!(?drained, "drained");
+    match &drained {
+        Ok(Ok(d)) => tracing::debug!(settled = d.settled, "drained"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "drain"),
+        Err(e) => tracing::warn!(error = %e, "drain"),
+    }
     let settle_end = Instant::now() + Duration::from_millis(DRAIN_SETTLE_MS);
     while !app.admitted.lock().expect("admitted").is_empty() && Instant::now() < settle_end {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -672,6 +729,7 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
         };
         settled.push(SettledRequest { request, op, how: how.0.into(), seq: how.1 });
     }
+    log_settlement(reason, &settled);
     let more = settled.len().saturating_sub(crate::model::CUTOVER_SETTLED_MAX) as u64;
     settled.truncate(crate::model::CUTOVER_SETTLED_MAX);
     let (ledger, home, reason) = (Arc::clone(&app.ledger), app.home.clone(), reason.to_owned());

@@ -363,11 +363,12 @@ impl Ledger {
             snapshot_warnings: r.warnings,
             replayed_records: last_seq - r.snapshot_seq.unwrap_or(0),
         };
-        tracing::info!(
+        // `debug`: the daemon's one boot line (`ready`) says the same at `info`.
+        tracing::debug!(
             segments = report.storage.segments,
             last_seq = report.storage.last_seq,
             repairs = report.storage.repairs.len(),
-            snapshot_seq = ?report.snapshot_seq,
+            snapshot_seq = report.snapshot_seq.unwrap_or(0),
             replayed = report.replayed_records,
             "ledger opened"
         );

@@ -1002,6 +1002,27 @@ pub struct RecoverReport {
     pub prespawn_grace_ms: u64,
 }
 
+impl RecoverReport {
+    /// Each decision with the processes it was taken for (those taken for none
+    /// left out), as the daemon logs them.
+    pub fn decisions(&self) -> Vec<(&'static str, &[u64])> {
+        [
+            ("left_running", &self.left_running),
+            ("runner_gone_command_alive", &self.runner_gone_command_alive),
+            ("completed_unknown", &self.completed_unknown),
+            ("prespawn_abandoned", &self.prespawn_abandoned),
+            ("young_untouched", &self.young_untouched),
+            ("other_owner_untouched", &self.other_owner_untouched),
+            ("ended_meanwhile", &self.ended_meanwhile),
+            ("other_host_untouched", &self.other_host_untouched),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k, v.as_slice()))
+        .collect()
+    }
+}
+
 /// `fencelog recover`: settle every process that has not ended, from the log and
 /// the identities of its runner and command — never by guessing, never by running
 /// anything. With `as_owner` (which must be the subject's current generation), the

@@ -13,6 +13,15 @@ pub(crate) struct Cli {
     /// debug). `RUST_LOG` overrides. Warnings (repairs, ignored snapshots) always show.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub(crate) verbose: u8,
+    /// Diagnostics on stderr as text, or as JSON (one object per line).
+    #[arg(long, env = "FENCELOG_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    pub(crate) log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args, Clone)]
@@ -360,6 +369,10 @@ pub(crate) enum Cmd {
         /// between requests on a kept-alive one) before the connection is closed.
         #[arg(long, env = "FENCELOG_HEADER_READ_TIMEOUT_MS", default_value_t = fencelog::daemon::HEADER_READ_TIMEOUT_MS_DEFAULT)]
         header_read_timeout_ms: u64,
+        /// One line per request on stderr (method, route, status, latency, request
+        /// id, caller, trace id of a `traceparent`).
+        #[arg(long, env = "FENCELOG_ACCESS_LOG")]
+        access_log: bool,
     },
     /// Run a command under supervision: its intent, start and exit are records, its
     /// leases are held until it ends, and with a request id it runs at most once.

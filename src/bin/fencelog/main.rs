@@ -38,7 +38,7 @@ fn main() -> ExitCode {
     // tests/failpoints.rs), configured from FAILPOINTS when it is set.
     let _failpoints = std::env::var_os("FAILPOINTS").map(|_| fail::FailScenario::setup());
     if let Some((site, process)) = runner_args() {
-        init_logging(0);
+        init_logging(0, log_format_from_env());
         std::process::exit(match process {
             Some(process) => fencelog::supervisor::runner::runner_main(&site, process),
             None => fencelog::supervisor::runner::spare_main(&site),
@@ -56,7 +56,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(cli.verbose);
+    // The daemon says what it does at `info` (boot, cutovers, refusals kept as
+    // evidence, recovery, the access log); the other commands only warn.
+    let level = cli.verbose + u8::from(matches!(cli.cmd, cli::Cmd::Serve { .. }));
+    init_logging(level, cli.log_format);
     let (value, code) = match run(cli.cmd) {
         Ok(ok) => ok,
         Err(e) => {
@@ -165,6 +168,7 @@ fn run(cmd: cli::Cmd) -> Printed {
             home_stale_after_ms,
             unix,
             header_read_timeout_ms,
+            access_log,
         } => {
             let dir = dir.as_dir();
             use fencelog::daemon::{HEADER_READ_TIMEOUT_MS_MAX, HEADER_READ_TIMEOUT_MS_MIN};
@@ -197,6 +201,7 @@ fn run(cmd: cli::Cmd) -> Printed {
                 home_stale_after_ms,
                 unix,
                 header_read_timeout_ms,
+                access_log,
             };
             match fencelog::daemon::serve(o) {
                 Ok(code) => Ok((Value::Null, code)),
@@ -271,7 +276,7 @@ fn usage_message(e: &clap::Error) -> String {
 
 /// Diagnostics go to stderr (stdout carries the one JSON answer): warnings by
 /// default, more with `-v`, or whatever `RUST_LOG` says.
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, format: cli::LogFormat) {
     use std::io::IsTerminal;
     let level = match verbose {
         0 => "warn",
@@ -280,12 +285,21 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("fencelog={level}")));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        // One JSON object per line: time, level, target, message and the fields
+        // at the top level (no nested span dumps).
+        cli::LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+        cli::LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).with_target(false).try_init(),
+    };
+}
+
+/// The runner's log format (it parses no flags): `FENCELOG_LOG_FORMAT`.
+fn log_format_from_env() -> cli::LogFormat {
+    match std::env::var("FENCELOG_LOG_FORMAT").as_deref() {
+        Ok("json") => cli::LogFormat::Json,
+        _ => cli::LogFormat::Text,
+    }
 }
 
 /// A typed response as the JSON line to print.

@@ -306,19 +306,28 @@ async fn auth(app: &App, req: Request, next: Next) -> Response {
     if path == "/healthz" || path == "/readyz" {
         return next.run(req).await;
     }
-    let authorized = req
+    let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .is_some_and(|(_, t)| app.token_ok(t.trim().as_bytes()));
-    if authorized {
-        return next.run(req).await;
+        .map(|(_, t)| t.trim().to_owned());
+    match presented {
+        Some(t) if app.token_ok(t.as_bytes()) => next.run(req).await,
+        // RFC 6750 §3: no credentials, no error code; wrong ones, `invalid_token`.
+        Some(_) => {
+            let mut r = plain(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", "the bearer token is not this daemon's");
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
+            r
+        }
+        None => {
+            let mut r = plain(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", "a bearer token is required (serve.token)");
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
     }
-    let mut r = plain(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", "a bearer token is required (serve.token)");
-    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    r
 }
 
 pub(crate) fn router(app: Arc<App>) -> Router {
@@ -374,11 +383,78 @@ fn body_object(body: Body) -> Result<serde_json::Map<String, Value>, Reject> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::Map::new());
     }
-    match serde_json::from_slice::<Value>(&bytes) {
+    match strict_json(&bytes) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", "the body is a JSON object"))),
         Err(e) => Err(Box::new(plain(StatusCode::BAD_REQUEST, "INVALID_INPUT", &format!("the body is not JSON: {e}")))),
     }
+}
+
+/// JSON as `serde_json` reads it, but a key twice in one object is an error (JSON
+/// parsers disagree on which one wins: refused, never guessed).
+fn strict_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    struct Strict(Value);
+    impl<'de> serde::Deserialize<'de> for Strict {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+            d.deserialize_any(StrictVisitor).map(Strict)
+        }
+    }
+    struct StrictVisitor;
+    impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            Strict::deserialize(d).map(|s| s.0)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+            let mut v = Vec::new();
+            while let Some(Strict(x)) = a.next_element()? {
+                v.push(x);
+            }
+            Ok(Value::Array(v))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+            let mut m = serde_json::Map::new();
+            while let Some(k) = a.next_key::<String>()? {
+                let Strict(v) = a.next_value()?;
+                if m.insert(k.clone(), v).is_some() {
+                    return Err(serde::de::Error::custom(format!("the key {k:?} appears twice in one object")));
+                }
+            }
+            Ok(Value::Object(m))
+        }
+    }
+    use serde::Deserialize;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let Strict(v) = Strict::deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
 }
 
 fn typed<T: DeserializeOwned>(m: serde_json::Map<String, Value>) -> Result<T, Reject> {
@@ -470,6 +546,31 @@ where
         (None, None) => format!("http-{}", uuid::Uuid::new_v4()),
     };
     m.insert("request_id".into(), json!(rid));
+    // Every answer from here on names its request id — refusals too, so a
+    // server-made id is never lost with a problem.
+    let mut answer = admitted_answer(app, op, rid.clone(), m, permit, f).await;
+    if !answer.headers().contains_key("idempotency-key")
+        && let Ok(v) = HeaderValue::from_str(&rid)
+    {
+        answer.headers_mut().insert("idempotency-key", v);
+    }
+    answer
+}
+
+/// [`mutate`] once the request id is known: parse, admit, run, answer.
+async fn admitted_answer<T, F, Fut>(
+    app: Arc<App>,
+    op: &'static str,
+    rid: String,
+    m: serde_json::Map<String, Value>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    f: F,
+) -> Response
+where
+    T: DeserializeOwned + Send + 'static,
+    F: FnOnce(Arc<App>, T) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Value, OpError>> + Send + 'static,
+{
     let req: T = match typed(m) {
         Ok(r) => r,
         Err(r) => return *r,
@@ -661,6 +762,7 @@ where
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ProcessFilter {
     status: Option<String>,
     owner: Option<String>,
@@ -739,6 +841,7 @@ async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Bod
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LogsQuery {
     stream: Option<supervisor::Stream>,
 }
@@ -810,6 +913,7 @@ async fn request_show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Re
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct StateQuery {
     subject: Option<String>,
 }
@@ -851,13 +955,27 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct CutoverQuery {
     /// Wall-clock ms after which this request is void (a successor that asked and
     /// gave up must not cause a cutover later).
     not_after_ms: Option<u64>,
 }
 
-async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery>) -> Response {
+async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery>, body: Body) -> Response {
+    // It takes no body: one with any field in it is refused as on every route.
+    match body_object(body) {
+        Ok(m) if m.is_empty() => {}
+        Ok(m) => {
+            let names: Vec<&str> = m.keys().map(String::as_str).collect();
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "INVALID_INPUT",
+                &format!("unknown field(s) {names:?}: this route takes no body"),
+            );
+        }
+        Err(r) => return *r,
+    }
     if q.not_after_ms.is_some_and(|t| crate::storage::LogOptions::default().now_ms() > t) {
         return plain(StatusCode::CONFLICT, "EXPIRED", "this cutover request came after its deadline; ignored");
     }
@@ -903,11 +1021,18 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 /// How long a watch stream waits for the next record before it looks at its
 /// client and the cutover again.
 const WATCH_WAIT_MS: u64 = 250;
+/// A keep-alive comment (`: keep-alive`) on a watch stream with nothing to send for
+/// this long, so proxies and clients see the connection alive.
+pub const WATCH_KEEPALIVE_MS: u64 = 15_000;
+/// The `retry:` a watch stream sends first: how long an EventSource waits before
+/// it reconnects.
+pub const WATCH_CLIENT_RETRY_MS: u64 = 1_000;
 /// How long a watch stream waits after its backend could not be read (etcd
 /// unreachable) before it reads again.
 const WATCH_RETRY_MS: u64 = 1_000;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WatchQuery {
     from: Option<u64>,
 }
@@ -919,13 +1044,34 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
     let Ok(permit) = Arc::clone(&app.watchers).try_acquire_owned() else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "OVERLOADED", "too many watch streams");
     };
-    let resume = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|last| last.saturating_add(1));
-    let from = resume.or(q.from).unwrap_or(1).max(1);
+    // `Last-Event-ID` (a reconnecting EventSource) resumes just after it, and must
+    // be a sequence; else `from`; else the records appended from now on, as
+    // `inspect follow` starts (`from=1` replays the whole log).
+    let resume = match headers.get("last-event-id").map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()))
+    {
+        Some(Some(last)) => Some(last.saturating_add(1)),
+        Some(None) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "INVALID_INPUT",
+                "Last-Event-ID is the sequence of the last event seen",
+            );
+        }
+        None => None,
+    };
+    let from = match resume.or(q.from) {
+        Some(f) => f.max(1),
+        None => match app.ledger.head() {
+            Ok((seq, _)) => seq + 1,
+            Err(e) => return op_problem(&app, &OpError::from(e)),
+        },
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
+    // First, how long a client waits before it reconnects (`retry:`), and where
+    // this stream starts (a comment).
+    let _ = tx.try_send(Ok(SseEvent::default()
+        .retry(Duration::from_millis(WATCH_CLIENT_RETRY_MS))
+        .comment(format!("from {from}"))));
     let backend = Arc::clone(app.ledger.backend());
     let closed = watch_closed(&app);
     // Reading the log is blocking file I/O: each stream tails on a blocking thread
@@ -998,7 +1144,9 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
             }
         }
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::new().interval(Duration::from_millis(WATCH_KEEPALIVE_MS)).text("keep-alive"))
+        .into_response()
 }
 
 fn app_cutover(app: &App) -> Option<tokio::sync::mpsc::Sender<(String, bool)>> {

@@ -1,0 +1,151 @@
+//! What the daemon's answers promise a client that was written against them: the
+//! request id on every answer that has one (problems too), 401 that tells a
+//! missing token from a wrong one, bodies read strictly (a key twice, an unknown
+//! field: 400 on every route), and a watch that starts at the head, validates
+//! `Last-Event-ID`, and says how to reconnect. A real daemon on loopback.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+
+use common::daemon::{Daemon, agent, call, header};
+use serde_json::{Value, json};
+
+fn daemon() -> (tempfile::TempDir, Daemon) {
+    let t = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&t.path().join("log"), &[]);
+    (t, d)
+}
+
+/// POST a raw body (not re-encoded: a duplicate key survives).
+fn post_raw(d: &Daemon, path: &str, body: &str) -> (u16, Value) {
+    let resp = agent()
+        .post(&d.url(path))
+        .header("Authorization", &format!("Bearer {}", d.token))
+        .header("Content-Type", "application/json")
+        .send(body)
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, serde_json::from_str(&resp.into_body().read_to_string().unwrap()).unwrap_or(Value::Null))
+}
+
+/// Proves: a refused mutation's problem carries its request id in
+/// `Idempotency-Key` — the client's own, or the one the server made (which was
+/// lost with the refusal before) — and the log answers for that id.
+#[test]
+fn the_request_id_is_on_every_answer_problems_included() {
+    let (_t, d) = daemon();
+    assert_eq!(d.post("/v1/claim", json!({"subject": "x"})).0, 200);
+    let (s, e, hs) = d.call("POST", "/v1/claim", Some(json!({"subject": "x"})), &[("Idempotency-Key", "mine-1")]);
+    assert_eq!((s, e["code"].as_str()), (409, Some("ALREADY_ACTIVE")));
+    assert_eq!(header(&hs, "idempotency-key"), Some("mine-1"));
+    let (s, _, hs) = d.call("POST", "/v1/claim", Some(json!({"subject": "x"})), &[]);
+    assert_eq!(s, 409);
+    let made = header(&hs, "idempotency-key").expect("a server-made id on the problem").to_owned();
+    assert!(made.starts_with("http-"), "{made}");
+    let (s, r) = d.get(&format!("/v1/requests/{made}"));
+    assert_eq!((s, r["status"].as_str()), (200, Some("never_committed")), "{r}");
+    // An invalid body is refused with the id too (the id is known before the body is typed).
+    let (s, _, hs) =
+        d.call("POST", "/v1/claim", Some(json!({"subject": "y", "bogus": 1})), &[("Idempotency-Key", "k-2")]);
+    assert_eq!((s, header(&hs, "idempotency-key")), (400, Some("k-2")));
+}
+
+/// Proves: 401 tells a missing token (`WWW-Authenticate: Bearer`) from a wrong
+/// one (`Bearer error="invalid_token"`, RFC 6750 §3), both problem+json
+/// `UNAUTHENTICATED`.
+#[test]
+fn a_missing_token_and_a_wrong_token_are_told_apart() {
+    let (_t, d) = daemon();
+    let (s, e, hs) = call(&d.url("/v1/state"), "GET", None, None, &[]);
+    assert_eq!(
+        (s, e["code"].as_str(), header(&hs, "www-authenticate")),
+        (401, Some("UNAUTHENTICATED"), Some("Bearer"))
+    );
+    let (s, e, hs) = call(&d.url("/v1/state"), "GET", Some("not-the-token-not-the-token"), None, &[]);
+    assert_eq!(
+        (s, e["code"].as_str(), header(&hs, "www-authenticate")),
+        (401, Some("UNAUTHENTICATED"), Some("Bearer error=\"invalid_token\""))
+    );
+}
+
+/// Proves: a body with a key twice is 400 `INVALID_INPUT` naming the key (JSON
+/// parsers disagree on which wins: nothing is guessed, nothing committed), and an
+/// unknown field is 400 on every route — a mutation, a process wait, and the
+/// admin route, which takes no body.
+#[test]
+fn duplicate_keys_and_unknown_fields_are_refused_on_every_route() {
+    let (_t, d) = daemon();
+    let head = d.get("/v1/head").1["seq"].clone();
+    let (s, e) = post_raw(&d, "/v1/claim", r#"{"subject": "a", "subject": "b"}"#);
+    assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("\"subject\" appears twice"), "{e}");
+    let (s, _) = post_raw(&d, "/v1/claim", r#"{"subject": "a", "nested": {"k": 1, "k": 2}}"#);
+    assert_eq!(s, 400, "twice in a nested object too");
+    assert_eq!(d.get("/v1/head").1["seq"], head, "nothing committed");
+    for (path, body) in [
+        ("/v1/claim", r#"{"subject": "a", "stale_after": 5}"#),
+        ("/v1/processes/1/wait", r#"{"timeout": 5}"#),
+        ("/v1/admin/cutover", r#"{"reason": "why not"}"#),
+    ] {
+        let (s, e) = post_raw(&d, path, body);
+        assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "{path}: {e}");
+    }
+    let (s, _) = d.get("/v1/state?subjet=a");
+    assert_eq!(s, 400, "an unknown query parameter too");
+    assert_eq!(call(&d.url("/readyz"), "GET", None, None, &[]).0, 200, "the refused admin call started no cutover");
+}
+
+/// Reads SSE lines from a watch until `until` says stop; every line read.
+fn watch_lines(d: &Daemon, query: &str, last: Option<&str>, until: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let mut r =
+        agent().get(&d.url(&format!("/v1/watch{query}"))).header("Authorization", &format!("Bearer {}", d.token));
+    if let Some(l) = last {
+        r = r.header("Last-Event-ID", l);
+    }
+    let resp = r.call().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut reader = BufReader::new(resp.into_body().into_reader());
+    let mut lines = vec![];
+    while !until(&lines) {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended: {lines:?}");
+        lines.push(line.trim_end().to_owned());
+    }
+    lines
+}
+
+/// Proves: a watch without `from` or `Last-Event-ID` starts at the head (only
+/// records appended from then on, as `inspect follow`), and says so; every stream
+/// first sends `retry:` (how long to wait before reconnecting); `from=1` replays
+/// from the start; an invalid `Last-Event-ID` is 400.
+#[test]
+fn a_watch_starts_at_the_head_says_how_to_reconnect_and_checks_last_event_id() {
+    let (_t, d) = daemon();
+    for i in 0..3 {
+        assert_eq!(d.post("/v1/claim", json!({"subject": format!("w{i}")})).0, 200);
+    }
+    let head = d.get("/v1/head").1["seq"].as_u64().unwrap();
+    let url = d.url("/v1/claim");
+    let token = d.token.clone();
+    // A claim once the stream has begun: the first record it shows.
+    let first_id = |lines: &[String]| lines.iter().find_map(|l| l.strip_prefix("id:").map(|v| v.trim().to_owned()));
+    let claimer = std::thread::spawn(move || {
+        // Started before the stream is read: it may land before or after the
+        // stream fixes its start; either way the stream shows nothing older
+        // than the head it found.
+        call(&url, "POST", Some(&token), Some(json!({"subject": "new"})), &[]).0
+    });
+    let lines = watch_lines(&d, "", None, |l| first_id(l).is_some());
+    assert_eq!(claimer.join().unwrap(), 200);
+    assert!(lines[0].starts_with("retry:"), "retry first: {lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with(": from ")), "{lines:?}");
+    let id: u64 = first_id(&lines).unwrap().parse().unwrap();
+    assert!(id > head, "nothing from before the head ({head}): {id}");
+    let replay = watch_lines(&d, "?from=1", None, |l| first_id(l).is_some());
+    assert_eq!(first_id(&replay).as_deref(), Some("1"), "from=1 replays from the start");
+    for bad in ["x", "-1", "1.5"] {
+        let (s, e, _) = d.call("GET", "/v1/watch", None, &[("Last-Event-ID", bad)]);
+        assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "Last-Event-ID {bad}: {e}");
+    }
+}

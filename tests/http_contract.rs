@@ -17,11 +17,17 @@ fn daemon() -> (tempfile::TempDir, Daemon) {
     (t, d)
 }
 
-/// POST a raw body (not re-encoded: a duplicate key survives).
+/// POST a raw body (not re-encoded: a duplicate key survives), with the daemon's
+/// write token, or its admin token for `/v1/admin/*`.
 fn post_raw(d: &Daemon, path: &str, body: &str) -> (u16, Value) {
+    let token = if path.starts_with("/v1/admin/") {
+        std::fs::read_to_string(d.ready["admin_token_file"].as_str().unwrap()).unwrap().trim().to_owned()
+    } else {
+        d.token.clone()
+    };
     let resp = agent()
         .post(&d.url(path))
-        .header("Authorization", &format!("Bearer {}", d.token))
+        .header("Authorization", &format!("Bearer {token}"))
         .header("Content-Type", "application/json")
         .send(body)
         .unwrap();
@@ -147,5 +153,68 @@ fn a_watch_starts_at_the_head_says_how_to_reconnect_and_checks_last_event_id() {
     for bad in ["x", "-1", "1.5"] {
         let (s, e, _) = d.call("GET", "/v1/watch", None, &[("Last-Event-ID", bad)]);
         assert_eq!((s, e["code"].as_str()), (400, Some("INVALID_INPUT")), "Last-Event-ID {bad}: {e}");
+    }
+}
+
+/// Proves: the daemon makes three tokens on first start — `serve.token` (write),
+/// `serve.read.token`, `serve.admin.token`, each 0600, all different, named in
+/// the ready line — and each can do what its scope says and no more: read
+/// GETs, watches and scrapes, and is refused a mutation with 403
+/// `INSUFFICIENT_SCOPE` naming the scope needed; write mutates and is refused the
+/// admin route; admin starts a cutover.
+#[test]
+fn tokens_have_scopes_read_write_and_admin() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    let d = Daemon::start(&dir, &[]);
+    let token = |name: &str| {
+        let p = dir.join(name);
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600, "{name}");
+        std::fs::read_to_string(p).unwrap().trim().to_owned()
+    };
+    let (read, write, admin) = (token("serve.read.token"), token("serve.token"), token("serve.admin.token"));
+    assert!(read != write && write != admin && read != admin);
+    assert_eq!(d.ready["read_token_file"], dir.join("serve.read.token").to_str().unwrap());
+    assert_eq!(d.ready["admin_token_file"], dir.join("serve.admin.token").to_str().unwrap());
+    for path in ["/v1/state", "/v1/head", "/metrics", "/v1/version"] {
+        assert_eq!(call(&d.url(path), "GET", Some(&read), None, &[]).0, 200, "read may GET {path}");
+    }
+    let (s, e, hs) = call(&d.url("/v1/claim"), "POST", Some(&read), Some(json!({"subject": "s"})), &[]);
+    assert_eq!((s, e["code"].as_str(), e["scope"].as_str()), (403, Some("INSUFFICIENT_SCOPE"), Some("write")), "{e}");
+    assert_eq!(e["token_scope"], "read");
+    assert_eq!(header(&hs, "www-authenticate"), Some("Bearer error=\"insufficient_scope\", scope=\"write\""));
+    assert_eq!(call(&d.url("/v1/claim"), "POST", Some(&write), Some(json!({"subject": "s"})), &[]).0, 200);
+    assert_eq!(call(&d.url("/v1/claim"), "POST", Some(&admin), Some(json!({"subject": "t"})), &[]).0, 200);
+    let (s, e, _) = call(&d.url("/v1/admin/cutover"), "POST", Some(&write), None, &[]);
+    assert_eq!((s, e["scope"].as_str()), (403, Some("admin")), "{e}");
+    assert_eq!(call(&d.url("/readyz"), "GET", None, None, &[]).0, 200, "no cutover from a write token");
+    let (s, _, _) = call(&d.url("/v1/admin/cutover"), "POST", Some(&admin), None, &[]);
+    assert_eq!(s, 202);
+    let mut d = d;
+    assert_eq!(d.child.wait().unwrap().code(), Some(0), "cut over");
+}
+
+/// Proves: a token file that others may read is refused at start (exit 2,
+/// `INVALID_TOKEN_FILE`, naming the file and `chmod 600`), as ssh refuses such a
+/// key; nothing is claimed.
+#[test]
+fn a_token_file_others_can_read_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    let mut d = Daemon::start(&dir, &[]);
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(d.child.wait().unwrap().code(), Some(0));
+    let read = dir.join("serve.read.token");
+    std::fs::set_permissions(&read, std::fs::Permissions::from_mode(0o644)).unwrap();
+    match Daemon::try_start(&dir, &[]) {
+        Ok(_) => panic!("a world-readable token file was accepted"),
+        Err((code, out)) => {
+            let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
+            assert_eq!((code, v["error"]["code"].as_str()), (Some(2), Some("INVALID_TOKEN_FILE")), "{v}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains("serve.read.token") && message.contains("chmod 600"), "{message}");
+        }
     }
 }

@@ -313,10 +313,31 @@ async fn auth(app: &App, req: Request, next: Next) -> Response {
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, t)| t.trim().to_owned());
-    match presented {
-        Some(t) if app.token_ok(t.as_bytes()) => next.run(req).await,
+    let needed = if path.starts_with("/v1/admin/") {
+        super::Scope::Admin
+    } else if matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD) {
+        super::Scope::Read
+    } else {
+        super::Scope::Write
+    };
+    match presented.as_deref().map(|t| app.scope_of(t.as_bytes())) {
+        Some(Some(scope)) if scope >= needed => next.run(req).await,
+        Some(Some(scope)) => {
+            let mut extra = serde_json::Map::new();
+            extra.insert("scope".into(), json!(needed.name()));
+            extra.insert("token_scope".into(), json!(scope.name()));
+            let mut r = problem(
+                StatusCode::FORBIDDEN,
+                "INSUFFICIENT_SCOPE",
+                &format!("this needs a token with the {} scope; this one has {}", needed.name(), scope.name()),
+                extra,
+            );
+            let challenge = format!("Bearer error=\"insufficient_scope\", scope=\"{}\"", needed.name());
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_str(&challenge).expect("ascii"));
+            r
+        }
         // RFC 6750 §3: no credentials, no error code; wrong ones, `invalid_token`.
-        Some(_) => {
+        Some(None) => {
             let mut r = plain(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", "the bearer token is not this daemon's");
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer error=\"invalid_token\""));
@@ -403,7 +424,7 @@ fn strict_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
     impl<'de> serde::de::Visitor<'de> for StrictVisitor {
         type Value = Value;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("JSON")
+            f.write_str("a JSON value")
         }
         fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
             Ok(Value::Bool(v))

@@ -170,6 +170,9 @@ pub struct Ready {
     pub replayed: u64,
     pub open_ms: u64,
     pub token_file: String,
+    /// The `read` and `admin` tokens (`token_file` is the `write` one).
+    pub read_token_file: String,
+    pub admin_token_file: String,
     /// Where the log is: the directory, or `etcd:ENDPOINTS/PREFIX`.
     pub log: String,
     /// What the boot check of the service under the log warns about (etcd keeps
@@ -188,7 +191,7 @@ pub(crate) struct App {
     pub self_exe: PathBuf,
     /// A runner started ahead of the next `/v1/run`.
     pub spares: crate::supervisor::Spares,
-    token: Vec<u8>,
+    tokens: Tokens,
     pub home: OwnerRef,
     /// New requests are admitted (readiness).
     pub admitting: AtomicBool,
@@ -238,11 +241,22 @@ impl App {
     }
 
     /// Constant-time comparison of a presented bearer token.
-    pub fn token_ok(&self, presented: &[u8]) -> bool {
-        if presented.len() != self.token.len() {
-            return false;
+    /// The scope of a presented token, if it is one of this daemon's (compared in
+    /// constant time with each).
+    pub fn scope_of(&self, presented: &[u8]) -> Option<Scope> {
+        let same = |t: &[u8]| {
+            presented.len() == t.len() && presented.iter().zip(t).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        };
+        let (admin, write, read) = (same(&self.tokens.admin), same(&self.tokens.write), same(&self.tokens.read));
+        if admin {
+            Some(Scope::Admin)
+        } else if write {
+            Some(Scope::Write)
+        } else if read {
+            Some(Scope::Read)
+        } else {
+            None
         }
-        presented.iter().zip(&self.token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 }
 
@@ -250,13 +264,84 @@ fn io(what: &str, e: impl std::fmt::Display) -> OpError {
     OpError::Io { message: format!("{what}: {e}") }
 }
 
-/// The token: `--token-file`, or `DIR/serve.token` (created 0600 on first start).
+/// What a bearer token may do. Each scope includes the one before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every GET, `/v1/watch`, `/metrics`: what a dashboard or Prometheus holds.
+    Read,
+    /// And the mutations and runs.
+    Write,
+    /// And `/v1/admin/*` (a cutover).
+    Admin,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+/// The daemon's three tokens, one per [`Scope`].
+pub(crate) struct Tokens {
+    pub read: Vec<u8>,
+    pub write: Vec<u8>,
+    pub admin: Vec<u8>,
+}
+
+/// The token files: `--token-file` (or `DIR/serve.token`) for `write`,
+/// `DIR/serve.read.token` and `DIR/serve.admin.token`; each made 0600 on first
+/// start, each refused when others may read or write it.
+fn load_tokens(dir: &Path, token_file: Option<&Path>) -> Result<(Tokens, PathBuf), OpError> {
+    let (write, write_path) = load_token(dir, token_file)?;
+    let (read, _) = load_token(dir, Some(&dir.join(crate::storage::SERVE_READ_TOKEN_FILE))).or_else(|e| match e {
+        OpError::Io { .. } if !dir.join(crate::storage::SERVE_READ_TOKEN_FILE).exists() => {
+            create_token(&dir.join(crate::storage::SERVE_READ_TOKEN_FILE))
+        }
+        e => Err(e),
+    })?;
+    let admin_path = dir.join(crate::storage::SERVE_ADMIN_TOKEN_FILE);
+    let (admin, _) = load_token(dir, Some(&admin_path)).or_else(|e| match e {
+        OpError::Io { .. } if !admin_path.exists() => create_token(&admin_path),
+        e => Err(e),
+    })?;
+    if read == write || admin == write || read == admin {
+        return Err(OpError::Usage {
+            code: "INVALID_TOKEN_FILE",
+            message: "the read, write and admin tokens must differ".into(),
+        });
+    }
+    Ok((Tokens { read, write, admin }, write_path))
+}
+
+/// A token file: `token_file`, or `DIR/serve.token` (created 0600 on first start).
 fn load_token(dir: &Path, token_file: Option<&Path>) -> Result<(Vec<u8>, PathBuf), OpError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let path = token_file.map_or_else(|| dir.join(crate::storage::SERVE_TOKEN_FILE), Path::to_path_buf);
-    match std::fs::read_to_string(&path) {
-        Ok(t) if t.trim().len() >= 16 && t.trim().bytes().all(|b| b.is_ascii_graphic()) => {
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path);
+    let read = opened.and_then(|mut f| {
+        let meta = f.metadata()?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(&mut f, 4096), &mut text)?;
+        Ok((meta, text))
+    });
+    match read {
+        // As ssh refuses a private key others can read: whoever reads the token
+        // can act with it.
+        Ok((meta, _)) if meta.mode() & 0o077 != 0 || !meta.is_file() => {
+            return Err(OpError::Usage {
+                code: "INVALID_TOKEN_FILE",
+                message: format!(
+                    "{} may be read or written by others (mode {:04o}), or is not a regular file: chmod 600 it",
+                    path.display(),
+                    meta.mode() & 0o7777
+                ),
+            });
+        }
+        Ok((_, t)) if t.trim().len() >= 16 && t.trim().bytes().all(|b| b.is_ascii_graphic()) => {
             return Ok((t.trim().as_bytes().to_vec(), path));
         }
         Ok(_) => {
@@ -273,6 +358,14 @@ fn load_token(dir: &Path, token_file: Option<&Path>) -> Result<(Vec<u8>, PathBuf
         }
         Err(_) => {}
     }
+    create_token(&path)
+}
+
+/// A new random token in `path` (0600; never over an existing file).
+fn create_token(path: &Path) -> Result<(Vec<u8>, PathBuf), OpError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = path.to_path_buf();
     let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -410,8 +503,9 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         tracing::warn!("{w}");
     }
     let replayed = ledger.open_report().replayed_records;
-    let (token, token_path) = load_token(&dir, o.token_file.as_deref()).map_err(|e| (e.exit_code(), e))?;
-    let generation = claim_home(&ledger, &o, &token)?;
+    let (tokens, token_path) = load_tokens(&dir, o.token_file.as_deref()).map_err(|e| (e.exit_code(), e))?;
+    // A handover asks the daemon before with the admin token (a cutover is admin).
+    let generation = claim_home(&ledger, &o, &tokens.admin)?;
     let home = OwnerRef { subject: o.home.clone(), generation };
     let now_ms = crate::storage::LogOptions::default().now_ms();
     let recovered =
@@ -443,7 +537,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             dir: dir.clone(),
             self_exe: o.self_exe.clone(),
             spares: crate::supervisor::Spares::new(),
-            token,
+            tokens,
             home: home.clone(),
             admitting: AtomicBool::new(true),
             cutting: AtomicBool::new(false),
@@ -473,6 +567,8 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             replayed,
             open_ms: t0.elapsed().as_millis() as u64,
             token_file: token_path.display().to_string(),
+            read_token_file: dir.join(crate::storage::SERVE_READ_TOKEN_FILE).display().to_string(),
+            admin_token_file: dir.join(crate::storage::SERVE_ADMIN_TOKEN_FILE).display().to_string(),
             log: log.describe(),
             warnings,
             unix: o.unix.as_ref().map(|p| p.display().to_string()),

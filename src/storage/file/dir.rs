@@ -16,6 +16,9 @@ pub const SNAPSHOT_DIR: &str = "snapshots";
 pub const PROCESS_DIR: &str = "processes";
 /// The daemon's bearer token (`fencelog serve`), created only in a log.
 pub const SERVE_TOKEN_FILE: &str = "serve.token";
+/// The daemon's read-only and admin tokens, beside [`SERVE_TOKEN_FILE`].
+pub const SERVE_READ_TOKEN_FILE: &str = "serve.read.token";
+pub const SERVE_ADMIN_TOKEN_FILE: &str = "serve.admin.token";
 /// The key of the supervisor's environment digests, created only in a log.
 pub const ENV_KEY_FILE: &str = "env.key";
 const SEGMENT_SUFFIX: &str = ".seg";
@@ -62,6 +65,8 @@ pub fn listing(dir: &Path) -> Result<Listing> {
             out.odd_segment_names.push(name);
         } else if name == LOCK_FILE
             || name == SERVE_TOKEN_FILE
+            || name == SERVE_READ_TOKEN_FILE
+            || name == SERVE_ADMIN_TOKEN_FILE
             || name == ENV_KEY_FILE
             || name == super::halt::SYNC_FAILED_FILE
             || is_trace_of_records(&name)

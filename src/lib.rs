@@ -2,14 +2,16 @@
 //! log. Layers, each a module, depending only downwards:
 //!
 //! - [`format`](mod@format): the bytes (pure);
-//! - [`storage`]: segment files, locking, group commit, recovery, readers;
+//! - [`storage`]: the `LogBackend` seam and its backends (segment files with their
+//!   lock, recovery and readers; memory; etcd), the group commit;
 //! - [`model`]: the ownership state machine and its projection (pure);
 //! - [`ledger`]: the embedded API (open = recover + snapshot + replay; submit);
 //! - [`ops`]: every operation as a typed request → transaction → response, shared
-//!   by every front end (the CLI; the daemon and the supervisor next);
+//!   by every front end (the CLI, the daemon, the supervisor);
 //! - services: [`inspect`] (offline inspector) and [`audit`] (forensic audit), both
-//!   read-only, and [`supervisor`] (process supervision: every spawn and exit a
-//!   record); the `fencelog` binary wires them to the command line.
+//!   read-only, [`supervisor`] (process supervision: every spawn and exit a
+//!   record) and `daemon` (`fencelog serve`, feature `daemon`); the `fencelog`
+//!   binary wires them to the command line.
 //!
 //! ```
 //! use fencelog::storage::{Log, LogOptions, verify_dir};

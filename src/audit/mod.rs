@@ -3,7 +3,7 @@
 //! each record's outcomes say how a tenure began or ended, so the story is exactly
 //! what the writers validated.
 //!
-//! Definitions used in the report (also in docs/AUDIT.md):
+//! Definitions used in the report (also in docs/INSPECT-AND-AUDIT.md):
 //! - a *tenure* is one (owner, generation) period; it begins with a claim of a free
 //!   subject, a claim over a provably dead owner, a takeover of a stale owner, or a
 //!   fence rotation, and ends with a release, a retirement (with its cut-off

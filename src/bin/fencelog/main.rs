@@ -2,9 +2,11 @@
 //! in the library (`fencelog::ops`, `inspect`, `audit`, `storage`).
 //!
 //! Every command prints one JSON object on stdout (the inspector and the audit
-//! print their reports). Exit codes: 0 success, 1 I/O error or a damaged log,
-//! 2 usage error, invalid input or not a log, 3 the state machine refused
-//! (`{"error": {"code": ..., "message": ..., evidence}}`).
+//! print their reports; `completions` and `man` print what they make). Exit codes:
+//! 0 success, 1 I/O error or a damaged log, 2 usage error, invalid input or not a
+//! log, 3 the state machine refused (`{"error": {"code": ..., "message": ...,
+//! evidence}}`), 4 the audit found a violated verdict or undecodable records, 5
+//! `serve` only: its home was taken (fenced).
 
 mod cli;
 mod client;

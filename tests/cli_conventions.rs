@@ -114,7 +114,8 @@ fn serve_takes_every_flag_from_the_environment_and_offers_no_server() {
 }
 
 /// Proves: `serve` started with no flags at all, only `FENCELOG_DIR`,
-/// `FENCELOG_LISTEN` and `FENCELOG_HOME` in its environment, uses them: it
+/// `FENCELOG_LISTEN`, `FENCELOG_HOME` and `FENCELOG_ACCESS_LOG=1` (a flag's `1`,
+/// as systemd environment files write it) in its environment, uses them: it
 /// listens where told, keeps its log in that directory, and claims that home.
 #[test]
 fn serve_configured_by_the_environment_alone_uses_it() {
@@ -126,6 +127,7 @@ fn serve_configured_by_the_environment_alone_uses_it() {
         .env("FENCELOG_DIR", &dir)
         .env("FENCELOG_LISTEN", "127.0.0.1:0")
         .env("FENCELOG_HOME", "env/home")
+        .env("FENCELOG_ACCESS_LOG", "1")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

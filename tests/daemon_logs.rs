@@ -60,6 +60,18 @@ fn json_logs_say_boot_recovery_requests_refusals_and_the_cutover_once_each() {
     // A process running under its runner when the daemon boots: left running.
     let run = Command::new(FENCELOG).args(["run", "--dir", d, "--wait-ms", "0", "--", "sleep", "60"]).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stdout));
+    // Started (its runner recorded it) before the daemon boots: else recovery
+    // finds it young, not running.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = Command::new(FENCELOG).args(["process", "show", "1", "--dir", d]).output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if v["status"] == "running" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the process never started: {v}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let (child, ready, err) = serve(&dir, &["--log-format", "json", "--access-log"]);
     let url = |p: &str| format!("http://{}{p}", ready["listening"].as_str().unwrap());
     let token = std::fs::read_to_string(dir.join("serve.token")).unwrap().trim().to_owned();

@@ -134,8 +134,12 @@ fn a_watch_starts_at_the_head_says_how_to_reconnect_and_checks_last_event_id() {
     let head = d.get("/v1/head").1["seq"].as_u64().unwrap();
     let url = d.url("/v1/claim");
     let token = d.token.clone();
-    // A claim once the stream has begun: the first record it shows.
-    let first_id = |lines: &[String]| lines.iter().find_map(|l| l.strip_prefix("id:").map(|v| v.trim().to_owned()));
+    // The id of the first record a stream shows (the `id:` before its first
+    // `data:`; the stream's opening event has an id and no data).
+    let first_id = |lines: &[String]| {
+        let data = lines.iter().position(|l| l.starts_with("data:"))?;
+        lines[..data].iter().rev().find_map(|l| l.strip_prefix("id:").map(|v| v.trim().to_owned()))
+    };
     let claimer = std::thread::spawn(move || {
         // Started before the stream is read: it may land before or after the
         // stream fixes its start; either way the stream shows nothing older
@@ -144,8 +148,17 @@ fn a_watch_starts_at_the_head_says_how_to_reconnect_and_checks_last_event_id() {
     });
     let lines = watch_lines(&d, "", None, |l| first_id(l).is_some());
     assert_eq!(claimer.join().unwrap(), 200);
-    assert!(lines[0].starts_with("retry:"), "retry first: {lines:?}");
-    assert!(lines.iter().any(|l| l.starts_with(": from ")), "{lines:?}");
+    // The opening event: where the stream starts (`: from N`), the id of the
+    // record before it (a client reconnecting before any record resumes there),
+    // and the reconnection delay.
+    let opening: Vec<&String> = lines.iter().take_while(|l| !l.is_empty()).collect();
+    assert!(opening.iter().any(|l| l.starts_with("retry:")), "retry first: {lines:?}");
+    let from: u64 = opening.iter().find_map(|l| l.strip_prefix(": from ")).expect("from").parse().unwrap();
+    assert!(from > head, "{lines:?}");
+    assert!(
+        opening.iter().any(|l| l.trim() == format!("id: {}", from - 1) || l.trim() == format!("id:{}", from - 1)),
+        "{lines:?}"
+    );
     let id: u64 = first_id(&lines).unwrap().parse().unwrap();
     assert!(id > head, "nothing from before the head ({head}): {id}");
     let replay = watch_lines(&d, "?from=1", None, |l| first_id(l).is_some());
@@ -217,4 +230,19 @@ fn a_token_file_others_can_read_is_refused_at_start() {
             assert!(message.contains("serve.read.token") && message.contains("chmod 600"), "{message}");
         }
     }
+}
+
+/// Proves: an answer made before the request id is known — a body that is not
+/// JSON — still names the client's `Idempotency-Key`.
+#[test]
+fn early_refusals_still_name_the_clients_key() {
+    let (_t, d) = daemon();
+    let resp = agent()
+        .post(&d.url("/v1/claim"))
+        .header("Authorization", &format!("Bearer {}", d.token))
+        .header("Idempotency-Key", "early-1")
+        .send("{not json")
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    assert_eq!(resp.headers().get("idempotency-key").and_then(|v| v.to_str().ok()), Some("early-1"));
 }

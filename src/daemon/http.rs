@@ -121,6 +121,7 @@ fn op_problem(app: &App, e: &OpError) -> Response {
     // one line for the operator too.
     if crate::model::RECORDED_REFUSALS.contains(&code.as_str()) {
         let subject = inner.get("subject").and_then(|v| v.as_str()).unwrap_or("").to_owned();
+        let (subject, detail) = (crate::view::escape_controls(&subject), crate::view::escape_controls(&detail));
         tracing::info!(code = %code, subject = %subject, detail = %detail, "refusal kept as evidence");
     }
     if code == "NOT_COMMITTED" {
@@ -160,7 +161,15 @@ impl Drop for Admitted<'_> {
 async fn front_door(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<axum::extract::MatchedPath>().cloned();
     let access = app.access_log.then(|| AccessEntry::of(&req));
-    let r = length_gate(&app, req, next).await;
+    let key = req.headers().get("idempotency-key").cloned();
+    let mut r = length_gate(&app, req, next).await;
+    // Answers made before the request id is known (an unreadable body, overload,
+    // a cutover under way) still name the client's own key.
+    if let Some(k) = key
+        && !r.headers().contains_key("idempotency-key")
+    {
+        r.headers_mut().insert("idempotency-key", k);
+    }
     let route = route.as_ref().map_or("unmatched", axum::extract::MatchedPath::as_str);
     if let Some(a) = access {
         a.log(route, &r);
@@ -1082,15 +1091,24 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
     };
     let from = match resume.or(q.from) {
         Some(f) => f.max(1),
-        None => match app.ledger.head() {
-            Ok((seq, _)) => seq + 1,
-            Err(e) => return op_problem(&app, &OpError::from(e)),
-        },
+        // The head waits for the engine (and may catch up with etcd): never on
+        // an async worker.
+        None => {
+            let ledger = Arc::clone(&app.ledger);
+            match tokio::task::spawn_blocking(move || ledger.head()).await {
+                Ok(Ok((seq, _))) => seq + 1,
+                Ok(Err(e)) => return op_problem(&app, &OpError::from(e)),
+                Err(_) => return plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", "reading the head failed"),
+            }
+        }
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(256);
     // First, how long a client waits before it reconnects (`retry:`), and where
     // this stream starts (a comment).
+    // Its `id:` is the record before: a client that reconnects before the first
+    // record (a cutover, a proxy's timeout) resumes here, missing nothing.
     let _ = tx.try_send(Ok(SseEvent::default()
+        .id((from - 1).to_string())
         .retry(Duration::from_millis(WATCH_CLIENT_RETRY_MS))
         .comment(format!("from {from}"))));
     let backend = Arc::clone(app.ledger.backend());

@@ -49,6 +49,10 @@ pub(crate) struct Metrics {
     resident_memory_bytes: Gauge,
     open_fds: Gauge,
     start_time_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// One scrape at a time: the counters brought up to date by difference, and
+    /// the families cleared and refilled, must not interleave (two Prometheus
+    /// servers scraping at once).
+    scraping: std::sync::Mutex<()>,
 }
 
 fn histogram() -> Histogram {
@@ -81,6 +85,7 @@ impl Metrics {
             resident_memory_bytes: Gauge::default(),
             open_fds: Gauge::default(),
             start_time_seconds: Gauge::default(),
+            scraping: std::sync::Mutex::new(()),
         };
         r.register("http_requests", "HTTP requests answered, by route template and status", m.requests.clone());
         r.register(
@@ -156,6 +161,7 @@ impl Metrics {
     /// the projection and reads `/proc`.
     pub(crate) fn scrape(app: &App, openmetrics: bool) -> Result<String, std::fmt::Error> {
         let m = &app.metrics;
+        let _one = m.scraping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (appends, syncs) = app.ledger.commit_stats();
         m.appends.inc_by(appends.saturating_sub(m.appends.get()));
         m.syncs.inc_by(syncs.saturating_sub(m.syncs.get()));

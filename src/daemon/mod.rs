@@ -321,7 +321,9 @@ fn load_tokens(dir: &Path, token_file: Option<&Path>) -> Result<(Tokens, PathBuf
 fn load_token(dir: &Path, token_file: Option<&Path>) -> Result<(Vec<u8>, PathBuf), OpError> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let path = token_file.map_or_else(|| dir.join(crate::storage::SERVE_TOKEN_FILE), Path::to_path_buf);
-    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path);
+    // A symlink is followed (a secret mounted by an orchestrator is one); the mode
+    // checked is the file's own.
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path);
     let read = opened.and_then(|mut f| {
         let meta = f.metadata()?;
         let mut text = String::new();
@@ -367,14 +369,25 @@ fn create_token(path: &Path) -> Result<(Vec<u8>, PathBuf), OpError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = path.to_path_buf();
     let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| io(&format!("creating {}", path.display()), e))?;
-    f.write_all(token.as_bytes()).and_then(|_| f.sync_all()).map_err(|e| io("writing the token", e))?;
+    // Written whole under a name of its own, then linked into place: a crash never
+    // leaves an empty token file that the next start refuses.
+    let temp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let made = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)?;
+        f.write_all(token.as_bytes())?;
+        f.sync_all()?;
+        std::fs::hard_link(&temp, &path)
+    })();
+    let _ = std::fs::remove_file(&temp);
+    made.map_err(|e| io(&format!("creating {}", path.display()), e))?;
+    if let Some(d) = path.parent() {
+        let _ = std::fs::File::open(d).and_then(|d| d.sync_all());
+    }
     Ok((token.into_bytes(), path))
 }
 
@@ -408,7 +421,7 @@ fn ask_cutover(dir: &Path, token: &[u8]) -> Result<(), String> {
 
 /// Claim the home subject for this process; with `handover`, ask the live owner
 /// to cut over and claim it the moment it is released.
-fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u8, OpError)> {
+fn claim_home(ledger: &Ledger, o: &ServeOptions, tokens: &Tokens) -> Result<u64, (u8, OpError)> {
     let me = std::process::id();
     let req = ClaimRequest {
         subject: o.home.clone(),
@@ -433,7 +446,14 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, token: &[u8]) -> Result<u64, (u
                     return Err((exit::HOME_HELD, e));
                 }
                 if !asked {
-                    ask_cutover(&o.dir, token).map_err(|why| {
+                    // The admin token; a daemon of a build before token scopes knows
+                    // only `serve.token` (401 to the admin one): then that one.
+                    let asked_admin = ask_cutover(&o.dir, &tokens.admin);
+                    let answer = match asked_admin {
+                        Err(why) if why.contains(" 401") => ask_cutover(&o.dir, &tokens.write),
+                        other => other,
+                    };
+                    answer.map_err(|why| {
                         (
                             exit::HOME_HELD,
                             OpError::Io { message: format!("--handover: cannot ask for a cutover: {why}") },
@@ -505,7 +525,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     let replayed = ledger.open_report().replayed_records;
     let (tokens, token_path) = load_tokens(&dir, o.token_file.as_deref()).map_err(|e| (e.exit_code(), e))?;
     // A handover asks the daemon before with the admin token (a cutover is admin).
-    let generation = claim_home(&ledger, &o, &tokens.admin)?;
+    let generation = claim_home(&ledger, &o, &tokens)?;
     let home = OwnerRef { subject: o.home.clone(), generation };
     let now_ms = crate::storage::LogOptions::default().now_ms();
     let recovered =

@@ -355,7 +355,7 @@ pub(crate) enum Cmd {
         drain_grace_ms: u64,
         /// If a live daemon holds the home: ask it to cut over, and take the home the
         /// moment it is released.
-        #[arg(long, env = "FENCELOG_HANDOVER")]
+        #[arg(long, env = "FENCELOG_HANDOVER", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
         handover: bool,
         /// Staleness of the home claim; heartbeats every quarter of it.
         #[arg(long, default_value_t = fencelog::daemon::HOME_STALE_AFTER_MS, hide = true)]
@@ -371,7 +371,7 @@ pub(crate) enum Cmd {
         header_read_timeout_ms: u64,
         /// One line per request on stderr (method, route, status, latency, request
         /// id, caller, trace id of a `traceparent`).
-        #[arg(long, env = "FENCELOG_ACCESS_LOG")]
+        #[arg(long, env = "FENCELOG_ACCESS_LOG", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
         access_log: bool,
     },
     /// Run a command under supervision: its intent, start and exit are records, its

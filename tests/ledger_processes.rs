@@ -230,10 +230,13 @@ fn a_retired_owners_late_note_is_refused_and_kept_as_evidence_not_data() {
         (e["code"].as_str(), e["presented"].as_u64(), e["current"].as_u64()),
         (Some("FENCED"), Some(1), Some(2))
     );
+    // `retired.how` has the shape a claim's answer gives it (issue 25): an
+    // object with its kind and, for a dead owner, the reason.
     assert_eq!(
-        (e["retired"]["cut_off_seq"].as_u64(), e["retired"]["how"].as_str()),
+        (e["retired"]["cut_off_seq"].as_u64(), e["retired"]["how"]["kind"].as_str()),
         (Some(cut_off), Some("dead_owner"))
     );
+    assert!(e["retired"]["how"]["reason"].is_string(), "{e}");
 
     let st = fl(d.path(), &["state", "--subject", "run/r"]).1;
     assert_eq!(

@@ -589,14 +589,10 @@ impl Projection {
     /// when a takeover or a dead-owner claim ended its tenure.
     pub fn fenced(&self, subject: &str, presented: u64) -> Refusal {
         let s = self.subjects.get(subject);
-        let retired = s.and_then(|s| s.ended.iter().rev().find(|t| t.generation == presented)).and_then(|t| {
-            let how = match t.how {
-                TenureEndHow::TakenOver => "taken_over",
-                TenureEndHow::DeadOwner(_) => "dead_owner",
-                TenureEndHow::Released => return None,
-            };
-            Some(super::Retired { cut_off_seq: t.cut_off_seq, how })
-        });
+        let retired = s
+            .and_then(|s| s.ended.iter().rev().find(|t| t.generation == presented))
+            .filter(|t| t.how != TenureEndHow::Released)
+            .map(|t| super::Retired { cut_off_seq: t.cut_off_seq, how: t.how });
         Refusal::Fenced { subject: subject.into(), presented, current: s.map_or(0, |s| s.generation), retired }
     }
 

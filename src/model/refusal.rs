@@ -15,8 +15,10 @@ pub struct Blocker {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Retired {
     pub cut_off_seq: u64,
-    /// `taken_over` or `dead_owner`.
-    pub how: &'static str,
+    /// How the tenure ended, in the one shape every answer gives it (a claim's
+    /// and a takeover's `retired.how`): `{"kind": "taken_over"}` or `{"kind":
+    /// "dead_owner", "reason": …}`.
+    pub how: super::TenureEndHow,
 }
 
 /// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`; the same code

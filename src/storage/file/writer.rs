@@ -513,6 +513,10 @@ impl Writer {
             if len > self.tail.segment_len {
                 self.adopt_from_tail(&path, len, body_max)?;
             }
+            // After every catch-up step: the cursor is in this segment or past its
+            // first record, and the frames end inside the file.
+            assert!(self.tail.cursor.next_seq >= self.tail.segment_first_seq, "the cursor is in its segment");
+            assert!(self.tail.segment_len <= len, "the frames end inside the file");
             // Rotation only ever seals a segment holding records, so an empty
             // segment has no successor (and would share its successor's name).
             if self.tail.cursor.next_seq == self.tail.segment_first_seq {
@@ -748,6 +752,11 @@ impl Writer {
         self.flush()?;
         self.shared.appended.fetch_add(payloads.len() as u64, Ordering::Relaxed);
         let c = &self.tail.cursor;
+        // The sequence arithmetic after every group: one sequence and one link per
+        // record, the group's last link the cursor's.
+        assert_eq!(c.next_seq - first_seq, payloads.len() as u64, "one sequence per record");
+        assert_eq!(self.links.len(), payloads.len(), "one chain link per record");
+        assert_eq!(self.links.last(), Some(&c.prev_link), "the group's last link is the cursor's");
         Ok(Appended { first_seq, last_seq: c.next_seq - 1, chain_head: c.prev_link })
     }
 
@@ -765,6 +774,7 @@ impl Writer {
             Err(Error::io("write", path)(std::io::Error::other("injected write failure")))
         });
         let frames = self.buf.len();
+        self.assert_tail_before_write(path);
         if self.tail.layout == Layout::Preallocated {
             // The end mark goes with the group, in the same write and sync.
             self.buf.extend_from_slice(&FRAMES_END_MARK);
@@ -780,9 +790,45 @@ impl Writer {
         });
         self.file.sync_data().map_err(Error::io("fdatasync", path))?;
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        let before = self.tail.segment_len;
         self.tail.segment_len += self.buf.len() as u64;
+        assert!(self.tail.segment_len > before, "a flush moves the tail forward");
+        assert!(
+            self.tail.layout != Layout::Preallocated || self.tail.segment_len <= self.tail.alloc_len,
+            "the frames end inside the allocated file: {} > {}",
+            self.tail.segment_len,
+            self.tail.alloc_len
+        );
         self.buf.clear();
         Ok(())
+    }
+
+    /// Before a positional write at the tail (TigerBeetle's habit: assert before
+    /// writing): the tail is past the header, inside the bound, and — checked
+    /// against the file itself in debug builds, where the suite runs — an
+    /// appending segment ends exactly where the write goes (nothing after it that
+    /// the write would leave behind), a preallocated one holds at least as much.
+    fn assert_tail_before_write(&self, path: &Path) {
+        let at = self.tail.segment_len;
+        assert!(at >= SEGMENT_HEADER_BYTES as u64, "{}: a write at {at}, inside the header", path.display());
+        assert!(
+            at + self.buf.len() as u64 <= self.opts.segment_file_bytes_max(),
+            "{}: a write of {} bytes at {at} past the segment bound",
+            path.display(),
+            self.buf.len()
+        );
+        if cfg!(debug_assertions)
+            && let Ok(meta) = stat_file(&self.file)
+        {
+            match self.tail.layout {
+                Layout::Appended => {
+                    debug_assert_eq!(meta.len, at, "{}: the file ends where the write goes", path.display())
+                }
+                Layout::Preallocated => {
+                    debug_assert!(meta.len >= at, "{}: the file holds the frames before the write", path.display())
+                }
+            }
+        }
     }
 
     /// Extend a preallocated segment past `end` (the end of the frames and end mark

@@ -29,7 +29,7 @@ fn cited(text: &str) -> Vec<(String, bool)> {
         let mut from = 0;
         while let Some(i) = text[from..].find(top).map(|i| i + from) {
             from = i + top.len();
-            // Only where a path starts (not `../shared/docs/` nor `crate::docs/`).
+            // Only where a path starts (not inside a longer path nor `crate::docs/`).
             if i > 0 && (path_char(bytes[i - 1]) || bytes[i - 1] == b':') {
                 continue;
             }

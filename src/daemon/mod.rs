@@ -365,28 +365,14 @@ fn load_token(dir: &Path, token_file: Option<&Path>) -> Result<(Vec<u8>, PathBuf
 
 /// A new random token in `path` (0600; never over an existing file).
 fn create_token(path: &Path) -> Result<(Vec<u8>, PathBuf), OpError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = path.to_path_buf();
     let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-    // Written whole under a name of its own, then linked into place: a crash never
-    // leaves an empty token file that the next start refuses.
-    let temp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let made = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)?;
-        f.write_all(token.as_bytes())?;
-        f.sync_all()?;
-        std::fs::hard_link(&temp, &path)
-    })();
-    let _ = std::fs::remove_file(&temp);
-    made.map_err(|e| io(&format!("creating {}", path.display()), e))?;
-    if let Some(d) = path.parent() {
-        let _ = std::fs::File::open(d).and_then(|d| d.sync_all());
+    // Whole or not at all: a crash never leaves an empty token file that the next
+    // start would refuse.
+    match crate::storage::create_file_whole(&path, token.as_bytes()) {
+        Ok(true) => {}
+        Ok(false) => return load_token(path.parent().unwrap_or(Path::new(".")), Some(&path)),
+        Err(e) => return Err(io(&format!("creating {}", path.display()), e)),
     }
     Ok((token.into_bytes(), path))
 }

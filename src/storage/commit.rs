@@ -992,7 +992,12 @@ impl<S> GroupCommit<S> {
                 Ok(AppendOutcome::Appended(a)) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
                     // Durable moves forward only, and never past what was judged.
                     assert!(a.last_seq > core.durable_seq, "durable {} -> {}", core.durable_seq, a.last_seq);
-                    assert!(a.last_seq <= core.last_seq, "durable {} ahead of the last judged {}", a.last_seq, core.last_seq);
+                    assert!(
+                        a.last_seq <= core.last_seq,
+                        "durable {} ahead of the last judged {}",
+                        a.last_seq,
+                        core.last_seq
+                    );
                     core.durable_seq = a.last_seq;
                     hooks.on_durable(&mut core, &a);
                     let woken = core.durable_waiters(a.first_seq, x.links());

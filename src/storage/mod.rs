@@ -26,7 +26,7 @@ pub use error::{Error, Result};
 pub use file::FileBackend;
 pub use file::dir::{
     ENV_KEY_FILE, EVIDENCE_INFIX, LOCK_FILE, Listing, PROCESS_DIR, SERVE_ADMIN_TOKEN_FILE, SERVE_READ_TOKEN_FILE,
-    SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode, list_segments, listing, segment_path,
+    SERVE_TOKEN_FILE, SNAPSHOT_DIR, check_dir_mode, create_file_whole, list_segments, listing, segment_path,
 };
 pub use file::halt::SYNC_FAILED_FILE;
 pub use file::history::check_whole_history;

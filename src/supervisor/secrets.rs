@@ -48,47 +48,11 @@ pub fn env_key(dir: &Path) -> std::io::Result<[u8; ENV_KEY_BYTES]> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         Err(_) => {}
     }
-    // Made whole under a name of its own, then linked into place: a concurrent
-    // first caller never sees an empty or half-written key (a `create_new` then
-    // `write` would show it one), and the link fails if another caller won.
+    // Made whole and linked into place: a concurrent first caller never sees an
+    // empty or half-written key; if another caller won, that one is the key.
     let mut key = [0u8; ENV_KEY_BYTES];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-    let temp = dir.join(format!("{ENV_KEY_FILE}.{}.{}", std::process::id(), uuid::Uuid::new_v4().simple()));
-    let linked = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)?;
-        f.write_all(&key)?;
-        f.sync_all()?;
-        match std::fs::hard_link(&temp, &path) {
-            // A file system without hard links: made in place instead (a
-            // concurrent first caller may then see it empty, and fail once).
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP)) => {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&path)?;
-                f.write_all(&key)?;
-                f.sync_all()
-            }
-            other => other,
-        }
-    })();
-    let _ = std::fs::remove_file(&temp);
-    match linked {
-        Ok(()) => {
-            std::fs::File::open(dir)?.sync_all()?;
-            Ok(key)
-        }
-        // Another caller made it first: that one is the key.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&mut open()?),
-        Err(e) => Err(e),
-    }
+    if crate::storage::create_file_whole(&path, &key)? { Ok(key) } else { read(&mut open()?) }
 }
 
 /// The digest a spawn records of an environment value.

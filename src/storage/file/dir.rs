@@ -367,6 +367,38 @@ pub(crate) fn create_first_segment(dir: &Path, header: &[u8]) -> Result<PathBuf>
     Ok(path)
 }
 
+/// Create `path` (0600) holding exactly `bytes`, whole or not at all: written and
+/// synced under a name of its own, then linked into place, then the directory
+/// synced. `Ok(false)`: the path existed already (another creator won; the file
+/// there is left as it is). A reader never sees it empty or half-written. On a
+/// file system without hard links it is made in place (`create_new`), where a
+/// concurrent reader may see it before its bytes.
+pub fn create_file_whole(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.{}.{}.tmp", std::process::id(), uuid::Uuid::new_v4().simple()));
+    let write = |at: &Path| -> std::io::Result<()> {
+        let mut f =
+            fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(at)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    let linked = write(&tmp).and_then(|()| match fs::hard_link(&tmp, path) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP)) => write(path),
+        other => other,
+    });
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            if let Some(dir) = path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Make the directory durable: needed after creating, renaming or removing a file.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     fail::fail_point!("dir::fsync", |_| {

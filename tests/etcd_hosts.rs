@@ -240,7 +240,9 @@ fn recover_touches_only_its_own_hosts_processes() {
     assert_eq!(shown["host"], "host-b", "{shown}");
     // Wait for the runner to have started the command (a condition, not a time).
     let mut shown = shown;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while shown["pid"].is_null() {
+        assert!(std::time::Instant::now() < deadline, "the process never started: {shown}");
         std::thread::sleep(std::time::Duration::from_millis(20));
         shown = fl("host-b", &dir_b, &loc, &["process", "show", &id.to_string()]).1;
     }
@@ -251,9 +253,11 @@ fn recover_touches_only_its_own_hosts_processes() {
         libc::kill(runner, libc::SIGKILL);
         libc::kill(-command, libc::SIGKILL);
     }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while fencelog::ledger::identity::start_ticks(runner as u32).is_some()
         || fencelog::ledger::identity::start_ticks(command as u32).is_some()
     {
+        assert!(std::time::Instant::now() < deadline, "the killed runner and command are still there");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let (code, a) = fl("host-a", &dir_a, &loc, &["recover"]);

@@ -479,12 +479,7 @@ fn watch_and_follow_on_etcd_see_what_another_host_appends() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = std::io::BufReader::new(follower.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("following") {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "the follower never started");
-    }
+    let _stderr = common::follower_started(&mut follower);
     // A watch on host a's daemon, from just after the head.
     let watch = |last: u64| {
         let r = common::daemon::agent()

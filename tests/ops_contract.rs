@@ -1,6 +1,8 @@
 //! The shared operations (`fencelog::ops`): one request, one intent digest, one
 //! response and one error body, whichever front end it arrives by.
 
+mod common;
+
 use std::process::Command;
 
 use fencelog::ledger::{Ledger, LedgerOptions};
@@ -175,12 +177,7 @@ fn follow_without_from_starts_at_records_appended_from_now_on() {
         .unwrap();
     // Appended only once the follower says where it starts (a condition, not a
     // pause: on a busy machine 500 ms was not always enough).
-    let mut stderr = std::io::BufReader::new(follower.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("following") {
-        line.clear();
-        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "the follower never started");
-    }
+    let _stderr = common::follower_started(&mut follower);
     for i in 5..7 {
         assert_eq!(fl(&["claim", "--dir", dir, "--subject", &format!("f/{i}"), "--pid", &pid]).0, 0);
     }

@@ -32,6 +32,21 @@ fn unit_here(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// `fencelog serve` on `dir` (a free loopback port) with `env`, and its first
+/// stdout line (the ready line), read as soon as it is written.
+fn serve_until_ready(dir: &Path, env: &[(&str, &std::ffi::OsStr)]) -> (std::process::Child, String) {
+    let mut child = Command::new(FENCELOG)
+        .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    (child, line)
+}
+
 fn systemd_analyze(args: &[&str]) -> std::process::Output {
     Command::new("systemd-analyze").args(args).output().unwrap_or_else(|e| {
         panic!("systemd-analyze: {e} (scripts/deps.sh test installs Debian's systemd)");
@@ -111,16 +126,8 @@ fn the_daemon_sends_ready_watchdog_and_stopping_to_systemd() {
     let sock_path = t.path().join("notify");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(WAIT_BOUND)).unwrap();
-    let mut child = Command::new(FENCELOG)
-        .args(["serve", "--dir", t.path().join("log").to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env("WATCHDOG_USEC", "400000")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let env = [("NOTIFY_SOCKET", sock_path.as_os_str()), ("WATCHDOG_USEC", std::ffi::OsStr::new("400000"))];
+    let (mut child, line) = serve_until_ready(&t.path().join("log"), &env);
     assert!(serde_json::from_str::<Value>(&line).is_ok_and(|v| v.get("listening").is_some()), "{line}");
     let mut buf = [0u8; 256];
     let mut next = || {
@@ -160,14 +167,7 @@ fn sigterm_the_instant_the_daemon_is_ready_is_a_cutover_every_time() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("log");
     for round in 0..50 {
-        let mut child = Command::new(FENCELOG)
-            .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let (mut child, line) = serve_until_ready(&dir, &[]);
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let status = child.wait().unwrap();
         assert!(line.contains("\"listening\""), "round {round}: not ready: {line}");

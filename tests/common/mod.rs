@@ -214,3 +214,17 @@ pub fn retry_busy<T>(mut f: impl FnMut() -> std::io::Result<T>) -> T {
     }
     f().unwrap()
 }
+
+/// Wait until `inspect follow -v` (the child) says where it starts following
+/// (its stderr line with "following"): a condition, not a pause. The reader is
+/// returned to be kept alive while the child runs (its stderr stays open).
+pub fn follower_started(child: &mut std::process::Child) -> std::io::BufReader<std::process::ChildStderr> {
+    use std::io::BufRead;
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("the follower's stderr is piped"));
+    let mut line = String::new();
+    while !line.contains("following") {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "the follower never started");
+    }
+    stderr
+}

@@ -75,6 +75,17 @@ pub trait Exclusive {
     }
 }
 
+/// The exclusive section of a backend that holds no lock across it (memory,
+/// etcd): each append compares the head on its own (`HeadMoved` when another
+/// writer came first).
+pub struct Unlocked<'a, B: LogBackend + ?Sized>(pub &'a B);
+
+impl<B: LogBackend + ?Sized> Exclusive for Unlocked<'_, B> {
+    fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {
+        self.0.append_if_head(expect_seq, payloads)
+    }
+}
+
 /// Where a ledger's log lives.
 pub trait LogBackend: Send + Sync {
     /// The last durable record (sequence 0 and the genesis link for an empty log).

@@ -133,13 +133,7 @@ impl LogBackend for MemoryBackend {
         _give_up: &dyn Fn() -> bool,
         f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>,
     ) -> Result<()> {
-        struct Plain<'a>(&'a MemoryBackend);
-        impl Exclusive for Plain<'_> {
-            fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {
-                self.0.append_if_head(expect_seq, payloads)
-            }
-        }
-        f(&mut Plain(self))
+        f(&mut super::backend::Unlocked(self))
     }
 
     fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {

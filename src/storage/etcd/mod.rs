@@ -862,13 +862,7 @@ impl LogBackend for EtcdBackend {
         f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>,
     ) -> Result<()> {
         // No lock to hold: every append compares the head instead.
-        struct Plain<'a>(&'a EtcdBackend);
-        impl Exclusive for Plain<'_> {
-            fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {
-                self.0.append_if_head(expect_seq, payloads)
-            }
-        }
-        f(&mut Plain(self))
+        f(&mut super::backend::Unlocked(self))
     }
 
     fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {

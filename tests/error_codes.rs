@@ -18,6 +18,8 @@ const NOT_CODES: &[(&str, &str)] = &[
     ("WATCHDOG_USEC", "systemd's environment variable"),
     ("WATCHDOG_PID", "systemd's environment variable"),
     ("CARGO_PKG_VERSION", "cargo's build-time variable (env!)"),
+    ("CARGO_MANIFEST_DIR", "cargo's build-time variable (env!)"),
+    ("FENCELOG_BLESS", "test-only environment variable (rewrite a golden file)"),
     ("FENCELOG_LISTEN", "environment variable"),
     ("FENCELOG_HOME", "environment variable"),
     ("FENCELOG_DRAIN_GRACE_MS", "environment variable"),

@@ -14,10 +14,10 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::openapi::{CancelBody, CutoverQuery, LogsQuery, ProcessFilter, StateQuery, WaitBody, WatchQuery};
 use super::{App, BODY_BYTES_MAX, HTTP_WAIT_MS_MAX};
 use crate::model::{OwnerRef, Refusal, SettledRequest};
 use crate::ops::{self, Caller, GenerationOp, OpError};
@@ -51,8 +51,6 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
 ];
-
-const OPENAPI: &str = include_str!("../../docs/openapi.json");
 
 /// `application/problem+json` (RFC 9457) with the CLI's `code` and evidence.
 fn problem(status: StatusCode, code: &str, detail: &str, mut extra: serde_json::Map<String, Value>) -> Response {
@@ -382,7 +380,10 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/version", get(|| async { axum::Json(ops::version::version_info()) }))
         .route("/v1/watch", get(watch))
         .route("/v1/admin/cutover", post(admin_cutover))
-        .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))
+        .route(
+            "/v1/openapi.json",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], super::openapi::document_json()) }),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -791,13 +792,6 @@ where
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProcessFilter {
-    status: Option<String>,
-    owner: Option<String>,
-}
-
 async fn processes(State(app): State<Arc<App>>, Query(q): Query<ProcessFilter>) -> Response {
     read(app, move |app| {
         let r = app.ledger.refresh_with(|p| supervisor::list(p, q.status.as_deref(), q.owner.as_deref()))?;
@@ -819,13 +813,6 @@ async fn process_show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Respo
     .await
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct WaitBody {
-    #[serde(default)]
-    timeout_ms: Option<u64>,
-}
-
 async fn process_wait(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body) -> Response {
     let w: WaitBody = match body_object(b).and_then(typed) {
         Ok(w) => w,
@@ -833,17 +820,6 @@ async fn process_wait(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body)
     };
     let timeout_ms = w.timeout_ms.unwrap_or(supervisor::WAIT_MS_DEFAULT).min(HTTP_WAIT_MS_MAX);
     read(app, move |app| to_value(supervisor::wait(&app.ledger, id, timeout_ms))).await
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CancelBody {
-    #[serde(default)]
-    owner: Option<String>,
-    #[serde(default)]
-    generation: Option<u64>,
-    #[serde(default)]
-    grace_ms: Option<u64>,
 }
 
 async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body) -> Response {
@@ -868,12 +844,6 @@ async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Bod
     };
     let grace = c.grace_ms.unwrap_or(2_000).min(HTTP_WAIT_MS_MAX);
     read(app, move |app| to_value(supervisor::cancel(&app.ledger, id, by, grace))).await
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LogsQuery {
-    stream: Option<supervisor::Stream>,
 }
 
 async fn process_logs(State(app): State<Arc<App>>, Path(id): Path<u64>, Query(q): Query<LogsQuery>) -> Response {
@@ -942,12 +912,6 @@ async fn request_show(State(app): State<Arc<App>>, Path(id): Path<String>) -> Re
     .await
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StateQuery {
-    subject: Option<String>,
-}
-
 async fn state(State(app): State<Arc<App>>, Query(q): Query<StateQuery>) -> Response {
     read(app, move |app| {
         let now_ms = crate::storage::LogOptions::default().now_ms();
@@ -965,7 +929,7 @@ async fn state(State(app): State<Arc<App>>, Query(q): Query<StateQuery>) -> Resp
 async fn head(State(app): State<Arc<App>>) -> Response {
     read(app, move |app| {
         let (seq, link) = app.ledger.head()?;
-        Ok(json!({"seq": seq, "chain_head": crate::format::hex(&link)}))
+        to_value(Ok(super::openapi::HeadAnswer { seq, chain_head: crate::format::hex(&link) }))
     })
     .await
 }
@@ -982,14 +946,6 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "ETCD_UNAVAILABLE", &why);
     }
     if app.admitting.load(Ordering::SeqCst) { "ready\n".into_response() } else { not_admitting() }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CutoverQuery {
-    /// Wall-clock ms after which this request is void (a successor that asked and
-    /// gave up must not cause a cutover later).
-    not_after_ms: Option<u64>,
 }
 
 async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery>, body: Body) -> Response {
@@ -1016,7 +972,7 @@ async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery
             (
                 StatusCode::ACCEPTED,
                 [(header::CONTENT_TYPE, "application/json")],
-                json!({"cutover": "started"}).to_string(),
+                serde_json::to_string(&super::openapi::CutoverStarted { cutover: "started" }).expect("serializes"),
             )
                 .into_response()
         }
@@ -1060,12 +1016,6 @@ pub const WATCH_CLIENT_RETRY_MS: u64 = 1_000;
 /// How long a watch stream waits after its backend could not be read (etcd
 /// unreachable) before it reads again.
 const WATCH_RETRY_MS: u64 = 1_000;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WatchQuery {
-    from: Option<u64>,
-}
 
 /// Server-Sent Events: one committed record per event in the `inspect dump
 /// --json` shape, `id:` = sequence (a standard EventSource resumes with

@@ -13,6 +13,7 @@
 
 mod http;
 mod metrics;
+pub mod openapi;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

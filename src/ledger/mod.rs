@@ -148,7 +148,7 @@ pub struct Drained {
 }
 
 /// What became of a request id.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum RequestStatus {
     Committed { request: String, seq: u64, outcomes: Vec<Outcome> },

@@ -26,9 +26,10 @@ pub use types::*;
 /// is one flat object: `{"kind": "snake_case_variant", <fields>}`.
 ///
 /// Each variant is listed as `INDEX Variant "kind" { field: json_name, … }` in
-/// declaration order (a tuple variant's field is `0: json_name`).
+/// declaration order, with its JSON type (a tuple variant's field is `0: json_name:
+/// Type`). The same list gives the OpenAPI schema of each variant (`variant_schemas`).
 macro_rules! flat_enum_serialize {
-    ($ty:ident { $($idx:literal $var:ident $kind:literal { $($field:tt : $json:ident),* })* }) => {
+    ($ty:ident { $($idx:literal $var:ident $kind:literal { $($field:tt : $json:ident : $fty:ty),* })* }) => {
         impl serde::Serialize for $ty {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 #[allow(unused_imports)]
@@ -38,6 +39,8 @@ macro_rules! flat_enum_serialize {
                     $(
                         #[allow(non_shorthand_field_patterns)]
                         $ty::$var { $($field: $json),* } => {
+                            // Each field is of the JSON type its schema declares.
+                            $( let _: &$fty = $json; )*
                             if human {
                                 let mut m = s.serialize_map(None)?;
                                 m.serialize_entry("kind", $kind)?;
@@ -55,6 +58,41 @@ macro_rules! flat_enum_serialize {
                 }
             }
         }
+
+        impl $ty {
+            /// The JSON schema of each variant's flat object, by its `kind`: every
+            /// member is always present (`null` when empty).
+            pub fn variant_schemas() -> Vec<(&'static str, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)> {
+                vec![$((
+                    $kind,
+                    utoipa::openapi::schema::ObjectBuilder::new()
+                        .property(
+                            "kind",
+                            utoipa::openapi::schema::ObjectBuilder::new()
+                                .schema_type(utoipa::openapi::schema::Type::String)
+                                .enum_values(Some([$kind])),
+                        )
+                        .required("kind")
+                        $(
+                            .property(stringify!($json), <$fty as utoipa::PartialSchema>::schema())
+                            .required(stringify!($json))
+                        )*
+                        .into(),
+                ),)*]
+            }
+        }
+
+        impl utoipa::PartialSchema for $ty {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                let mut one_of = utoipa::openapi::schema::OneOfBuilder::new();
+                for (_, s) in $ty::variant_schemas() {
+                    one_of = one_of.item(s);
+                }
+                one_of.into()
+            }
+        }
+
+        impl utoipa::ToSchema for $ty {}
     };
 }
 pub(crate) use flat_enum_serialize;

@@ -26,7 +26,7 @@ pub const PATH_BYTES_MAX: usize = 4096;
 
 /// An environment variable given to the command: the name in clear, the value
 /// only as its blake3 (a value is often a secret; no secret enters the log).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EnvDigest {
     pub name: String,
     #[serde(with = "hex32")]
@@ -34,7 +34,7 @@ pub struct EnvDigest {
 }
 
 /// What is run, as resolved before anything starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CommandSpec {
     /// Real path of the executable.
     pub exe: String,
@@ -49,7 +49,7 @@ pub struct CommandSpec {
 }
 
 /// A subject at a generation: who a process or a lease belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OwnerRef {
     pub subject: String,
     pub generation: u64,
@@ -64,7 +64,7 @@ pub struct LeaseWant {
 /// One output stream as captured: what was seen, what was kept (the first
 /// `output_bytes_max` bytes, in the process's log file), the blake3 of what was kept,
 /// and the last bytes seen (at most [`OUTPUT_TAIL_BYTES_MAX`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Capture {
     pub bytes_seen: u64,
     pub bytes_kept: u64,
@@ -75,7 +75,7 @@ pub struct Capture {
 }
 
 /// How a command that ran ended, as its runner saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Exit {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -107,9 +107,9 @@ pub enum ProcessEnd {
 }
 
 flat_enum_serialize!(ProcessEnd {
-    0 Exited "exited" { 0: exit }
-    1 CompletedUnknown "completed_unknown" { runner: runner, command_alive: command_alive }
-    2 Failed "failed" { code: code, detail: detail }
+    0 Exited "exited" { 0: exit: Exit }
+    1 CompletedUnknown "completed_unknown" { runner: runner: String, command_alive: command_alive: bool }
+    2 Failed "failed" { code: code: String, detail: detail: String }
 });
 
 /// The code of a process cancelled before any runner started it (status
@@ -117,7 +117,9 @@ flat_enum_serialize!(ProcessEnd {
 pub const CANCELLED_BEFORE_START: &str = "CANCELLED_BEFORE_START";
 
 /// Status of a process, derived from its records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumString)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumString, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum ProcessStatus {

@@ -78,12 +78,12 @@ pub enum TenureEndHow {
 flat_enum_serialize!(TenureEndHow {
     0 Released "released" {}
     1 TakenOver "taken_over" {}
-    2 DeadOwner "dead_owner" { 0: reason }
+    2 DeadOwner "dead_owner" { 0: reason: DeathReason }
 });
 
 /// How a tenure ended; `cut_off_seq` is the last sequence that counts as that
 /// owner's authoritative history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TenureEnd {
     pub generation: u64,
     pub instance: uuid::Uuid,
@@ -127,12 +127,12 @@ pub enum LeaseState {
 
 flat_enum_serialize!(LeaseState {
     0 Held "held" {}
-    1 ReleasePending "release_pending" { code: code, attempts: attempts }
-    2 Released "released" { seq: seq }
-    3 Displaced "displaced" { seq: seq }
+    1 ReleasePending "release_pending" { code: code: String, attempts: attempts: u64 }
+    2 Released "released" { seq: seq: u64 }
+    3 Displaced "displaced" { seq: seq: u64 }
 });
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Lease {
     pub id: u64,
     pub resource: String,
@@ -270,29 +270,29 @@ pub enum Outcome {
 }
 
 flat_enum_serialize!(Outcome {
-    0 Claimed "claimed" { subject: subject, generation: generation, owner: owner, retired: retired }
-    1 LockReused "lock_reused" { subject: subject, generation: generation, owner: owner }
-    2 Heartbeat "heartbeat" { subject: subject, generation: generation, heartbeat_ms: heartbeat_ms }
-    3 Released "released" { subject: subject, generation: generation }
-    4 TookOver "took_over" { subject: subject, generation: generation, owner: owner, retired: retired }
-    5 Rotated "rotated" { subject: subject, generation: generation }
-    6 Noted "noted" { subject: subject, generation: generation, authoritative: authoritative }
-    7 FencedAudit "fenced_audit" { subject: subject, count: count }
-    8 LeaseAcquired "lease_acquired" { lease: lease, resource: resource, mode: mode, token: token, expires_ms: expires_ms, displaced: displaced }
-    9 LeaseReleased "lease_released" { lease: lease, token: token }
-    10 LeaseAlreadyEnded "lease_already_ended" { lease: lease, state: state }
-    11 LeaseReleaseFailed "lease_release_failed" { lease: lease, code: code, attempts: attempts, presented: presented }
-    12 Checkpointed "checkpointed" { snapshot_seq: snapshot_seq }
-    13 SpawnRecorded "spawn_recorded" { process: process, leases: leases, displaced: displaced }
-    14 ProcessStarted "process_started" { process: process, command_pid: command_pid }
-    15 CancelRecorded "cancel_recorded" { process: process }
-    16 ProcessEnded "process_ended" { process: process, status: status, leases_released: leases_released }
-    17 CutoverRecorded "cutover_recorded" { settled: settled }
-    18 EvidenceRecorded "evidence_recorded" { subject: subject }
+    0 Claimed "claimed" { subject: subject: String, generation: generation: u64, owner: owner: Identity, retired: retired: Option<TenureEnd> }
+    1 LockReused "lock_reused" { subject: subject: String, generation: generation: u64, owner: owner: Identity }
+    2 Heartbeat "heartbeat" { subject: subject: String, generation: generation: u64, heartbeat_ms: heartbeat_ms: u64 }
+    3 Released "released" { subject: subject: String, generation: generation: u64 }
+    4 TookOver "took_over" { subject: subject: String, generation: generation: u64, owner: owner: Identity, retired: retired: TenureEnd }
+    5 Rotated "rotated" { subject: subject: String, generation: generation: u64 }
+    6 Noted "noted" { subject: subject: String, generation: generation: u64, authoritative: authoritative: bool }
+    7 FencedAudit "fenced_audit" { subject: subject: String, count: count: u64 }
+    8 LeaseAcquired "lease_acquired" { lease: lease: u64, resource: resource: String, mode: mode: LeaseMode, token: token: u64, expires_ms: expires_ms: u64, displaced: displaced: Vec<u64> }
+    9 LeaseReleased "lease_released" { lease: lease: u64, token: token: u64 }
+    10 LeaseAlreadyEnded "lease_already_ended" { lease: lease: u64, state: state: LeaseState }
+    11 LeaseReleaseFailed "lease_release_failed" { lease: lease: u64, code: code: String, attempts: attempts: u64, presented: presented: u64 }
+    12 Checkpointed "checkpointed" { snapshot_seq: snapshot_seq: u64 }
+    13 SpawnRecorded "spawn_recorded" { process: process: u64, leases: leases: Vec<GrantedLease>, displaced: displaced: Vec<u64> }
+    14 ProcessStarted "process_started" { process: process: u64, command_pid: command_pid: u32 }
+    15 CancelRecorded "cancel_recorded" { process: process: u64 }
+    16 ProcessEnded "process_ended" { process: process: u64, status: status: ProcessStatus, leases_released: leases_released: Vec<u64> }
+    17 CutoverRecorded "cutover_recorded" { settled: settled: u64 }
+    18 EvidenceRecorded "evidence_recorded" { subject: subject: String }
 });
 
 /// A lease granted with a spawn (held until the process ends).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GrantedLease {
     pub lease: u64,
     pub resource: String,

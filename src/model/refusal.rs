@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Blocker {
     pub lease: u64,
     pub holder: String,
@@ -12,7 +12,7 @@ pub struct Blocker {
 }
 
 /// How a fenced writer's generation was retired (`FENCED` evidence).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Retired {
     pub cut_off_seq: u64,
     /// How the tenure ended, in the one shape every answer gives it (a claim's
@@ -23,7 +23,17 @@ pub struct Retired {
 
 /// Serialized as `{"code": "ALREADY_ACTIVE", <evidence fields>}`; the same code
 /// as a `&'static str` from [`Refusal::code`] (one spelling, two derives).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Serialize,
+    thiserror::Error,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+    utoipa::ToSchema,
+)]
 #[serde(tag = "code", rename_all = "SCREAMING_SNAKE_CASE")]
 #[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum Refusal {

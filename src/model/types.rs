@@ -20,7 +20,7 @@ pub const TXN_CONDITIONS_MAX: usize = 64;
 /// build records and reads; the pid namespace the pid was seen in travels as an
 /// event of its own, [`Event::OwnerPidNamespace`], so that a build that does not
 /// know it stops at the record instead of misjudging the owner.)
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Identity {
     pub instance: uuid::Uuid,
     pub pid: u32,
@@ -35,7 +35,7 @@ pub struct Identity {
 }
 
 /// Why an owner is provably dead; the first failing check is reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeathReason {
     ProcessDead,
@@ -133,7 +133,7 @@ pub struct DeadOwner {
 }
 
 /// A mutation lock's attribution: what the holder is doing, for which request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LockIntent {
     pub action: String,
     pub request: String,
@@ -141,7 +141,7 @@ pub struct LockIntent {
 
 /// In JSON `read` / `write` (the capitalised spellings earlier builds wrote and
 /// sent are still accepted). Records hold the variant index: names never reach a log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LeaseMode {
     #[serde(alias = "Read")]

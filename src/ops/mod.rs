@@ -63,7 +63,7 @@ impl Caller {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     pub subject: String,
@@ -81,7 +81,7 @@ pub struct ClaimRequest {
 }
 
 /// Heartbeat, release and fence rotation name a subject and the generation held.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GenerationRequest {
     pub subject: String,
@@ -94,7 +94,7 @@ pub struct GenerationRequest {
     pub instance: Option<uuid::Uuid>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoteRequest {
     pub subject: String,
@@ -108,7 +108,7 @@ pub struct NoteRequest {
     pub instance: Option<uuid::Uuid>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TakeoverRequest {
     pub subject: String,
@@ -126,7 +126,7 @@ pub struct TakeoverRequest {
     pub request_id: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseAcquireRequest {
     pub resource: String,
@@ -146,7 +146,7 @@ pub struct LeaseAcquireRequest {
     pub request_id: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseReleaseRequest {
     pub lease: u64,
@@ -661,7 +661,7 @@ pub fn plan_lease_release(req: &LeaseReleaseRequest) -> Result<Planned, OpError>
 }
 
 /// How an owner looks now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Free,
@@ -700,7 +700,7 @@ pub fn status(here: &identity::Here, owner: Option<&crate::model::Owner>, now_ms
     status_of(here, owner, now_ms).0
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct SubjectState {
     pub subject: String,
     pub generation: u64,
@@ -724,7 +724,7 @@ pub struct SubjectState {
     pub late_notes: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct StateResponse {
     pub last_seq: u64,
     pub chain_head: String,
@@ -781,7 +781,7 @@ pub fn state_of(
     Ok(StateResponse { last_seq: p.last_seq, chain_head: crate::format::hex(head), torn_tail, subjects, leases })
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RequestShowResponse {
     #[serde(flatten)]
     pub status: RequestStatus,

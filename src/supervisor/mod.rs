@@ -67,7 +67,7 @@ fn invalid(detail: impl Into<String>) -> OpError {
 }
 
 /// `fencelog run` / `POST /v1/run`: the CLI's flags in snake_case.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     pub command: Vec<String>,
@@ -84,6 +84,7 @@ pub struct RunRequest {
     #[serde(default = "default_wait_ms")]
     pub wait_ms: u64,
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub cwd: Option<PathBuf>,
     /// `NAME=VALUE`; values never enter the log (only their blake3).
     #[serde(default)]
@@ -98,7 +99,7 @@ pub struct RunRequest {
 
 /// A process as every front end shows it. `exit_code` … `stderr_tail` appear once
 /// it is terminal.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ProcessView {
     pub id: u64,
     pub status: ProcessStatus,
@@ -120,10 +121,32 @@ pub struct ProcessView {
     pub started_seq: Option<u64>,
     pub cancel_requested_seq: Option<u64>,
     #[serde(flatten)]
+    #[schema(value_type = TerminalFields)]
     pub terminal: Option<TerminalView>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// [`TerminalView`]'s members as a process shows them: all present once it is
+/// terminal, none before (the schema of the flattened `Option`).
+pub struct TerminalFields;
+
+impl utoipa::PartialSchema for TerminalFields {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::{RefOr, schema::Schema};
+        let mut s = <TerminalView as utoipa::PartialSchema>::schema();
+        if let RefOr::T(Schema::Object(o)) = &mut s {
+            o.required.clear();
+            o.description = Some("Present, all together, once the process is terminal.".into());
+        }
+        s
+    }
+}
+impl utoipa::ToSchema for TerminalFields {
+    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>) {
+        <TerminalView as utoipa::ToSchema>::schemas(schemas);
+    }
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct TerminalView {
     pub ended_seq: u64,
     pub ended_ms: u64,
@@ -143,7 +166,7 @@ pub struct TerminalView {
     pub leases_released: Vec<u64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct CaptureView {
     pub bytes_seen: u64,
     pub bytes_kept: u64,
@@ -636,7 +659,7 @@ pub fn wait(ledger: &Ledger, process: u64, timeout_ms: u64) -> Result<ProcessVie
     Ok(ProcessView::of(&wait_for(ledger, process, timeout_ms, |p| p.status().is_terminal())?, false))
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ListResponse {
     pub processes: Vec<ProcessView>,
 }
@@ -663,7 +686,7 @@ pub fn list(projection: &Projection, status: Option<&str>, owner: Option<&str>) 
     Ok(ListResponse { processes })
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Stream {
     Stdout,
@@ -856,7 +879,7 @@ impl OutputFile {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct CancelResponse {
     #[serde(flatten)]
     pub process: ProcessView,

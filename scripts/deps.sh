@@ -3,7 +3,7 @@
 # command they provide: `scripts/deps.sh build` (what building fencelog needs:
 # a C compiler, protoc), `scripts/deps.sh test` (that, and what the tests start
 # or check with: etcd, systemd's analyzers for the unit file, promtool for the
-# metrics). Sourced or run; uses sudo when not root.
+# metrics, Node.js and npm for the TypeScript client). Sourced or run; uses sudo when not root.
 set -euo pipefail
 
 want=("$@")
@@ -21,6 +21,9 @@ for w in "${want[@]}"; do
       command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
       command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
       command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+      # The TypeScript client's tests (clients/typescript: Node.js 20 or later).
+      command -v node >/dev/null 2>&1 || need+=(nodejs)
+      command -v npm >/dev/null 2>&1 || need+=(npm)
       ;;
     *) echo "scripts/deps.sh: unknown set $w (build, test)" >&2; exit 2 ;;
   esac

@@ -326,13 +326,16 @@ fn every_route_answers_exactly_what_the_openapi_document_describes() {
     c.call("POST", "/v1/processes/{id}/wait", &wait, Write, Some(json!({"timeout": 1})), &[], 400);
     // The sleeper is cancelled once it runs (its start is a record: wait for it).
     let show = format!("/v1/processes/{sleeper}");
-    for _ in 0..2000 {
+    let mut running = false;
+    for _ in 0..6000 {
         let (p, _) = c.call("GET", "/v1/processes/{id}", &show, Read, None, &[], 200);
         if p["status"] == "running" {
+            running = true;
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    assert!(running, "the sleeper never started");
     let cancel = format!("/v1/processes/{sleeper}/cancel");
     let (cancelled, _) =
         c.call("POST", "/v1/processes/{id}/cancel", &cancel, Write, Some(json!({"grace_ms": 100})), &[], 200);

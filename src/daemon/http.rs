@@ -267,7 +267,10 @@ async fn length_gate(app: &App, req: Request, next: Next) -> Response {
 /// included): past the bound, 503 `REQUEST_TIMEOUT`. A mutation may still land
 /// after that answer; its request id says (`GET /v1/requests/{id}`).
 async fn time_limit(app: &App, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/v1/watch" {
+    // A watch streams for as long as its client reads; the probes, the version and
+    // the document answer at once, from memory (and so never 503 `REQUEST_TIMEOUT`,
+    // as the OpenAPI document says).
+    if matches!(req.uri().path(), "/v1/watch" | "/healthz" | "/readyz" | "/v1/version" | "/v1/openapi.json") {
         return problems_only(app, req, next).await;
     }
     match tokio::time::timeout(Duration::from_millis(super::REQUEST_TIME_MS_MAX), problems_only(app, req, next)).await {

@@ -438,9 +438,8 @@ pub struct StateQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct WatchQuery {
-    /// The first sequence to send (`1`: the whole log). Without it (and without
+    /// The first sequence to send (`1`, or `0`: the whole log). Without it (and without
     /// `Last-Event-ID`) the stream starts at the head: only new records.
-    #[param(minimum = 1)]
     pub from: Option<u64>,
 }
 
@@ -685,6 +684,13 @@ pub fn document_json() -> &'static str {
         if let Some(variants) = v["components"]["schemas"]["Refusal"]["oneOf"].as_array_mut() {
             for variant in variants {
                 every_member_required(variant, &["retired"]);
+            }
+        }
+        // `Last-Event-ID` is optional (utoipa makes a header that is not an
+        // `Option` required, and an `Option` nullable).
+        if let Some(params) = v["paths"]["/v1/watch"]["get"]["parameters"].as_array_mut() {
+            for p in params.iter_mut().filter(|p| p["name"] == "Last-Event-ID") {
+                p["required"] = serde_json::json!(false);
             }
         }
         // The probes take no credentials: `security: []`, not `[{}]`.
@@ -996,7 +1002,7 @@ fn version() {}
     security(("bearer" = ["read"])),
     params(
         WatchQuery,
-        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this sequence (takes precedence over `from`)"),
+        ("Last-Event-ID" = u64, Header, description = "Resume after this sequence (takes precedence over `from`)"),
     ),
     responses(
         (status = 200, description = "The stream: events `record` (WatchRecord), `cutover` (WatchCutover), `error` (text)",
@@ -1082,6 +1088,22 @@ mod tests {
             "docs/openapi.json differs from the generated document: run `FENCELOG_BLESS=1 cargo test --lib openapi` \
              and review the diff"
         );
+    }
+
+    /// Proves: the bounds the document gives a run and a lease are the ones the
+    /// server enforces (the attributes take literals; the constants are these).
+    #[test]
+    fn the_documented_bounds_are_the_enforced_ones() {
+        let v: serde_json::Value = serde_json::from_str(document_json()).unwrap();
+        let run = &v["components"]["schemas"]["RunRequest"]["properties"];
+        assert_eq!(run["wait_ms"]["maximum"], crate::daemon::HTTP_WAIT_MS_MAX);
+        assert_eq!(run["lease_wait_ms"]["maximum"], supervisor::LEASE_WAIT_MS_MAX);
+        assert_eq!(run["timeout_ms"]["maximum"], supervisor::TIMEOUT_MS_MAX);
+        assert_eq!(run["output_bytes_max"]["maximum"], supervisor::OUTPUT_BYTES_MAX_LIMIT);
+        assert_eq!(run["command"]["minItems"], 1);
+        let ttl = &v["components"]["schemas"]["LeaseAcquireRequest"]["properties"]["ttl_ms"];
+        assert_eq!(ttl["maximum"], ops::LEASE_TTL_MS_MAX);
+        assert_eq!(ttl["minimum"], 1);
     }
 
     /// Proves: the problem `code` enum is exactly the codes docs/ERRORS.md gives an

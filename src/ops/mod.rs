@@ -140,7 +140,9 @@ pub struct LeaseAcquireRequest {
     pub owner: Option<String>,
     #[serde(default)]
     pub generation: Option<u64>,
+    /// 1..=`LEASE_TTL_MS_MAX` (a day).
     #[serde(default = "lease_ttl_ms_default")]
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub ttl_ms: u64,
     #[serde(default)]
     pub request_id: Option<String>,

@@ -70,18 +70,26 @@ fn invalid(detail: impl Into<String>) -> OpError {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
+    /// The executable (searched in `PATH` when it has no `/`) and its arguments.
+    #[schema(min_items = 1)]
     pub command: Vec<String>,
     #[serde(default)]
     pub request_id: Option<String>,
     /// `RESOURCE:read` or `RESOURCE:write`.
     #[serde(default)]
     pub leases: Vec<String>,
+    /// How long to wait for the leases (at most `LEASE_WAIT_MS_MAX`).
     #[serde(default)]
+    #[schema(maximum = 30_000)]
     pub lease_wait_ms: u64,
-    /// 0: no timeout.
+    /// 0: no timeout (at most `TIMEOUT_MS_MAX`, a week).
     #[serde(default)]
+    #[schema(maximum = 604_800_000)]
     pub timeout_ms: u64,
+    /// How long the answer waits for the process to end (over HTTP at most
+    /// `HTTP_WAIT_MS_MAX`); the process goes on after it.
     #[serde(default = "default_wait_ms")]
+    #[schema(maximum = 60_000)]
     pub wait_ms: u64,
     #[serde(default)]
     #[schema(value_type = Option<String>)]
@@ -89,7 +97,9 @@ pub struct RunRequest {
     /// `NAME=VALUE`; values never enter the log (only their blake3).
     #[serde(default)]
     pub env: Vec<String>,
+    /// Bytes of each output kept (1..=`OUTPUT_BYTES_MAX_LIMIT`).
     #[serde(default = "default_output_bytes_max")]
+    #[schema(minimum = 1, maximum = 67_108_864)]
     pub output_bytes_max: u64,
     #[serde(default)]
     pub owner: Option<String>,

@@ -143,7 +143,8 @@ export interface WatchRecord {
   writer: string;
   link: string;
   bytes: number;
-  request: string | null;
+  /** The request id, if the transaction carried one (absent if it does not decode). */
+  request?: string | null;
   kinds: string[];
   subjects?: string[];
   conditions?: Record<string, unknown>[];

@@ -704,7 +704,10 @@ export interface components {
             owner?: string | null;
             request_id?: string | null;
             resource: string;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description 1..=`LEASE_TTL_MS_MAX` (a day).
+             */
             ttl_ms?: number;
         };
         /**
@@ -1636,26 +1639,37 @@ export interface components {
         } & components["schemas"]["MutationMeta"];
         /** @description `fencelog run` / `POST /v1/run`: the CLI's flags in snake_case. */
         RunRequest: {
+            /** @description The executable (searched in `PATH` when it has no `/`) and its arguments. */
             command: string[];
             cwd?: string | null;
             /** @description `NAME=VALUE`; values never enter the log (only their blake3). */
             env?: string[];
             /** Format: int64 */
             generation?: number | null;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How long to wait for the leases (at most `LEASE_WAIT_MS_MAX`).
+             */
             lease_wait_ms?: number;
             /** @description `RESOURCE:read` or `RESOURCE:write`. */
             leases?: string[];
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description Bytes of each output kept (1..=`OUTPUT_BYTES_MAX_LIMIT`).
+             */
             output_bytes_max?: number;
             owner?: string | null;
             request_id?: string | null;
             /**
              * Format: int64
-             * @description 0: no timeout.
+             * @description 0: no timeout (at most `TIMEOUT_MS_MAX`, a week).
              */
             timeout_ms?: number;
-            /** Format: int64 */
+            /**
+             * Format: int64
+             * @description How long the answer waits for the process to end (over HTTP at most
+             *     `HTTP_WAIT_MS_MAX`); the process goes on after it.
+             */
             wait_ms?: number;
         };
         StateResponse: {
@@ -3282,14 +3296,14 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description The first sequence to send (`1`: the whole log). Without it (and without
+                 * @description The first sequence to send (`1`, or `0`: the whole log). Without it (and without
                  *     `Last-Event-ID`) the stream starts at the head: only new records.
                  */
                 from?: number;
             };
             header?: {
                 /** @description Resume after this sequence (takes precedence over `from`) */
-                "Last-Event-ID"?: number | null;
+                "Last-Event-ID"?: number;
             };
             path?: never;
             cookie?: never;

@@ -113,11 +113,19 @@ impl EtcdOptions {
 /// page before, within `1..=`[`READ_PAGE_RECORDS_MAX`].
 struct Pager {
     limit: i64,
+    /// The store's revision every page is read at (0: the newest, page by page).
+    revision: i64,
 }
 
 impl Pager {
     fn new() -> Pager {
-        Pager { limit: READ_PAGE_RECORDS_FIRST }
+        Pager { limit: READ_PAGE_RECORDS_FIRST, revision: 0 }
+    }
+
+    /// Every page read at `revision`: one consistent view of the keys however
+    /// many pages it takes.
+    fn at(revision: i64) -> Pager {
+        Pager { revision, ..Pager::new() }
     }
 
     fn observe(&mut self, r: &etcd_client::GetResponse) {
@@ -294,13 +302,16 @@ impl Conn {
     /// keys (down to one, which always fits: a record is at most
     /// [`PAYLOAD_BYTES_MAX`] and its frame).
     fn get_page(&self, start: Vec<u8>, end: Vec<u8>, pager: &mut Pager) -> Result<etcd_client::GetResponse> {
-        let first = pager.limit;
+        let (first, revision) = (pager.limit, pager.revision);
         let (r, limit) = self.run(Retry::Unavailable, move |c| {
             let (start, end) = (start.clone(), end.clone());
             async move {
                 let mut limit = first;
                 loop {
-                    let opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
+                    let mut opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
+                    if revision > 0 {
+                        opts = opts.with_revision(revision);
+                    }
                     match c
                         .kv_client()
                         .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -536,10 +547,13 @@ impl EtcdBackend {
             },
             archived: None,
         };
-        b.archived = b.read_archived()?;
-        let head = b.read_head()?;
+        // The head, the archive marker and the records are read at one revision:
+        // an append that lands between two reads (another host's, a runner's)
+        // would otherwise look like records after the head.
+        let (head, revision) = b.read_head_at()?;
+        b.archived = b.read_archived_at(revision)?;
         if check {
-            b.check_history(&head)?;
+            b.check_history(&head, revision)?;
         }
         *b.cursor.lock().expect("cursor") = Cursor { next_seq: head.seq + 1, prev_link: head.link };
         b.report.last_seq = head.seq;
@@ -566,17 +580,28 @@ impl EtcdBackend {
     }
 
     fn read_head(&self) -> Result<Head> {
+        self.read_head_at().map(|(h, _)| h)
+    }
+
+    /// The head, and the revision of the store it was read at.
+    fn read_head_at(&self) -> Result<(Head, i64)> {
         let r = self.conn.get(keys::key(&self.prefix, keys::HEAD), None)?;
+        let revision = r.header().map_or(0, |h| h.revision());
         let Some(kv) = r.kvs().first() else {
             return Err(self.corruption(0, "the log's marker is there but its head key is missing".into()));
         };
         let (seq, link) = keys::parse_head(kv.value())
             .ok_or_else(|| self.corruption(0, "the head key does not hold a head".into()))?;
-        Ok(Head { seq, link })
+        Ok((Head { seq, link }, revision))
     }
 
-    fn read_archived(&self) -> Result<Option<Archived>> {
-        let r = self.conn.get(keys::key(&self.prefix, keys::ARCHIVED), None)?;
+    /// Read options at `revision` (0: the newest).
+    fn at(revision: i64) -> GetOptions {
+        if revision > 0 { GetOptions::new().with_revision(revision) } else { GetOptions::new() }
+    }
+
+    fn read_archived_at(&self, revision: i64) -> Result<Option<Archived>> {
+        let r = self.conn.get(keys::key(&self.prefix, keys::ARCHIVED), Some(Self::at(revision)))?;
         let Some(kv) = r.kvs().first() else { return Ok(None) };
         let j: ArchivedJson = serde_json::from_slice(kv.value())
             .map_err(|e| self.corruption(0, format!("the archive marker does not parse: {e}")))?;
@@ -593,13 +618,13 @@ impl EtcdBackend {
     /// The whole history the prefix claims, or nothing: the record keys from the
     /// first held sequence are exactly the ones up to the head (a count: one
     /// request), and the last of them is the head.
-    fn check_history(&self, head: &Head) -> Result<()> {
+    fn check_history(&self, head: &Head, revision: i64) -> Result<()> {
         let first = self.first_seq();
         let expected = (head.seq + 1).saturating_sub(first);
         let end = keys::prefix_end(&keys::key(&self.prefix, keys::RECORDS));
         let counted = self
             .conn
-            .get(keys::record(&self.prefix, first), Some(GetOptions::new().with_range(end).with_count_only()))?
+            .get(keys::record(&self.prefix, first), Some(Self::at(revision).with_range(end).with_count_only()))?
             .count() as u64;
         if counted != expected {
             let detail = if counted > expected {
@@ -619,7 +644,7 @@ impl EtcdBackend {
             return Err(self.corruption(head.seq, detail));
         }
         if head.seq >= first {
-            let r = self.conn.get(keys::record(&self.prefix, head.seq), None)?;
+            let r = self.conn.get(keys::record(&self.prefix, head.seq), Some(Self::at(revision)))?;
             let kv = r.kvs().first().ok_or_else(|| self.corruption(head.seq, "the head's record is missing".into()))?;
             let (rec, used) = decode_frame(kv.value(), BODY_BYTES_HARD_MAX)
                 .map_err(|e| self.corruption(head.seq, format!("the head's record is damaged: {e:?}")))?;
@@ -1145,13 +1170,15 @@ impl EtcdBackend {
             let p = problem("history_archived", &self.key_path(from_seq), 0, from_seq, false, 0, detail);
             report!(&mut sum, p, &mut stopped);
         }
-        let head = self.read_head()?;
+        // The records are walked at the head's revision: appends during the walk
+        // (a live log) are not taken for records after the head.
+        let (head, revision) = self.read_head_at()?;
         let mut next = from_seq.max(first);
         // The link the next record must follow, when it is known.
         let mut prev: Option<ChainLink> = if next == first {
             Some(if first == 1 { GENESIS_LINK } else { self.archived.map_or(GENESIS_LINK, |a| a.link) })
         } else {
-            let r = self.conn.get(keys::record(&self.prefix, next - 1), None)?;
+            let r = self.conn.get(keys::record(&self.prefix, next - 1), Some(Self::at(revision)))?;
             r.kvs()
                 .first()
                 .and_then(|kv| decode_frame(kv.value(), BODY_BYTES_HARD_MAX).ok())
@@ -1159,7 +1186,7 @@ impl EtcdBackend {
                 .map(|(rec, _)| rec.link)
         };
         let end = keys::prefix_end(&keys::key(&self.prefix, keys::RECORDS));
-        let mut pager = Pager::new();
+        let mut pager = Pager::at(revision);
         'pages: while !stopped {
             let r = self.conn.get_page(keys::record(&self.prefix, next), end.clone(), &mut pager)?;
             for kv in r.kvs() {

@@ -24,6 +24,11 @@
 //! let summary = verify_dir(dir.path(), LogOptions::default().body_max()).unwrap();
 //! assert!(summary.is_intact() && summary.records == 3);
 //! ```
+//!
+//! Every `unsafe` block is in `sys` (libc calls and the memory map, each behind a
+//! safe function); everywhere else `unsafe` does not compile.
+
+#![deny(unsafe_code)]
 
 pub mod audit;
 #[cfg(feature = "daemon")]
@@ -35,5 +40,6 @@ pub mod model;
 pub mod ops;
 pub mod storage;
 pub mod supervisor;
+#[allow(unsafe_code)]
 pub(crate) mod sys;
 pub mod view;

@@ -639,13 +639,8 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
 /// (`malloc_consolidate`: 2–3% of the daemon's time at 64 clients, with malloc
 /// and free 18% in all); small allocations still come from the per-thread cache.
 fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; called before any thread
-    // of the daemon is started.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS_MAX);
-        libc::mallopt(libc::M_MXFAST, 0);
-    }
+    // Called before any thread of the daemon is started.
+    crate::sys::memory::limit_malloc_arenas(MALLOC_ARENAS_MAX);
 }
 
 /// Most glibc malloc arenas in the daemon (see [`limit_malloc_arenas`]).

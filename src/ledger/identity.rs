@@ -331,9 +331,8 @@ enum Probe {
 /// namespace; success or EPERM says there is one.
 fn signal_probe(pid: u32) -> Probe {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return Probe::NoSuchProcess };
-    // SAFETY: signal 0 sends nothing; it only checks that the pid exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+    // Signal 0 sends nothing; it only checks that the pid exists.
+    if crate::sys::process::kill(pid, 0).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH)) {
         return Probe::NoSuchProcess;
     }
     Probe::Exists

@@ -1027,11 +1027,7 @@ struct Replayed {
 
 /// Return freed heap pages to the system (glibc keeps them otherwise).
 fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::sys::memory::release_free_memory();
 }
 
 /// Replay the log in `dir`: try each snapshot (the newest few, newest first); one

@@ -21,7 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -123,22 +123,19 @@ pub fn spare_main(site: &Site) -> i32 {
         // process's runner.log.
         Err(_) => return 1,
     };
-    // SAFETY: fd 0 is the channel this runner was started with; ManuallyDrop keeps
-    // it from being closed here (StartNotice replaces it).
-    let mut chan = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    // Fd 0 is the channel this runner was started with (StartNotice replaces it).
+    let mut chan = crate::sys::fd::inherited(0);
     let _ = chan.write_all(&[SPARE_READY]);
     // While it waits, it keeps up with the log: a run's catch-up is then only what
     // was appended since the last look.
     loop {
-        let mut fds = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        match unsafe { libc::poll(&mut fds, 1, SPARE_CATCH_UP_MS) } {
-            0 => {
+        match crate::sys::fd::poll_readable(0, SPARE_CATCH_UP_MS) {
+            Ok(false) => {
                 let _ = ledger.refresh_with(|_| ());
             }
-            n if n > 0 => break,
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            _ => return 1,
+            Ok(true) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return 1,
         }
     }
     let mut header = [0u8; 16];
@@ -162,8 +159,7 @@ pub fn spare_main(site: &Site) -> i32 {
     // runner that cannot have one is a runner that could not be started.
     match private_process_dir(dir, process).and_then(|d| open_runner_log(&d)) {
         Ok(log) => {
-            // SAFETY: dup2(2) of a descriptor we own onto fd 2.
-            unsafe { libc::dup2(log.as_raw_fd(), 2) };
+            crate::sys::fd::dup_onto(log.as_raw_fd(), 2);
         }
         Err(e) => {
             end_unstarted(&ledger, process, "SPAWN_FAILED", &format!("cannot start a runner: {e}"));
@@ -188,8 +184,7 @@ struct StartNotice(bool);
 impl StartNotice {
     fn settled(&mut self) {
         if std::mem::take(&mut self.0) {
-            // SAFETY: write(2) of one byte from a live buffer to the channel (fd 0).
-            unsafe { libc::write(0, [SPARE_SETTLED].as_ptr().cast(), 1) };
+            crate::sys::fd::write_once(0, &[SPARE_SETTLED]);
             // Nothing of the caller's is held while the command runs.
             null_onto(0, libc::O_RDONLY);
         }
@@ -511,14 +506,16 @@ pub fn stop_group(pgid: u32, grace_ms: u64) -> usize {
 /// one system call (the common case); a "yes" may be zombies only (reaped late by
 /// whoever adopted them), so it is confirmed from `/proc`.
 pub fn group_exists(pgid: u32) -> bool {
-    // SAFETY: signal 0 checks for existence and permission; nothing is sent.
-    pgid > 1 && unsafe { libc::kill(-(pgid as i32), 0) } == 0 && !identity::process_group_members(pgid).is_empty()
+    // Signal 0 checks for existence and permission; nothing is sent.
+    pgid > 1
+        && crate::sys::process::kill(-(pgid as i32), 0).is_ok()
+        && !identity::process_group_members(pgid).is_empty()
 }
 
 /// Send `signal` to process group `pgid`.
 pub fn signal_group(pgid: u32, signal: i32) -> bool {
-    // SAFETY: kill(2) with a negative pid signals a process group; no memory is shared.
-    pgid > 1 && unsafe { libc::kill(-(pgid as i32), signal) } == 0
+    // A negative pid signals a process group.
+    pgid > 1 && crate::sys::process::kill(-(pgid as i32), signal).is_ok()
 }
 
 fn open_outputs(dir: &Path, process: u64) -> std::io::Result<[Option<File>; 2]> {
@@ -684,13 +681,7 @@ impl Capturer {
 }
 
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two new descriptors, which we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both were just created and are owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    crate::sys::fd::pipe_cloexec()
 }
 
 /// Most bytes of a gate's spec (the command's path, directory, arguments and
@@ -719,20 +710,15 @@ impl Spawned {
         if let Some(s) = self.status {
             return Ok(Some(s));
         }
-        let mut raw = 0;
         loop {
-            // SAFETY: waits for our own child, into a local.
-            let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut raw, flags) };
-            if r > 0 {
-                self.status = Some(ExitStatus::from_raw(raw));
-                return Ok(self.status);
-            }
-            if r == 0 {
-                return Ok(None);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
+            match crate::sys::process::waitpid(self.pid as libc::pid_t, flags) {
+                Ok(Some(raw)) => {
+                    self.status = Some(ExitStatus::from_raw(raw));
+                    return Ok(self.status);
+                }
+                Ok(None) => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
     }
@@ -755,17 +741,17 @@ impl Gate {
         let (err_r, err_w) = pipe_cloexec()?;
         let (status_r, status_w) = pipe_cloexec()?;
         let argv = [c"fencelog".to_owned(), c"__gate".to_owned()];
-        let pid = posix_spawn_with(
+        let pid = crate::sys::process::posix_spawn_with(
             c"/proc/self/exe",
             &argv,
             &[],
             &[
-                FdAction::Dup(spec_r.as_raw_fd(), 0),
-                FdAction::Dup(out_w.as_raw_fd(), 1),
-                FdAction::Dup(err_w.as_raw_fd(), 2),
-                FdAction::Dup(status_w.as_raw_fd(), GATE_STATUS_FD),
+                crate::sys::process::FdAction::Dup(spec_r.as_raw_fd(), 0),
+                crate::sys::process::FdAction::Dup(out_w.as_raw_fd(), 1),
+                crate::sys::process::FdAction::Dup(err_w.as_raw_fd(), 2),
+                crate::sys::process::FdAction::Dup(status_w.as_raw_fd(), GATE_STATUS_FD),
             ],
-            Placement::OwnGroup,
+            crate::sys::process::Placement::OwnGroup,
         )?;
         Ok(Gate {
             pid,
@@ -853,13 +839,12 @@ fn gate_spec(command: &crate::model::CommandSpec, env: &Environment) -> Vec<u8> 
 pub fn gate_main() -> i32 {
     use std::ffi::{CStr, OsStr};
     use std::os::unix::ffi::OsStrExt;
-    // SAFETY: fcntl(2) on the status descriptor this gate was started with: a
-    // successful exec closes it, which is how the runner learns of it.
-    unsafe { libc::fcntl(GATE_STATUS_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // The status descriptor this gate was started with: a successful exec closes
+    // it, which is how the runner learns of it.
+    crate::sys::fd::set_cloexec(GATE_STATUS_FD);
     let mut spec = Vec::new();
-    // SAFETY: fd 0 is the runner's pipe; ManuallyDrop keeps it open here (it is
-    // replaced below).
-    let mut input = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+    // Fd 0 is the runner's pipe (replaced below).
+    let mut input = crate::sys::fd::inherited(0);
     let read = (&mut *input).take(GATE_SPEC_BYTES_MAX as u64 + 8).read_to_end(&mut spec);
     if read.is_err() || spec.is_empty() {
         return 0; // closed: nothing runs
@@ -867,8 +852,7 @@ pub fn gate_main() -> i32 {
     null_onto(0, libc::O_RDONLY);
     let fail = |what: &[u8], e: std::io::Error| -> i32 {
         let errno = e.raw_os_error().unwrap_or(libc::EIO).to_ne_bytes();
-        // SAFETY: write(2) of a local buffer to the status descriptor.
-        unsafe { libc::write(GATE_STATUS_FD, errno.as_ptr().cast(), errno.len()) };
+        crate::sys::fd::write_once(GATE_STATUS_FD, &errno);
         let message = format!("fencelog: {} could not be executed: {e}\n", String::from_utf8_lossy(what));
         let _ = std::io::stderr().write_all(message.as_bytes());
         127
@@ -886,124 +870,8 @@ pub fn gate_main() -> i32 {
         }
         _ => return fail(b"the command", std::io::Error::from_raw_os_error(libc::EINVAL)),
     };
-    let ptrs = |v: &[&CStr]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
-    let (argv_p, env_p) = (ptrs(argv), ptrs(env));
-    // SAFETY: SIGPIPE back to its default for the command (this process, a Rust
-    // program, ignores it); chdir(2) and execvpe(3) with NUL-terminated strings and
-    // null-terminated arrays that live across the calls.
-    let e = unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        // glibc's posix_spawn leaves its two internal signals (32, 33) ignored in
-        // the child, and glibc refuses to touch them through sigaction(3): back to
-        // their defaults by the system call, with an all-zero (SIG_DFL, no flags,
-        // empty mask) kernel sigaction, as any command started from a shell has
-        // them.
-        let dfl = [0u64; 4];
-        for sig in [32, 33] {
-            let (sig, sigset_bytes): (libc::c_long, libc::c_long) = (sig, 8);
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                dfl.as_ptr(),
-                std::ptr::null_mut::<libc::c_void>(),
-                sigset_bytes,
-            );
-        }
-        if libc::chdir(cwd.as_ptr()) != 0 {
-            std::io::Error::last_os_error()
-        } else {
-            // execvpe, not execve: the path has a slash, so no search, but a file
-            // without a `#!` line is run by /bin/sh, as execvp (and so a command
-            // started any other way) runs it.
-            libc::execvpe(exe.as_ptr(), argv_p.as_ptr(), env_p.as_ptr());
-            std::io::Error::last_os_error()
-        }
-    };
+    let e = crate::sys::process::exec_command(cwd, exe, argv, env);
     fail(OsStr::from_bytes(exe.to_bytes()).as_bytes(), e)
-}
-
-/// A descriptor a child is started with: ours as its `fd`, or `/dev/null` opened
-/// with `flags`.
-enum FdAction {
-    Dup(std::os::fd::RawFd, libc::c_int),
-    Null(libc::c_int, libc::c_int),
-}
-
-/// Where a child is started: a session of its own, with `/` as its directory (a
-/// runner), or a process group of its own in ours (a gate).
-enum Placement {
-    OwnSession,
-    OwnGroup,
-}
-
-/// `posix_spawn` (the caller is not copied: glibc spawns with `CLONE_VFORK`) of
-/// `exe` with `argv` and `envp`, its descriptors set by `fds` (applied in order;
-/// every other descriptor closed), an empty signal mask and the default SIGPIPE,
-/// placed as `placement` says. Returns its pid.
-fn posix_spawn_with(
-    exe: &std::ffi::CStr,
-    argv: &[std::ffi::CString],
-    envp: &[std::ffi::CString],
-    fds: &[FdAction],
-    placement: Placement,
-) -> std::io::Result<u32> {
-    let ptrs = |v: &[std::ffi::CString]| {
-        v.iter().map(|s| s.as_ptr().cast_mut()).chain([std::ptr::null_mut()]).collect::<Vec<_>>()
-    };
-    let (argv_p, envp_p) = (ptrs(argv), ptrs(envp));
-    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(rc)) };
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: the attribute and file-action objects are initialised before use and
-    // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
-    // until posix_spawn returns; the arrays end with a null pointer; the
-    // descriptors named are open (ours) until then.
-    unsafe {
-        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
-        check(libc::posix_spawn_file_actions_init(&mut fa))?;
-        if let Err(e) = check(libc::posix_spawnattr_init(&mut attr)) {
-            libc::posix_spawn_file_actions_destroy(&mut fa);
-            return Err(e);
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        let mut pipe_only: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigemptyset(&mut pipe_only);
-        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
-        let place = match placement {
-            Placement::OwnSession => libc::POSIX_SPAWN_SETSID as i32,
-            Placement::OwnGroup => libc::POSIX_SPAWN_SETPGROUP,
-        };
-        let flags = place | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
-        let mut spawned = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
-            .and_then(|_| check(libc::posix_spawnattr_setpgroup(&mut attr, 0)))
-            .and_then(|_| check(libc::posix_spawnattr_setsigmask(&mut attr, &empty)))
-            .and_then(|_| check(libc::posix_spawnattr_setsigdefault(&mut attr, &pipe_only)));
-        let mut highest = 2;
-        for a in fds {
-            spawned = spawned.and_then(|_| match *a {
-                FdAction::Dup(fd, to) => {
-                    highest = highest.max(to);
-                    check(libc::posix_spawn_file_actions_adddup2(&mut fa, fd, to))
-                }
-                FdAction::Null(to, flags) => {
-                    highest = highest.max(to);
-                    check(libc::posix_spawn_file_actions_addopen(&mut fa, to, c"/dev/null".as_ptr(), flags, 0))
-                }
-            });
-        }
-        if let Placement::OwnSession = placement {
-            spawned = spawned.and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, c"/".as_ptr())));
-        }
-        let spawned =
-            spawned.and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, highest + 1))).and_then(
-                |_| check(libc::posix_spawn(&mut pid, exe.as_ptr(), &fa, &attr, argv_p.as_ptr(), envp_p.as_ptr())),
-            );
-        libc::posix_spawn_file_actions_destroy(&mut fa);
-        libc::posix_spawnattr_destroy(&mut attr);
-        spawned?;
-    }
-    Ok(pid as u32)
 }
 
 /// The environment a command runs with, name → value.
@@ -1147,24 +1015,12 @@ impl SpareRunner {
         self.chan.set_write_timeout(Some(Duration::from_millis(SPARE_SEND_TIMEOUT_MS)))?;
         let mut sent = 0;
         while sent < message.len() {
-            // SAFETY: sends from a live buffer on a socket we own. MSG_NOSIGNAL: a
-            // spare that is gone is an error here, never a SIGPIPE for the caller.
-            let n = unsafe {
-                libc::send(
-                    self.chan.as_raw_fd(),
-                    message[sent..].as_ptr().cast(),
-                    message.len() - sent,
-                    libc::MSG_NOSIGNAL,
-                )
-            };
-            match n {
-                n if n > 0 => sent += n as usize,
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
+            // A spare that is gone is an error here, never a SIGPIPE for the caller.
+            match crate::sys::fd::send_nosignal(self.chan.as_raw_fd(), &message[sent..]) {
+                Ok(n) if n > 0 => sent += n,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
         let SpareRunner { chan, settled, site, self_exe, .. } = self;
@@ -1260,25 +1116,26 @@ fn spawn_runner(
         })
         .collect::<std::io::Result<_>>()?;
     let (settled_r, settled_w) = pipe_cloexec()?;
-    let pid = posix_spawn_with(
+    let pid = crate::sys::process::posix_spawn_with(
         &argv[0],
         &argv,
         &envp,
         &[
-            stdin.map_or(FdAction::Null(0, libc::O_RDONLY), |fd| FdAction::Dup(fd, 0)),
-            FdAction::Dup(settled_w.as_raw_fd(), 1),
-            stderr.map_or(FdAction::Null(2, libc::O_WRONLY), |f| FdAction::Dup(f.as_raw_fd(), 2)),
+            stdin.map_or(crate::sys::process::FdAction::Null(0, libc::O_RDONLY), |fd| {
+                crate::sys::process::FdAction::Dup(fd, 0)
+            }),
+            crate::sys::process::FdAction::Dup(settled_w.as_raw_fd(), 1),
+            stderr.map_or(crate::sys::process::FdAction::Null(2, libc::O_WRONLY), |f| {
+                crate::sys::process::FdAction::Dup(f.as_raw_fd(), 2)
+            }),
         ],
-        Placement::OwnSession,
+        crate::sys::process::Placement::OwnSession,
     )? as libc::pid_t;
     // The runner holds the only write end now: its end of file is the runner's word.
     drop(settled_w);
     std::thread::spawn(move || {
-        let mut status = 0;
-        // SAFETY: waits for our own child; EINTR is retried.
-        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-        {}
+        // Reaps our own child; EINTR is retried.
+        while matches!(crate::sys::process::waitpid(pid, 0), Err(e) if e.kind() == std::io::ErrorKind::Interrupted) {}
     });
     Ok((settled_r, pid as u32))
 }
@@ -1286,12 +1143,8 @@ fn spawn_runner(
 /// Sleep up to `nap`, or less if the runner behind `settled` (the read end of its
 /// stdout, from [`start_runner`]) settles the outcome or exits first; true if it has.
 pub fn nap_until_settled(settled: &OwnedFd, nap: std::time::Duration) -> bool {
-    let mut fds = libc::pollfd { fd: settled.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: nap.as_secs() as libc::time_t, tv_nsec: nap.subsec_nanos() as libc::c_long };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-    let n = unsafe { libc::ppoll(&mut fds, 1, &ts, std::ptr::null()) };
     // End of file (POLLHUP), or bytes a runner never writes: either way, look now.
-    n > 0 && fds.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+    crate::sys::fd::ppoll_ready(settled.as_raw_fd(), nap)
 }
 
 /// Tell the caller that started this runner that the outcome is settled (on
@@ -1300,24 +1153,11 @@ pub fn nap_until_settled(settled: &OwnedFd, nap: std::time::Duration) -> bool {
 /// exited. Nothing is written: a caller that has stopped waiting is not disturbed.
 fn tell_caller_settled() {
     if !null_onto(1, libc::O_WRONLY) {
-        // SAFETY: close(2) of stdout: the pipe is let go all the same.
-        unsafe { libc::close(1) };
+        // Close stdout: the pipe is let go all the same.
+        crate::sys::fd::close(1);
     }
 }
 
-/// Put `/dev/null` (opened with `flags`) on descriptor `fd`, which lets go of
-/// what was there atomically; false if `/dev/null` cannot be opened (`fd` is then
-/// left as it was).
 fn null_onto(fd: libc::c_int, flags: libc::c_int) -> bool {
-    // SAFETY: open(2) of a constant path, dup2(2) onto `fd`, close(2) of the
-    // descriptor just opened.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), flags | libc::O_CLOEXEC);
-        if null < 0 {
-            return false;
-        }
-        libc::dup2(null, fd);
-        libc::close(null);
-    }
-    true
+    crate::sys::fd::null_onto(fd, flags)
 }

@@ -1,5 +1,16 @@
-//! Facts of the operating system that only a libc call gives, each behind a safe
-//! function.
+//! Every `unsafe` block of the crate: the libc calls and the memory map, each behind
+//! a safe function whose SAFETY comment says why the call is sound. The rest of the
+//! crate denies `unsafe_code` (`lib.rs`), so a new one has to come here.
+//!
+//! - [`fd`]: descriptors (poll, dup2, pipes, sends without SIGPIPE, `/dev/null`).
+//! - [`process`]: signals, waiting, `posix_spawn`, a gate's exec.
+//! - [`fs`]: `statx`, OFD byte locks, read-only maps.
+//! - [`memory`]: glibc's allocator policy.
+
+pub mod fd;
+pub mod fs;
+pub mod memory;
+pub mod process;
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of `/proc/*/stat`'s
 /// times.

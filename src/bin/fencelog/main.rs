@@ -8,6 +8,8 @@
 //! evidence}}`), 4 the audit found a violated verdict or undecodable records, 5
 //! `serve` only: its home was taken (fenced).
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod client;
 mod demo;

@@ -300,18 +300,8 @@ pub(crate) struct Stat {
 /// timestamp, a journalled inode update — measured here as +25–30 µs on every append
 /// that follows a `stat` of its segment (`docs/BENCHMARKS.md`).
 fn statx_lite(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> std::io::Result<Stat> {
-    let mut st: libc::statx = unsafe { std::mem::zeroed() };
-    let mask = libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_INO;
-    // SAFETY: `path` is NUL-terminated and `st` is a valid, writable statx buffer.
-    if unsafe { libc::statx(dirfd, path.as_ptr(), flags, mask, &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(Stat {
-        len: st.stx_size,
-        dev: (st.stx_dev_major, st.stx_dev_minor),
-        ino: st.stx_ino,
-        is_file: u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG,
-    })
+    let st = crate::sys::fs::statx_lite(dirfd, path, flags)?;
+    Ok(Stat { len: st.size, dev: (st.dev_major, st.dev_minor), ino: st.ino, is_file: st.is_regular })
 }
 
 /// [`Stat`] of an open file.

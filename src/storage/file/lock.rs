@@ -51,19 +51,7 @@ const WAITING_BYTE: i64 = 1;
 
 /// An OFD lock request on `WAITING_BYTE` (`F_OFD_SETLK` / `F_OFD_GETLK`).
 fn waiting_byte(file: &File, cmd: libc::c_int, l_type: libc::c_int) -> std::io::Result<libc::c_int> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a zeroed `flock` is a valid value; the fields set below are the ones
-    // the call reads, and `l_pid` must be 0 for OFD locks.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = l_type as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = WAITING_BYTE;
-    fl.l_len = 1;
-    // SAFETY: `fl` outlives the call and the descriptor is open.
-    match unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } {
-        -1 => Err(std::io::Error::last_os_error()),
-        _ => Ok(libc::c_int::from(fl.l_type)),
-    }
+    crate::sys::fs::ofd_byte_lock(file, cmd, l_type, WAITING_BYTE)
 }
 
 /// One lockable path and a spare description for it.

@@ -49,13 +49,13 @@ impl Mapped {
         if len == 0 {
             return Ok(Mapped { map: None });
         }
-        // SAFETY: a mapped file never shrinks underneath. Readers map only sealed
+        // A mapped file never shrinks underneath. Readers map only sealed
         // segments, and a sealed segment is never truncated in place: `repair`
         // replaces it with a new file (`dir::rewrite_prefix`), so a mapping keeps
         // the old inode whole. Only the last segment is cut in place (a torn tail,
         // sealing), under the append lock; the writer maps it only while holding
         // that lock, and readers read it into memory instead (FORMAT.md §7).
-        let map = unsafe { Mmap::map(&f) }.map_err(Error::io("mmap", path))?;
+        let map = crate::sys::fs::map_never_cut(&f).map_err(Error::io("mmap", path))?;
         Ok(Mapped { map: Some(map) })
     }
 

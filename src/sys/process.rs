@@ -1,0 +1,146 @@
+//! Processes: signals, waiting for children, `posix_spawn`, and a gate's exec.
+
+use std::ffi::CStr;
+
+/// `kill(pid, signal)`: a negative `pid` names a process group; signal 0 sends
+/// nothing and only asks whether the target exists (and may be signalled).
+pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: kill(2) takes numbers only; no memory is shared.
+    if unsafe { libc::kill(pid, signal) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// One `waitpid(pid, flags)` of a child of ours: its raw status once it has
+/// ended, `None` if it has not (`WNOHANG`); `Interrupted` is the caller's to retry.
+pub fn waitpid(pid: libc::pid_t, flags: libc::c_int) -> std::io::Result<Option<libc::c_int>> {
+    let mut raw = 0;
+    // SAFETY: waits for a child of ours, into a local.
+    match unsafe { libc::waitpid(pid, &mut raw, flags) } {
+        r if r > 0 => Ok(Some(raw)),
+        0 => Ok(None),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Become the command (a gate's last act): SIGPIPE and glibc's two internal
+/// signals back to their defaults, `chdir(cwd)`, `execvpe(exe, argv, env)`.
+/// Returns only if that failed, with why.
+pub fn exec_command(cwd: &CStr, exe: &CStr, argv: &[&CStr], env: &[&CStr]) -> std::io::Error {
+    let ptrs = |v: &[&CStr]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
+    let (argv_p, env_p) = (ptrs(argv), ptrs(env));
+    // SAFETY: SIGPIPE back to its default for the command (this process, a Rust
+    // program, ignores it); chdir(2) and execvpe(3) with NUL-terminated strings and
+    // null-terminated arrays that live across the calls.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // glibc's posix_spawn leaves its two internal signals (32, 33) ignored in
+        // the child, and glibc refuses to touch them through sigaction(3): back to
+        // their defaults by the system call, with an all-zero (SIG_DFL, no flags,
+        // empty mask) kernel sigaction, as any command started from a shell has
+        // them. (glibc's numbers: gated to glibc on Linux.)
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        for sig in [32, 33] {
+            let dfl = [0u64; 4];
+            let (sig, sigset_bytes): (libc::c_long, libc::c_long) = (sig, 8);
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                dfl.as_ptr(),
+                std::ptr::null_mut::<libc::c_void>(),
+                sigset_bytes,
+            );
+        }
+        if libc::chdir(cwd.as_ptr()) != 0 {
+            std::io::Error::last_os_error()
+        } else {
+            // execvpe, not execve: the path has a slash, so no search, but a file
+            // without a `#!` line is run by /bin/sh, as execvp (and so a command
+            // started any other way) runs it.
+            libc::execvpe(exe.as_ptr(), argv_p.as_ptr(), env_p.as_ptr());
+            std::io::Error::last_os_error()
+        }
+    }
+}
+
+/// A descriptor a child is started with: ours as its `fd`, or `/dev/null` opened
+/// with `flags`.
+pub enum FdAction {
+    Dup(std::os::fd::RawFd, libc::c_int),
+    Null(libc::c_int, libc::c_int),
+}
+
+/// Where a child is started: a session of its own, with `/` as its directory (a
+/// runner), or a process group of its own in ours (a gate).
+pub enum Placement {
+    OwnSession,
+    OwnGroup,
+}
+
+/// `posix_spawn` (the caller is not copied: glibc spawns with `CLONE_VFORK`) of
+/// `exe` with `argv` and `envp`, its descriptors set by `fds` (applied in order;
+/// every other descriptor closed), an empty signal mask and the default SIGPIPE,
+/// placed as `placement` says. Returns its pid.
+pub fn posix_spawn_with(
+    exe: &std::ffi::CStr,
+    argv: &[std::ffi::CString],
+    envp: &[std::ffi::CString],
+    fds: &[FdAction],
+    placement: Placement,
+) -> std::io::Result<u32> {
+    let ptrs = |v: &[std::ffi::CString]| {
+        v.iter().map(|s| s.as_ptr().cast_mut()).chain([std::ptr::null_mut()]).collect::<Vec<_>>()
+    };
+    let (argv_p, envp_p) = (ptrs(argv), ptrs(envp));
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::from_raw_os_error(rc)) };
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: the attribute and file-action objects are initialised before use and
+    // destroyed after; every pointer passed (paths, argv, envp, their arrays) lives
+    // until posix_spawn returns; the arrays end with a null pointer; the
+    // descriptors named are open (ours) until then.
+    unsafe {
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut fa))?;
+        if let Err(e) = check(libc::posix_spawnattr_init(&mut attr)) {
+            libc::posix_spawn_file_actions_destroy(&mut fa);
+            return Err(e);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        let mut pipe_only: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigemptyset(&mut pipe_only);
+        libc::sigaddset(&mut pipe_only, libc::SIGPIPE);
+        let place = match placement {
+            Placement::OwnSession => libc::POSIX_SPAWN_SETSID as i32,
+            Placement::OwnGroup => libc::POSIX_SPAWN_SETPGROUP,
+        };
+        let flags = place | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
+        let mut spawned = check(libc::posix_spawnattr_setflags(&mut attr, flags as libc::c_short))
+            .and_then(|_| check(libc::posix_spawnattr_setpgroup(&mut attr, 0)))
+            .and_then(|_| check(libc::posix_spawnattr_setsigmask(&mut attr, &empty)))
+            .and_then(|_| check(libc::posix_spawnattr_setsigdefault(&mut attr, &pipe_only)));
+        let mut highest = 2;
+        for a in fds {
+            spawned = spawned.and_then(|_| match *a {
+                FdAction::Dup(fd, to) => {
+                    highest = highest.max(to);
+                    check(libc::posix_spawn_file_actions_adddup2(&mut fa, fd, to))
+                }
+                FdAction::Null(to, flags) => {
+                    highest = highest.max(to);
+                    check(libc::posix_spawn_file_actions_addopen(&mut fa, to, c"/dev/null".as_ptr(), flags, 0))
+                }
+            });
+        }
+        if let Placement::OwnSession = placement {
+            spawned = spawned.and_then(|_| check(libc::posix_spawn_file_actions_addchdir_np(&mut fa, c"/".as_ptr())));
+        }
+        let spawned =
+            spawned.and_then(|_| check(libc::posix_spawn_file_actions_addclosefrom_np(&mut fa, highest + 1))).and_then(
+                |_| check(libc::posix_spawn(&mut pid, exe.as_ptr(), &fa, &attr, argv_p.as_ptr(), envp_p.as_ptr())),
+            );
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        libc::posix_spawnattr_destroy(&mut attr);
+        spawned?;
+    }
+    Ok(pid as u32)
+}

@@ -72,3 +72,43 @@ test("a watch without from starts at the head: only new records", async () => {
   assert.ok(seen.every((r) => !(r.subjects ?? []).includes("old")), "nothing before the head");
   await stop(d);
 });
+
+test("a watch told 503 with Retry-After (every stream slot taken) waits and connects once a slot frees", async () => {
+  const d = await serve(freshDir());
+  // Take every watch slot of the daemon (64) with streams of our own.
+  const hogs = new AbortController();
+  const held: Response[] = [];
+  for (;;) {
+    const r = await fetch(`${d.url}/v1/watch`, { headers: { authorization: `Bearer ${d.token}` }, signal: hogs.signal });
+    if (r.status === 503) {
+      assert.equal(r.headers.get("retry-after"), "1");
+      await r.body?.cancel();
+      break;
+    }
+    assert.equal(r.status, 200);
+    held.push(r);
+    assert.ok(held.length <= 64, "the daemon bounds its watch streams");
+  }
+  let attempts = 0;
+  const counting: typeof fetch = async (input, init) => {
+    const url = input instanceof Request ? input.url : String(input);
+    if (url.includes("/v1/watch")) attempts++;
+    return fetch(input, init);
+  };
+  const watcher = connect({ baseUrl: d.url, token: d.token, fetch: counting });
+  const controller = new AbortController();
+  const first = (async () => {
+    for await (const r of watcher.watch({ from: 1, signal: controller.signal })) {
+      controller.abort();
+      return r;
+    }
+    return undefined;
+  })();
+  // The watch was refused at least once; then the slots free up.
+  await until("the watch to be refused", async () => (attempts >= 1 ? true : undefined));
+  hogs.abort();
+  const r = await first;
+  assert.equal(r?.seq, 1);
+  assert.ok(attempts >= 2, `it connected again after the 503 (${attempts} attempts)`);
+  await stop(d);
+});

@@ -145,7 +145,7 @@ fn by_caller(records: &[Fenced]) -> Vec<CallerAttempts> {
             Some(i) => i,
             None => {
                 let who = match &f.caller {
-                    Some(c) => crate::inspect::caller_text(c),
+                    Some(c) => crate::view::record::caller_text(c),
                     None => format!("writer {} (no caller recorded)", f.writer),
                 };
                 let g = CallerAttempts {

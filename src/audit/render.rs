@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use super::{Began, Ended, Fenced, Report, SubjectStory, Tenure};
-use crate::inspect::format_ms;
+use crate::view::time::format_ms;
 
 fn began(b: &Began) -> String {
     match b {
@@ -56,7 +56,7 @@ fn ended(t: &Tenure) -> String {
 
 /// One refusal record as a line: what, how many, by whom, when.
 fn refusal_text(f: &Fenced) -> String {
-    let who = f.caller.as_ref().map_or_else(|| format!("writer {}", f.writer), crate::inspect::caller_text);
+    let who = f.caller.as_ref().map_or_else(|| format!("writer {}", f.writer), crate::view::record::caller_text);
     let presented = f.presented.map(|g| format!(" presented generation {g}")).unwrap_or_default();
     format!(
         "refused at seq {}: {} x{} {} by {who}{presented} (current {}) {} .. {}",

@@ -1085,7 +1085,7 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
                 // ends with an `error` event naming it, never silently: a client
                 // that resumed would otherwise meet the same end forever.
                 let json = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mut v = crate::inspect::record_json(r, std::path::Path::new(""), 0);
+                    let mut v = crate::view::record::record_json(r, std::path::Path::new(""), 0);
                     if let Value::Object(o) = &mut v {
                         o.remove("segment");
                         o.remove("offset");

@@ -2,8 +2,6 @@
 //! no lock, no truncation, no repair. Everything here is built on the storage
 //! readers (`scan_dir`, `Tailer`) and the pure model.
 
-pub mod time;
-
 pub use crate::storage::Source;
 
 use std::collections::BTreeMap;
@@ -14,22 +12,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::format::{RecordRef, frame_bytes, hex};
-use crate::model::{Event, Projection, Txn, decode_txn, flatten_tagged};
+use crate::model::{Event, Projection, Txn, decode_txn};
 use crate::storage::{Error, Problem, ReadSummary, ScanItem};
-pub use time::{format_ms, parse_time};
-
-/// Largest frame body the inspector, the audit and the daemon's watch accept: the
-/// format's hard bound. They read logs that any writer wrote, with whatever
-/// `payload_bytes_max` it was given (FORMAT.md §5: a reader's limit must be at
-/// least the writer's); the hard bound still keeps one corrupt length field
-/// from costing more than one largest frame.
-pub fn body_max() -> u32 {
-    crate::format::BODY_BYTES_HARD_MAX
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
-}
+use crate::view::record::file_name;
+pub use crate::view::record::{caller_text, record_json};
+pub use crate::view::time::{format_ms, parse_time};
 
 /// A progress bar on stderr over the log's bytes, only when stderr is a terminal
 /// (and the `cli` feature brings indicatif; the library alone shows none).
@@ -387,35 +374,6 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
     crate::text_line!(out, "status: {status}")
 }
 
-/// One decoded record as stable JSON (the `dump --json` line).
-pub fn record_json(rec: &RecordRef<'_>, segment: &Path, offset: u64) -> Value {
-    let mut v = json!({
-        "seq": rec.seq,
-        "time_ms": rec.time_ms,
-        "time": format_ms(rec.time_ms),
-        "writer": uuid::Uuid::from_bytes(rec.writer).to_string(),
-        "link": hex(&rec.link),
-        "segment": file_name(segment),
-        "offset": offset,
-        "bytes": frame_bytes(rec.payload.len()),
-    });
-    match decode_txn(rec.payload) {
-        Ok(txn) => {
-            v["request"] = json!(txn.request.as_ref().map(|r| &r.id));
-            v["kinds"] = json!(txn.events.iter().map(Event::kind).collect::<Vec<_>>());
-            v["subjects"] = json!(txn.events.iter().filter_map(Event::subject).collect::<Vec<_>>());
-            v["conditions"] = json!(txn.conditions.iter().map(flatten_tagged).collect::<Vec<_>>());
-            v["events"] = json!(txn.events.iter().map(flatten_tagged).collect::<Vec<_>>());
-        }
-        Err(e) => {
-            v["kinds"] = json!(["undecodable"]);
-            v["error"] = json!(e.to_string());
-            v["payload_bytes"] = json!(rec.payload.len());
-        }
-    }
-    v
-}
-
 fn event_text(e: &Event) -> String {
     match e {
         Event::Claim { subject, owner, lock, previous, .. } => {
@@ -461,7 +419,7 @@ fn event_text(e: &Event) -> String {
         Event::ProcessHost { host } => format!("process-host {host:?}"),
         Event::StalenessObserved { subject, generation, heartbeat_ms, watched_ms, host } => format!(
             "staleness-observed {subject:?} gen {generation} heartbeat {} unchanged for {watched_ms} ms watched on {host:?}",
-            time::format_ms(*heartbeat_ms)
+            format_ms(*heartbeat_ms)
         ),
         Event::Refused { subject, code, op, caller, presented, current, count, content, .. } => {
             let presented = presented.map(|g| format!(" presented {g}")).unwrap_or_default();
@@ -533,19 +491,6 @@ fn event_text(e: &Event) -> String {
             s
         }
     }
-}
-
-/// A refused caller, as text: `pid P (start T, exe E) instance I`, or `remote`.
-pub fn caller_text(c: &crate::model::CallerId) -> String {
-    let mut s = if c.pid == 0 {
-        "a remote caller".to_owned()
-    } else {
-        format!("pid {} (start {}, exe {})", c.pid, c.start_ticks, c.exe)
-    };
-    if let Some(i) = c.instance {
-        s += &format!(" instance {i}");
-    }
-    s
 }
 
 pub fn record_text(rec: &RecordRef<'_>) -> String {

@@ -1,6 +1,10 @@
 //! How the services show what a log holds, shared by the inspector, the audit
 //! and the daemon: text that is safe to print whatever a writer (or a forger)
-//! put in a record.
+//! put in a record ([`escape_controls`]), times ([`time`]), a record as JSON and a
+//! refused caller as text ([`record`]).
+
+pub mod record;
+pub mod time;
 
 use std::borrow::Cow;
 

@@ -526,14 +526,10 @@ fn not_admitting() -> Response {
     )
 }
 
-/// What a mutation's answer says happened, for the cutover record.
-fn settlement(op: &str, r: &Result<Value, OpError>) -> (String, Option<u64>) {
-    match r {
-        Ok(v) if op == "run" && v["status"] == "requested" => ("outcome_unknown".into(), v["requested_seq"].as_u64()),
-        Ok(v) => ("committed".into(), v["seq"].as_u64().or_else(|| v["requested_seq"].as_u64())),
-        Err(OpError::Ledger(crate::ledger::LedgerError::Draining)) => ("not_committed".into(), None),
-        Err(e) => (format!("refused:{}", e.code()), None),
-    }
+/// A mutation's answer: its JSON and how it settled (for a cutover's record).
+struct Answered {
+    json: Value,
+    settlement: ops::Settlement,
 }
 
 /// Admit a mutation, run it through the shared operations in a task of its own
@@ -545,9 +541,9 @@ async fn mutate<T, F, Fut>(app: Arc<App>, op: &'static str, headers: HeaderMap, 
 where
     T: DeserializeOwned + Send + 'static,
     F: FnOnce(Arc<App>, T) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<Value, OpError>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<Answered, OpError>> + Send + 'static,
 {
-    if !app.admitting.load(Ordering::SeqCst) {
+    if !app.admitting() {
         return not_admitting();
     }
     let Ok(permit) = Arc::clone(&app.inflight).try_acquire_owned() else {
@@ -603,7 +599,7 @@ async fn admitted_answer<T, F, Fut>(
 where
     T: DeserializeOwned + Send + 'static,
     F: FnOnce(Arc<App>, T) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<Value, OpError>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<Answered, OpError>> + Send + 'static,
 {
     let req: T = match typed(m) {
         Ok(r) => r,
@@ -614,7 +610,7 @@ where
     let admitted = Admitted { app: &app, ticket };
     // Admission was checked before registering: a cutover that began in between
     // must see this request (it waits for the admitted set) or refuse it.
-    if !app.admitting.load(Ordering::SeqCst) && !app.cutting.load(Ordering::SeqCst) {
+    if app.phase() == super::Phase::Released {
         return not_admitting();
     }
     let t0 = Instant::now();
@@ -628,14 +624,19 @@ where
     .await
     .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }));
     app.metrics.commit_seconds.get_or_create(&vec![("op".into(), op.to_owned())]).observe(t0.elapsed().as_secs_f64());
-    if app.cutting.load(Ordering::SeqCst) {
-        let (how, seq) = settlement(op, &r);
+    if app.phase() >= super::Phase::Settling {
+        let s = match &r {
+            Ok(a) => a.settlement.clone(),
+            Err(e) => ops::Settlement::of_error(e),
+        };
+        let (how, seq) = (s.how(), s.seq());
         app.settled.lock().expect("settled").push(SettledRequest { request: rid.clone(), op: op.into(), how, seq });
     }
     drop(admitted);
     match r {
-        Ok(mut v) => {
-            if op == "run" && v["status"] == "requested" && app.abort_waits.load(Ordering::SeqCst) {
+        Ok(Answered { json: mut v, settlement }) => {
+            let unknown = matches!(settlement, ops::Settlement::OutcomeUnknown { .. });
+            if unknown && app.phase() >= super::Phase::Draining {
                 let mut extra = serde_json::Map::new();
                 extra.insert("retryable".into(), json!(false));
                 extra.insert("action".into(), json!("reconcile"));
@@ -663,8 +664,8 @@ fn to_value<T: serde::Serialize>(r: Result<T, OpError>) -> Result<Value, OpError
 }
 
 /// A mutation's answer as JSON, built once (`to_value` would build it twice).
-fn op_json(r: Result<ops::OpResponse, OpError>) -> Result<Value, OpError> {
-    r.map(|v| Value::Object(v.to_json()))
+fn op_json(r: Result<ops::OpResponse, OpError>) -> Result<Answered, OpError> {
+    r.map(|v| Answered { settlement: v.settlement(), json: Value::Object(v.to_json()) })
 }
 
 /// Owners over HTTP usually run on another host: without `pid` a claim is a
@@ -759,14 +760,9 @@ async fn run(State(app): State<Arc<App>>, h: HeaderMap, b: Body) -> Response {
         }
         // Starting a runner and waiting for its answer blocks: a thread of its own.
         tokio::task::spawn_blocking(move || {
-            to_value(supervisor::run_until(
-                &app.ledger,
-                &app.dir,
-                &r,
-                &app.self_exe,
-                &app.abort_waits,
-                Some(&app.spares),
-            ))
+            let p =
+                supervisor::run_until(&app.ledger, &app.dir, &r, &app.self_exe, &app.abort_waits, Some(&app.spares))?;
+            Ok(Answered { settlement: p.settlement(), json: serde_json::to_value(p).expect("responses serialize") })
         })
         .await
         .unwrap_or_else(|e| Err(OpError::Io { message: format!("the operation panicked: {e}") }))
@@ -807,7 +803,7 @@ async fn process_show(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Respo
     read(app, move |app| {
         // A read settles a process left without its runner only while this daemon
         // admits writes (during a cutover it answers what the log says).
-        if app.admitting.load(Ordering::SeqCst) {
+        if app.admitting() {
             to_value(supervisor::show_settled(&app.ledger, id))
         } else {
             to_value(app.ledger.refresh_with(|p| supervisor::show(p, id))?)
@@ -826,7 +822,7 @@ async fn process_wait(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body)
 }
 
 async fn process_cancel(State(app): State<Arc<App>>, Path(id): Path<u64>, b: Body) -> Response {
-    if !app.admitting.load(Ordering::SeqCst) {
+    if !app.admitting() {
         return not_admitting();
     }
     let m = match body_object(b) {
@@ -948,7 +944,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     if let Some(why) = app.log_unavailable.lock().expect("log_unavailable").clone() {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "ETCD_UNAVAILABLE", &why);
     }
-    if app.admitting.load(Ordering::SeqCst) { "ready\n".into_response() } else { not_admitting() }
+    if app.admitting() { "ready\n".into_response() } else { not_admitting() }
 }
 
 async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery>, body: Body) -> Response {
@@ -971,7 +967,7 @@ async fn admin_cutover(State(app): State<Arc<App>>, Query(q): Query<CutoverQuery
     let tx = app_cutover(&app);
     match tx {
         Some(tx) => {
-            let _ = tx.send(("POST /v1/admin/cutover".into(), false)).await;
+            let _ = tx.send(super::CutoverAsked::because("POST /v1/admin/cutover")).await;
             (
                 StatusCode::ACCEPTED,
                 [(header::CONTENT_TYPE, "application/json")],
@@ -1141,8 +1137,8 @@ async fn watch(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
         .into_response()
 }
 
-fn app_cutover(app: &App) -> Option<tokio::sync::mpsc::Sender<(String, bool)>> {
-    app.admitting.load(Ordering::SeqCst).then(|| app.cutover_tx.clone())
+fn app_cutover(app: &App) -> Option<tokio::sync::mpsc::Sender<super::CutoverAsked>> {
+    app.admitting().then(|| app.cutover_tx.clone())
 }
 
 fn watch_closed(app: &App) -> tokio::sync::watch::Receiver<bool> {

@@ -194,20 +194,19 @@ pub(crate) struct App {
     pub spares: crate::supervisor::Spares,
     tokens: Tokens,
     pub home: OwnerRef,
-    /// New requests are admitted (readiness).
-    pub admitting: AtomicBool,
-    /// A cutover is settling admitted requests: each records how it ended.
-    pub cutting: AtomicBool,
+    /// Where the daemon is in its life ([`Phase`]; only ever forward).
+    phase: std::sync::atomic::AtomicU8,
     /// The log cannot be written (the ledger is poisoned): not ready; exits 1.
+    /// (A condition, not a phase: it can arise in any phase.)
     pub broken: AtomicBool,
     /// The service under the log (etcd) did not answer the last heartbeat: not
     /// ready, and why, until a heartbeat lands again.
     pub log_unavailable: Mutex<Option<String>>,
-    /// The home was released (the heartbeat stops only then).
-    pub home_released: AtomicBool,
-    /// The home was taken from this daemon.
+    /// The home was taken from this daemon (a condition: the cutover then does
+    /// not release what is no longer its own).
     pub home_lost: AtomicBool,
-    /// Ends the waits of `run` at a cutover.
+    /// Set on entering [`Phase::Draining`]: ends the waits of `run` (the
+    /// supervisor's API takes a flag).
     pub abort_waits: Arc<AtomicBool>,
     pub inflight: Arc<tokio::sync::Semaphore>,
     pub watchers: Arc<tokio::sync::Semaphore>,
@@ -222,8 +221,8 @@ pub(crate) struct App {
     pub next_ticket: AtomicU64,
     pub settled: Mutex<Vec<SettledRequest>>,
     pub shutdown: tokio::sync::watch::Sender<bool>,
-    /// Starts the cutover (reason, whether the home was lost).
-    pub cutover_tx: tokio::sync::mpsc::Sender<(String, bool)>,
+    /// Starts the cutover.
+    pub cutover_tx: tokio::sync::mpsc::Sender<CutoverAsked>,
     /// Tells watch streams to send their final event and close.
     pub watch_close: tokio::sync::watch::Sender<bool>,
     pub metrics: metrics::Metrics,
@@ -232,11 +231,65 @@ pub(crate) struct App {
     pub drain_grace_ms: u64,
 }
 
+/// A cutover asked for: why (the cutover record's `reason`), and whether the home
+/// was lost (then it is not released: it is no longer this daemon's).
+#[derive(Debug, Clone)]
+pub(crate) struct CutoverAsked {
+    pub reason: String,
+    pub home_lost: bool,
+}
+
+impl CutoverAsked {
+    pub fn because(reason: impl Into<String>) -> CutoverAsked {
+        CutoverAsked { reason: reason.into(), home_lost: false }
+    }
+}
+
+/// The daemon's life, in order; it only moves forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub(crate) enum Phase {
+    /// New requests are admitted (readiness).
+    Admitting = 0,
+    /// A cutover began (or the home was lost, or the log became unwritable): no
+    /// new request is admitted; those admitted are settled, each recording how
+    /// it ended.
+    Settling = 1,
+    /// The waits of admitted runs end, and the ledger drains: every admitted
+    /// request's answer is known.
+    Draining = 2,
+    /// The home is released (or was lost): the heartbeat stops; requests still
+    /// arriving are refused.
+    Released = 3,
+}
+
 impl App {
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::SeqCst) {
+            0 => Phase::Admitting,
+            1 => Phase::Settling,
+            2 => Phase::Draining,
+            _ => Phase::Released,
+        }
+    }
+
+    /// Move on to `to` (a phase already passed stays passed: never backwards).
+    pub fn advance(&self, to: Phase) {
+        self.phase.fetch_max(to as u8, Ordering::SeqCst);
+        if to >= Phase::Draining {
+            self.abort_waits.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// New requests are admitted.
+    pub fn admitting(&self) -> bool {
+        self.phase() == Phase::Admitting
+    }
+
     /// Ready to admit requests (`/readyz` 200, `fencelog_ready` 1): admitting, the
     /// log writable, its service (etcd) answering the heartbeat.
     pub fn is_ready(&self) -> bool {
-        self.admitting.load(Ordering::SeqCst)
+        self.admitting()
             && !self.broken.load(Ordering::SeqCst)
             && self.log_unavailable.lock().expect("log_unavailable").is_none()
     }
@@ -538,7 +591,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         let unix_id = o.unix.as_deref().and_then(file_id);
         std::fs::write(dir.join(ADDR_FILE), addr.to_string()).map_err(|e| (exit::IO, io(ADDR_FILE, e)))?;
         let (shutdown, _) = tokio::sync::watch::channel(false);
-        let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<(String, bool)>(4);
+        let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<CutoverAsked>(4);
         let app = Arc::new(App {
             ledger: Arc::clone(&ledger),
             dir: dir.clone(),
@@ -546,11 +599,9 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             spares: crate::supervisor::Spares::new(),
             tokens,
             home: home.clone(),
-            admitting: AtomicBool::new(true),
-            cutting: AtomicBool::new(false),
+            phase: std::sync::atomic::AtomicU8::new(Phase::Admitting as u8),
             broken: AtomicBool::new(false),
             log_unavailable: Mutex::new(None),
-            home_released: AtomicBool::new(false),
             home_lost: AtomicBool::new(false),
             abort_waits: Arc::new(AtomicBool::new(false)),
             inflight: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS_MAX)),
@@ -608,7 +659,8 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         let header_read = Duration::from_millis(o.header_read_timeout_ms);
         let done = app.shutdown.subscribe();
         let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done, o.access_log));
-        let (reason, home_lost) = cut_rx.recv().await.unwrap_or(("channel closed".into(), false));
+        let CutoverAsked { reason, home_lost } =
+            cut_rx.recv().await.unwrap_or_else(|| CutoverAsked::because("channel closed"));
         let code = cutover(&app, &reason, home_lost).await;
         let _ = app.shutdown.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
@@ -679,13 +731,13 @@ pub fn sd_notify(state: &str) {
 /// SIGTERM or SIGINT (handlers installed at the start of `serve`) starts the cutover.
 async fn signals(
     (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
-    cut: tokio::sync::mpsc::Sender<(String, bool)>,
+    cut: tokio::sync::mpsc::Sender<CutoverAsked>,
 ) {
     let why = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
-    let _ = cut.send((why.into(), false)).await;
+    let _ = cut.send(CutoverAsked::because(why)).await;
 }
 
 /// Heartbeat the home every quarter of its staleness; a fenced heartbeat means the
@@ -696,7 +748,7 @@ async fn signals(
 /// is unavailable — also sends `WATCHDOG=1`, and the loop turns at least twice
 /// per watchdog period: a daemon whose heartbeat hangs (a stuck disk, a deadlock)
 /// stops the pings and systemd restarts it.
-async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>, stale_after_ms: u64) {
+async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<CutoverAsked>, stale_after_ms: u64) {
     let watchdog_ms = watchdog_ms();
     let mut period_ms = (stale_after_ms / 4).max(10);
     if let Some(w) = watchdog_ms {
@@ -706,7 +758,7 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
     tick.tick().await;
     loop {
         tick.tick().await;
-        if app.home_released.load(Ordering::SeqCst) {
+        if app.phase() == Phase::Released {
             return;
         }
         let (ledger, home) = (Arc::clone(&app.ledger), app.home.clone());
@@ -741,8 +793,8 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
             Ok(Err(OpError::Refused(r))) => {
                 tracing::error!("the home was taken: {r}; cutting over");
                 app.home_lost.store(true, Ordering::SeqCst);
-                app.admitting.store(false, Ordering::SeqCst);
-                let _ = cut.send((format!("home lost: {r}"), true)).await;
+                app.advance(Phase::Settling);
+                let _ = cut.send(CutoverAsked { reason: format!("home lost: {r}"), home_lost: true }).await;
                 return;
             }
             // A storage failure (the ledger is poisoned); not a transient refusal
@@ -750,8 +802,8 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<(String, bool)>
             Ok(Err(e @ OpError::Ledger(crate::ledger::LedgerError::Storage(_)))) => {
                 tracing::error!("the home's heartbeat cannot be written: {e}; cutting over");
                 app.broken.store(true, Ordering::SeqCst);
-                app.admitting.store(false, Ordering::SeqCst);
-                let _ = cut.send((format!("log unwritable: {e}"), false)).await;
+                app.advance(Phase::Settling);
+                let _ = cut.send(CutoverAsked::because(format!("log unwritable: {e}"))).await;
                 return;
             }
             _ => {}
@@ -796,8 +848,7 @@ fn log_settlement(reason: &str, settled: &[SettledRequest]) {
 async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
     tracing::debug!(reason, "cutover begins");
     sd_notify("STOPPING=1");
-    app.admitting.store(false, Ordering::SeqCst);
-    app.cutting.store(true, Ordering::SeqCst);
+    app.advance(Phase::Settling);
     // Watch streams get their final event now; they never consume the grace.
     http::close_watches(app);
     let grace_end = Instant::now() + Duration::from_millis(app.drain_grace_ms);
@@ -806,7 +857,7 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
     }
     // Whatever is still waiting: its wait ends; the ledger judges nothing new, and
     // what it already judged becomes durable (or failed): every answer is known.
-    app.abort_waits.store(true, Ordering::SeqCst);
+    app.advance(Phase::Draining);
     let ledger = Arc::clone(&app.ledger);
     let drained = tokio::task::spawn_blocking(move || ledger.drain(DRAIN_SETTLE_MS)).await;
     match &drained {
@@ -844,7 +895,7 @@ async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
         // The home last: a successor claims it only once everything above is durable.
         let release = Event::Release { subject: home.subject, generation: home.generation };
         let released = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![release.clone()])));
-        worker.home_released.store(true, Ordering::SeqCst);
+        worker.advance(Phase::Released);
         match released {
             Err(crate::ledger::LedgerError::Refused(r)) => {
                 tracing::error!("the home was taken during the cutover: {r}");

@@ -113,8 +113,36 @@ flat_enum_serialize!(ProcessEnd {
 });
 
 /// The code of a process cancelled before any runner started it (status
-/// `cancelled`; it never ran).
+/// `cancelled`; it never ran): [`EndCode::CancelledBeforeStart`]'s text.
 pub const CANCELLED_BEFORE_START: &str = "CANCELLED_BEFORE_START";
+
+/// Why a process never ran: [`ProcessEnd::Failed`]'s `code`. The log holds the
+/// text (`as_str`), as it always has; this is the one list of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+pub enum EndCode {
+    /// `recover`: no runner started it within the prespawn grace.
+    PrespawnAbandoned,
+    /// No runner could be started, or the runner could not start the command.
+    SpawnFailed,
+    /// The executable is no longer the file the request named.
+    ExeChanged,
+    /// Cancelled before any runner started it.
+    CancelledBeforeStart,
+}
+
+impl EndCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl ProcessEnd {
+    /// A process that never ran, and why.
+    pub fn never_ran(code: EndCode, detail: impl Into<String>) -> ProcessEnd {
+        ProcessEnd::Failed { code: code.as_str().to_owned(), detail: detail.into() }
+    }
+}
 
 /// Status of a process, derived from its records.
 #[derive(
@@ -228,5 +256,21 @@ pub(crate) mod hex32 {
         } else {
             <[u8; 32]>::deserialize(d)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Proves: the end codes are the texts the log has always held (records
+    /// written before they were an enum decode to the same statuses).
+    #[test]
+    fn end_codes_are_the_texts_in_the_log() {
+        let texts: Vec<&str> = <EndCode as strum::VariantArray>::VARIANTS.iter().map(|c| c.as_str()).collect();
+        assert_eq!(texts, ["PRESPAWN_ABANDONED", "SPAWN_FAILED", "EXE_CHANGED", "CANCELLED_BEFORE_START"]);
+        assert_eq!(EndCode::CancelledBeforeStart.as_str(), CANCELLED_BEFORE_START);
+        assert_eq!(ProcessEnd::never_ran(EndCode::CancelledBeforeStart, "").status(), ProcessStatus::Cancelled);
+        assert_eq!(ProcessEnd::never_ran(EndCode::SpawnFailed, "").status(), ProcessStatus::Failed);
     }
 }

@@ -210,6 +210,58 @@ impl Serialize for OpResponse {
     }
 }
 
+/// How a request admitted by a daemon ended, for its cutover record (decided from
+/// the operation's typed answer; its words are the record's `how`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// In the log at `seq` (or nothing needed writing: `None`).
+    Committed { seq: Option<u64> },
+    /// A run whose spawn intent is at `seq` but whose start its runner had not
+    /// recorded: reconcile before any retry.
+    OutcomeUnknown { seq: u64 },
+    /// Withdrawn by the drain: never in the log.
+    NotCommitted,
+    /// Refused with this code.
+    Refused { code: &'static str },
+}
+
+impl Settlement {
+    /// The settlement of a failed operation.
+    pub fn of_error(e: &OpError) -> Settlement {
+        match e {
+            OpError::Ledger(crate::ledger::LedgerError::Draining) => Settlement::NotCommitted,
+            e => Settlement::Refused { code: e.code() },
+        }
+    }
+
+    /// As the cutover record says it: `committed`, `outcome_unknown`,
+    /// `not_committed`, `refused:CODE`.
+    pub fn how(&self) -> String {
+        match self {
+            Settlement::Committed { .. } => "committed".into(),
+            Settlement::OutcomeUnknown { .. } => "outcome_unknown".into(),
+            Settlement::NotCommitted => "not_committed".into(),
+            Settlement::Refused { code } => format!("refused:{code}"),
+        }
+    }
+
+    /// The record it names, if any.
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Settlement::Committed { seq } => *seq,
+            Settlement::OutcomeUnknown { seq } => Some(*seq),
+            Settlement::NotCommitted | Settlement::Refused { .. } => None,
+        }
+    }
+}
+
+impl OpResponse {
+    /// A committed (or deduplicated, or no-op) mutation's settlement.
+    pub fn settlement(&self) -> Settlement {
+        Settlement::Committed { seq: self.seq }
+    }
+}
+
 /// The intent a request id stands for: blake3 of the operation's name and content.
 /// These tuples are part of the log's meaning (digests of earlier requests are in
 /// the log): they never change.
@@ -798,6 +850,27 @@ pub fn request_show(view: &ReadView, id: &str) -> Result<RequestShowResponse, Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Proves: the words a settlement gives a cutover record are the ones records
+    /// written before it was a type hold (`committed`, `outcome_unknown`,
+    /// `not_committed`, `refused:CODE`), with the sequence each names.
+    #[test]
+    fn settlements_say_what_cutover_records_have_always_said() {
+        let cases = [
+            (Settlement::Committed { seq: Some(4) }, "committed", Some(4)),
+            (Settlement::Committed { seq: None }, "committed", None),
+            (Settlement::OutcomeUnknown { seq: 9 }, "outcome_unknown", Some(9)),
+            (Settlement::of_error(&OpError::Ledger(crate::ledger::LedgerError::Draining)), "not_committed", None),
+            (
+                Settlement::of_error(&OpError::Refused(crate::model::Refusal::UnknownLease { lease: 1 })),
+                "refused:UNKNOWN_LEASE",
+                None,
+            ),
+        ];
+        for (s, how, seq) in cases {
+            assert_eq!((s.how().as_str(), s.seq()), (how, seq), "{s:?}");
+        }
+    }
 
     /// What `OpResponse` serialized to when it was `#[serde(flatten)]`-derived.
     #[derive(Serialize)]

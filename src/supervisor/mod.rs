@@ -156,6 +156,18 @@ impl utoipa::ToSchema for TerminalFields {
     }
 }
 
+impl ProcessView {
+    /// A run's settlement: its spawn intent is in the log; if no runner had
+    /// recorded its start, whether it ran is not known yet.
+    pub fn settlement(&self) -> crate::ops::Settlement {
+        if self.status == ProcessStatus::Requested {
+            crate::ops::Settlement::OutcomeUnknown { seq: self.requested_seq }
+        } else {
+            crate::ops::Settlement::Committed { seq: Some(self.requested_seq) }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct TerminalView {
     pub ended_seq: u64,
@@ -502,7 +514,7 @@ pub fn run_until(
                 // Never started: say so on record (its leases end with it), unless a
                 // runner of another caller got it meanwhile.
                 let detail = format!("cannot start a runner: {e}");
-                let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail: detail.clone() };
+                let end = ProcessEnd::never_ran(crate::model::EndCode::SpawnFailed, detail.clone());
                 let _ = ledger.submit(None, |_, t, w| {
                     Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
                 });
@@ -955,10 +967,10 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
         return Ok(answer(&p, false, Some("already terminal: the first outcome stands")));
     }
     if p.started.is_none() {
-        let end = ProcessEnd::Failed {
-            code: crate::model::CANCELLED_BEFORE_START.into(),
-            detail: "cancelled before any runner started it; it never ran".into(),
-        };
+        let end = ProcessEnd::never_ran(
+            crate::model::EndCode::CancelledBeforeStart,
+            "cancelled before any runner started it; it never ran",
+        );
         let r = ledger.submit(None, |x, t, w| {
             if let Some(q) = x.processes.get(&process) {
                 x.cancel_allowed(q, by.as_ref())?;
@@ -1109,13 +1121,13 @@ pub fn recover(
                 report.young_untouched.push(p.id);
                 continue;
             }
-            None => ProcessEnd::Failed {
-                code: "PRESPAWN_ABANDONED".into(),
-                detail: format!(
+            None => ProcessEnd::never_ran(
+                crate::model::EndCode::PrespawnAbandoned,
+                format!(
                     "no runner started it within {prespawn_grace_ms} ms of its request (at sequence {})",
                     p.requested_seq
                 ),
-            },
+            ),
         };
         let id = p.id;
         let unknown = matches!(end, ProcessEnd::CompletedUnknown { .. });

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use crate::ledger::{Ledger, LedgerError, LedgerOptions, identity};
-use crate::model::{Capture, Event, Exit, OUTPUT_TAIL_BYTES_MAX, ProcessEnd, Refusal, Txn};
+use crate::model::{Capture, EndCode, Event, Exit, OUTPUT_TAIL_BYTES_MAX, ProcessEnd, Refusal, Txn};
 
 use super::process_dir;
 
@@ -162,7 +162,7 @@ pub fn spare_main(site: &Site) -> i32 {
             crate::sys::fd::dup_onto(log.as_raw_fd(), 2);
         }
         Err(e) => {
-            end_unstarted(&ledger, process, "SPAWN_FAILED", &format!("cannot start a runner: {e}"));
+            end_unstarted(&ledger, process, EndCode::SpawnFailed, &format!("cannot start a runner: {e}"));
             notice.settled();
             return 1;
         }
@@ -253,7 +253,7 @@ fn run_process(
                 p.command.exe_fingerprint,
                 found.unwrap_or_else(|e| e.to_string())
             );
-            end_unstarted(ledger, process, "EXE_CHANGED", &detail);
+            end_unstarted(ledger, process, EndCode::ExeChanged, &detail);
             notice.settled();
             return 1;
         }
@@ -265,7 +265,7 @@ fn run_process(
     let gate = match gate {
         Ok(g) => g,
         Err(e) => {
-            end_unstarted(ledger, process, "SPAWN_FAILED", &format!("cannot start the command: {e}"));
+            end_unstarted(ledger, process, EndCode::SpawnFailed, &format!("cannot start the command: {e}"));
             notice.settled();
             return 1;
         }
@@ -397,13 +397,13 @@ fn redact_capture(
 }
 
 /// Record that a process never ran (`code`): only while no runner has started it.
-fn end_unstarted(ledger: &Ledger, process: u64, code: &str, detail: &str) {
+fn end_unstarted(ledger: &Ledger, process: u64, code: EndCode, detail: &str) {
     say(process, detail);
-    let end = ProcessEnd::Failed { code: code.into(), detail: detail.chars().take(1000).collect() };
+    let end = ProcessEnd::never_ran(code, detail.chars().take(1000).collect::<String>());
     if let Err(e) = ledger.submit(None, |_, now_ms, writer| {
         Ok(Txn::new(now_ms, writer, vec![Event::ProcessEnded { process, end: end.clone() }]))
     }) {
-        say(process, format!("cannot record {code}: {e}"));
+        say(process, format!("cannot record {}: {e}", code.as_str()));
     }
 }
 
@@ -1035,7 +1035,7 @@ impl SpareRunner {
                 // As a caller that cannot start a runner says so: unless a start
                 // landed meanwhile, the process never ran.
                 let detail = format!("cannot start a runner: {e}");
-                let end = ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail };
+                let end = ProcessEnd::never_ran(EndCode::SpawnFailed, detail);
                 if let Ok(ledger) = site.open() {
                     let _ = ledger.submit(None, |_, t, w| {
                         Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))

@@ -23,14 +23,17 @@
 //! assert_eq!(ledger.projection().subject("home/a").unwrap().generation, 1);
 //! ```
 
+mod error;
+mod fenced;
 pub mod identity;
 pub mod observer;
+mod replay;
 pub mod snapshot;
 
+pub use error::LedgerError;
+
 use crate::storage::Exclusive;
-use crate::storage::commit::{
-    Admission, AsyncCommit, CommitError, Core, GroupCommit, GroupLimits, Hooks, lead_on_blocking_pool,
-};
+use crate::storage::commit::{Admission, AsyncCommit, Core, GroupCommit, GroupLimits, Hooks, lead_on_blocking_pool};
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
 use std::collections::HashMap;
@@ -40,14 +43,16 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::format::{ChainLink, GENESIS_LINK, hex};
+use crate::format::{ChainLink, hex};
 use crate::model::{
-    CallerId, Checked, Event, Outcome, Projection, REQUESTS_RETAINED, Refusal, RefusedContent, RequestTag, Txn,
-    decode_txn, encode_txn,
+    CallerId, Checked, Outcome, Projection, REQUESTS_RETAINED, Refusal, RequestTag, Txn, decode_txn, encode_txn,
 };
 use std::sync::Arc;
 
 use crate::storage::{self, FileBackend, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen};
+
+use fenced::{FencedWindow, late_write, recorded};
+use replay::replay;
 
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
@@ -79,51 +84,6 @@ impl Default for LedgerOptions {
             snapshot_every_bytes: 64 << 20,
             fenced_audit_window_ms: 1_000,
             host: None,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
-    #[error("refused: {0}")]
-    Refused(Refusal),
-    #[error(transparent)]
-    Storage(#[from] storage::Error),
-    #[error("the log does not hold the snapshot's {0}")]
-    SnapshotNotInLog(String),
-    /// Another writer kept appending first: judged again this many times.
-    #[error("another writer appended first {retries} times in a row; the transaction was not appended")]
-    HeadMovedTooOften { retries: u32 },
-    /// The ledger is draining (a cutover): this transaction was not judged and
-    /// will never be appended.
-    #[error("the ledger is draining for a cutover: the transaction was not judged and will never be appended")]
-    Draining,
-    /// A record whose checksum and chain hold but whose payload does not decode:
-    /// replay never skips it (the projection would silently diverge).
-    #[error(
-        "record {seq} does not decode ({detail}); the projection cannot be rebuilt past it. If a newer fencelog \
-         wrote it, use that version"
-    )]
-    UndecodableRecord { seq: u64, detail: String },
-    /// A snapshot (written only from durable state) covers records the log no
-    /// longer holds: records were cut from the end, or the snapshot is another
-    /// log's.
-    #[error(
-        "the log ends at sequence {log_last_seq} but the snapshot {snapshot} covers sequence {snapshot_seq}: records \
-         were cut from the end of the log (if the snapshot belongs to another log, move it away)"
-    )]
-    LogShorterThanSnapshot { snapshot: String, snapshot_seq: u64, log_last_seq: u64 },
-}
-
-impl LedgerError {
-    pub fn code(&self) -> &'static str {
-        match self {
-            LedgerError::Refused(r) => r.code(),
-            LedgerError::Storage(e) => e.code(),
-            LedgerError::SnapshotNotInLog(_) => "SNAPSHOT_NOT_IN_LOG",
-            LedgerError::Draining => "DRAINING",
-            LedgerError::HeadMovedTooOften { .. } => "HEAD_MOVED",
-            LedgerError::UndecodableRecord { .. } | LedgerError::LogShorterThanSnapshot { .. } => "CORRUPTION",
         }
     }
 }
@@ -198,76 +158,6 @@ const OTHERS_RECENT_MS: u64 = 1_000;
 /// engine's durable sequence only while a group is being committed (its last
 /// sequence is always the engine's `last_seq`).
 type Inner = Core<LedgerState>;
-
-/// Refused attempts of one (subject, code, operation, caller), since the last record of
-/// them this writer wrote.
-struct FencedWindow {
-    /// When this writer last wrote a record of them (0: never).
-    last_written_ms: u64,
-    /// Attempts not yet written, the first of them at `first_pending_ms`.
-    pending: u64,
-    first_pending_ms: u64,
-    /// The last attempt's details (what the record says).
-    subject: String,
-    code: &'static str,
-    op: String,
-    caller: CallerId,
-    presented: Option<u64>,
-    current: u64,
-    retired: Option<u64>,
-    /// The content of the first refused data write not yet written.
-    content: Option<RefusedContent>,
-}
-
-/// What a refusal that is kept as evidence says: subject, presented generation,
-/// current generation, cut-off of the presented generation when it was retired.
-/// `None` for refusals that are not recorded ([`crate::model::RECORDED_REFUSALS`]).
-fn recorded(r: &Refusal, txn: &Txn) -> Option<(String, Option<u64>, u64, Option<u64>)> {
-    let (subject, presented, current, retired) = match r {
-        Refusal::Fenced { subject, presented, current, retired } => {
-            (subject, Some(*presented), *current, retired.as_ref().map(|t| t.cut_off_seq))
-        }
-        // Only a data write to a released subject: a heartbeat or release after a
-        // release is the owner's own late bookkeeping.
-        Refusal::NotActive { subject, generation }
-            if txn.events.iter().any(|e| matches!(e, Event::Note { subject: s, .. } if s == subject)) =>
-        {
-            (subject, Some(*generation), *generation, None)
-        }
-        Refusal::IdentityUncertain { subject, generation, .. } | Refusal::Busy { subject, generation, .. } => {
-            (subject, None, *generation, None)
-        }
-        Refusal::TakeoverRace { subject, expected_generation, current_generation, .. } => {
-            (subject, Some(*expected_generation), *current_generation, None)
-        }
-        Refusal::TakeoverActiveRefused { subject, generation, .. } => (subject, Some(*generation), *generation, None),
-        _ => return None,
-    };
-    // Only the refusal of an event on that subject (a heartbeat, a note, a claim, a
-    // takeover): a lease or a spawn on behalf of a fenced owner is the supervisor's
-    // and the lease table's business, not kept.
-    if !txn.events.iter().any(|e| e.subject() == Some(subject.as_str())) {
-        return None;
-    }
-    debug_assert!(crate::model::RECORDED_REFUSALS.contains(&r.code()));
-    Some((subject.clone(), presented, current, retired))
-}
-
-/// The refusal for a transaction whose data write (a note) comes under a
-/// generation that is not the subject's current one, or whose tenure ended.
-fn late_write(p: &Projection, txn: &Txn, outcomes: &[crate::model::Outcome]) -> Option<Refusal> {
-    txn.events.iter().zip(outcomes).find_map(|(e, o)| match (e, o) {
-        (Event::Note { subject, generation, .. }, crate::model::Outcome::Noted { authoritative: false, .. }) => {
-            let current = p.subject(subject).map_or(0, |s| s.generation);
-            Some(if *generation == current {
-                Refusal::NotActive { subject: subject.clone(), generation: current }
-            } else {
-                p.fenced(subject, *generation)
-            })
-        }
-        _ => None,
-    })
-}
 
 pub struct Ledger {
     opts: LedgerOptions,
@@ -410,61 +300,6 @@ impl Ledger {
             snapshot_warnings: r.warnings,
             backend,
         })
-    }
-
-    /// Apply every record after the projection's last sequence (after rebuilding
-    /// the projection from the log, if it may not follow it).
-    fn catch_up_with(&self, inner: &mut Inner) -> Result<(), LedgerError> {
-        for attempt in 0..2 {
-            if inner.stale {
-                let r = replay(&*self.backend)?;
-                let last = r.projection.last_seq;
-                inner.fenced.clear();
-                (inner.tailer, inner.projection, inner.head) = (r.tailer, r.projection, r.head);
-                inner.stale = false;
-                inner.caught_up_to(last);
-                tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
-            }
-            match Self::catch_up(inner) {
-                // Another writer's group this ledger read while it was being synced
-                // was cut back (its sync failed): rebuilt from the log, at once.
-                Err(LedgerError::Storage(storage::Error::CutUnderReader { .. })) if attempt == 0 => {
-                    tracing::warn!("records this ledger read were cut back by their writer; rebuilding");
-                    inner.stale = true;
-                }
-                Err(LedgerError::Storage(e)) if e.is_transient() => {
-                    // Read part way, perhaps: rebuilt from the log next time.
-                    inner.stale = true;
-                    return Err(LedgerError::Storage(e));
-                }
-                r => return r,
-            }
-        }
-        unreachable!("the second attempt returns")
-    }
-
-    /// Apply every record after the projection's last sequence.
-    fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
-        let LedgerState { tailer, projection, head, since_snapshot, .. } = &mut **inner;
-        let read_from = tailer.next_seq();
-        let applied = apply_tail(tailer.as_mut(), projection, head, since_snapshot);
-        let (last, read_to) = (projection.last_seq, tailer.next_seq());
-        if last > inner.last_seq() {
-            inner.others_seen = Some(Instant::now());
-        }
-        if let Err(e) = applied {
-            let transient = matches!(&e, LedgerError::Storage(s) if s.is_transient());
-            if !transient && (last != inner.last_seq() || read_to != read_from) {
-                // Records were applied, or read past, before the failure: the
-                // projection no longer follows the log (a later catch-up would not
-                // read them again), and every later answer would rest on a
-                // half-read tail. Until reopen, none is given.
-                inner.poison(format!("catching up failed after record {last}: {e}"));
-            }
-            return Err(e);
-        }
-        inner.caught_up_to(last);
-        Ok(())
     }
 
     pub fn open_report(&self) -> &LedgerOpenReport {
@@ -610,7 +445,7 @@ impl Ledger {
         };
         match settled {
             Ok(settled) => settled.answer,
-            Err(e) => Err(Self::commit_error(e)),
+            Err(e) => Err(LedgerError::from_commit(e)),
         }
     }
 
@@ -737,86 +572,6 @@ impl Ledger {
         Ok((seq, outcomes))
     }
 
-    /// Keep a compact record of a refused attempt that is kept as evidence: at
-    /// most one per (subject, code, operation, caller) per window — across processes, by the
-    /// `Refused` records already in the log. Repeats within the window are counted
-    /// and written with the next record, or on `close`, by the writer whose record
-    /// opened the window; a writer that finds the window opened by another
-    /// process's record counts its repeats but does not write them unless it
-    /// outlives the window (the bound on the log wins over an exact count across
-    /// short-lived processes: `docs/STATE-MACHINE.md`).
-    fn audit_refusal(
-        &self,
-        inner: &mut Inner,
-        refusal: &Refusal,
-        txn: &Txn,
-        caller: &CallerId,
-        (subject, presented, current, retired): (String, Option<u64>, u64, Option<u64>),
-        now_ms: u64,
-    ) -> Result<(), LedgerError> {
-        const WINDOWS_TRACKED_MAX: usize = 10_000;
-        let code = refusal.code();
-        let attempted = txn.events.iter().find(|e| e.subject() == Some(subject.as_str()));
-        let op = attempted.map_or("?", Event::kind);
-        let key = crate::model::refusal_window_key(&subject, code, op, caller);
-        if inner.fenced.len() >= WINDOWS_TRACKED_MAX && !inner.fenced.contains_key(&key) {
-            inner.fenced.retain(|_, f| f.pending > 0);
-        }
-        let window_ms = self.opts.fenced_audit_window_ms;
-        let recorded_ms = inner.projection.refusal_recorded_ms(&key);
-        let w = inner.fenced.entry(key.clone()).or_insert_with(|| FencedWindow {
-            last_written_ms: 0,
-            pending: 0,
-            first_pending_ms: now_ms,
-            subject: subject.clone(),
-            code,
-            op: op.to_owned(),
-            caller: caller.clone(),
-            presented,
-            current,
-            retired: None,
-            content: None,
-        });
-        if w.pending == 0 {
-            w.first_pending_ms = now_ms;
-        }
-        w.pending += 1;
-        (w.presented, w.current, w.retired) = (presented, current, retired);
-        // What the first refused data write of the window tried to write.
-        if let (Some(Event::Note { text, .. }), None) = (attempted, &w.content) {
-            w.content = Some(RefusedContent::of(text));
-        }
-        // A record stamped ahead of this clock (a clock stepped back, a skewed
-        // writer) opens no window here: the bound must not become a blackout.
-        let within = |ms: u64| ms != 0 && ms <= now_ms && now_ms - ms < window_ms;
-        if within(w.last_written_ms) || recorded_ms.is_some_and(within) {
-            return Ok(());
-        }
-        self.write_refused(inner, &key, now_ms)
-    }
-
-    /// Queue the `Refused` record for the attempts pending under `key`.
-    fn write_refused(&self, inner: &mut Inner, key: &str, now_ms: u64) -> Result<(), LedgerError> {
-        let w = inner.fenced.get_mut(key).expect("a window exists for a pending key");
-        let event = Event::Refused {
-            subject: w.subject.clone(),
-            code: w.code.to_owned(),
-            op: w.op.clone(),
-            caller: w.caller.clone(),
-            writer: self.writer_id(),
-            presented: w.presented,
-            current: w.current,
-            retired_cut_off_seq: w.retired,
-            count: std::mem::take(&mut w.pending),
-            first_ms: w.first_pending_ms,
-            last_ms: now_ms,
-            content: w.content.take(),
-        };
-        w.last_written_ms = now_ms;
-        let txn = Txn::new(now_ms, self.writer_id(), vec![event]);
-        self.queue(inner, &txn, None).map(|_| ())
-    }
-
     /// "Committed at N" or "never committed": always answerable after the fact. A
     /// lookup under the commit engine's lock (never a copy of the state: a client
     /// reconciling a thousand request ids holds writers up for a thousand
@@ -850,87 +605,6 @@ impl Ledger {
         self.refresh_with_head(|p, h| (p.last_seq, *h))
     }
 
-    fn maybe_snapshot(&self, inner: &mut Inner) {
-        let (records, bytes) = inner.since_snapshot;
-        let every_records = self.opts.snapshot_every_records.max(inner.projection.entries());
-        if records < every_records && bytes < self.opts.snapshot_every_bytes {
-            return;
-        }
-        // Only durable state: another leader may already be writing a group (the
-        // projection runs ahead of the log while it does); the next leader to end
-        // with nothing in flight takes the snapshot.
-        if !inner.is_settled() || inner.poisoned().is_some() {
-            return;
-        }
-        // One snapshot in flight at a time, written off the append path.
-        if inner.snapshot_thread.as_ref().is_some_and(|t| !t.is_finished()) {
-            return;
-        }
-        if let Some(t) = inner.snapshot_thread.take() {
-            let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
-        }
-        inner.since_snapshot = (0, 0);
-        let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
-        let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
-            let body = snapshot::body_of(&p);
-            let written = backend
-                .put_snapshot(p.last_seq, &head, &body)
-                .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
-                .ok();
-            // The copy of the projection and its encoding (together about twice the
-            // state) are freed now: give the pages back rather than keep them.
-            drop((p, body));
-            release_free_memory();
-            written
-        });
-        match spawned {
-            Ok(t) => inner.snapshot_thread = Some(t),
-            // No snapshot this time (the next due one is tried again).
-            Err(e) => tracing::warn!(error = %e, "snapshot thread not started"),
-        }
-    }
-
-    /// If a snapshot has been written since the last group, queue the checkpoint
-    /// record that lets the chain vouch for it. Returns whether one was queued.
-    fn queue_checkpoint(&self, inner: &mut Inner) -> Result<bool, LedgerError> {
-        if !inner.snapshot_thread.as_ref().is_some_and(|t| t.is_finished()) {
-            return Ok(false);
-        }
-        let written = inner.snapshot_thread.take().and_then(|t| t.join().ok().flatten());
-        let Some(w) = written else { return Ok(false) };
-        let event = Event::Checkpoint { snapshot_seq: w.seq, digest: w.digest };
-        self.queue(inner, &Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event]), None)?;
-        Ok(true)
-    }
-
-    /// Write a snapshot now (also done on `close`) and append the checkpoint record
-    /// that vouches for it. It covers only durable state. Returns where it is.
-    pub fn snapshot_now(&self) -> Result<String, LedgerError> {
-        let (last, head, projection) = {
-            let mut inner = self.settled()?;
-            if let Some(t) = inner.snapshot_thread.take() {
-                let _ = t.join();
-            }
-            inner.since_snapshot = (0, 0);
-            let last = inner.projection.last_seq;
-            if last > 0 && last == inner.own_checkpoint_seq {
-                // Nothing but our own checkpoint since the snapshot it vouches for.
-                return Ok(inner.last_snapshot.clone().unwrap_or_default());
-            }
-            (last, inner.head, inner.projection.clone())
-        };
-        // Encoded and written without holding the ledger: submitters go on.
-        let written = self.backend.put_snapshot(last, &head, &snapshot::body_of(&projection))?;
-        self.group.lock().last_snapshot = Some(written.source.clone());
-        let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
-        let c = self.commit_with(Admission::Internal, |inner| {
-            let txn = Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event.clone()]);
-            self.check_and_queue(inner, &self.me, None, &mut |_, _, _| Ok(txn.clone()))
-        })?;
-        self.group.lock().own_checkpoint_seq = c.seq.unwrap_or(0);
-        Ok(written.source)
-    }
-
     /// Clean close: write the counts of coalesced fenced attempts not yet recorded,
     /// then a snapshot. (A crash loses only those counts: the first attempt of each
     /// window is always recorded.)
@@ -940,33 +614,6 @@ impl Ledger {
             self.snapshot_now()?;
         }
         Ok(())
-    }
-
-    /// Write the counts of refusals not yet recorded — those of windows this
-    /// writer opened, or that no record covers any more. Repeats inside a window
-    /// another process's record opened are not written (see `audit_refusal`).
-    fn flush_fenced(&self) -> Result<(), LedgerError> {
-        if self.group.lock().fenced.values().all(|f| f.pending == 0) {
-            return Ok(());
-        }
-        self.commit_with(Admission::Internal, |inner| {
-            let now_ms = self.opts.log.now_ms();
-            let window_ms = self.opts.fenced_audit_window_ms;
-            let pending: Vec<String> = inner
-                .fenced
-                .iter()
-                .filter(|(_, f)| f.pending > 0)
-                .filter(|(key, f)| {
-                    let other = inner.projection.refusal_recorded_ms(key);
-                    let opened_by_another =
-                        other.is_some_and(|ms| ms != f.last_written_ms && ms <= now_ms && now_ms - ms < window_ms);
-                    !opened_by_another
-                })
-                .map(|(k, _)| k.clone())
-                .collect();
-            let written = pending.iter().try_for_each(|key| self.write_refused(inner, key, now_ms));
-            (written, inner.projection.last_seq)
-        })
     }
 
     /// Run `act` on a caught-up projection within a commit group (the engine
@@ -980,16 +627,7 @@ impl Ledger {
     ) -> Result<T, LedgerError> {
         match self.group.commit(self, admission, act) {
             Ok(settled) => settled.answer,
-            Err(e) => Err(Self::commit_error(e)),
-        }
-    }
-
-    fn commit_error(e: CommitError<LedgerError>) -> LedgerError {
-        match e {
-            CommitError::Storage(e) => LedgerError::Storage(e),
-            CommitError::Hook(e) => e,
-            CommitError::Draining => LedgerError::Draining,
-            CommitError::HeadMovedTooOften { retries } => LedgerError::HeadMovedTooOften { retries },
+            Err(e) => Err(LedgerError::from_commit(e)),
         }
     }
 
@@ -1011,330 +649,6 @@ impl Ledger {
     pub fn chain_head(&self) -> Result<String, LedgerError> {
         Ok(hex(&self.settled()?.head))
     }
-}
-
-/// What the log gives when replayed: the newest snapshot the chain vouches for (if
-/// any), then every record after it, verified.
-struct Replayed {
-    tailer: Box<dyn RecordReader>,
-    projection: Projection,
-    head: ChainLink,
-    snapshot_seq: Option<u64>,
-    warnings: Vec<String>,
-    /// Records and payload bytes applied after the snapshot.
-    applied: (u64, u64),
-}
-
-/// Return freed heap pages to the system (glibc keeps them otherwise).
-fn release_free_memory() {
-    crate::sys::memory::release_free_memory();
-}
-
-/// Replay the log in `dir`: try each snapshot (the newest few, newest first); one
-/// is adopted only if the log holds its chain head and a checkpoint record with
-/// the blake3 of its body — checked by a pass over the tail *before* the snapshot
-/// is decoded, so a file no checkpoint vouches for never costs more than a
-/// streaming read. A snapshot beyond the end of the log is evidence that records
-/// were cut: refused. Otherwise replay from record 1.
-fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> {
-    let (metas, mut warnings) = backend.newest_snapshots();
-    let fresh = |from: u64| Replayed {
-        tailer: backend.reader(from),
-        projection: Projection::default(),
-        head: GENESIS_LINK,
-        snapshot_seq: None,
-        warnings: vec![],
-        applied: (0, 0),
-    };
-    for m in metas {
-        let mut ignored = |why: String| {
-            let w = format!("{}: {why}; snapshot ignored", m.source);
-            tracing::warn!("{w}");
-            warnings.push(w);
-        };
-        // One pass over the records from the snapshot's sequence on: is it vouched
-        // for, and (kept, up to a bound) the transactions to apply after it.
-        let mut tail = vouch_and_collect(backend, &m)?;
-        match tail.verdict {
-            Vouched::Yes => {}
-            Vouched::NoCheckpoint => {
-                ignored(format!("no checkpoint record in the log vouches for it (digest {})", hex(&m.digest)));
-                continue;
-            }
-            Vouched::HeadDiffers => {
-                ignored(format!("the log does not hold the snapshot's {}", snapshot::describe(m.seq, &m.head)));
-                continue;
-            }
-        }
-        let projection = match backend.snapshot_body(&m).and_then(|b| snapshot::decode(&b, m.seq)) {
-            Ok(p) => p,
-            Err(e) => {
-                ignored(e);
-                continue;
-            }
-        };
-        let mut r = Replayed {
-            tailer: tail.reader,
-            projection,
-            head: m.head,
-            snapshot_seq: Some(m.seq),
-            warnings: vec![],
-            applied: (0, 0),
-        };
-        match tail.records.take() {
-            Some(records) => {
-                for (seq, txn, link, bytes) in records {
-                    r.projection.apply_replayed(seq, &txn);
-                    r.head = link;
-                    r.applied.0 += 1;
-                    r.applied.1 += bytes;
-                }
-            }
-            None => {
-                // The tail was too long to keep: read it again, applying.
-                r.tailer = backend.reader(m.seq);
-                let Replayed { tailer, projection, head, applied, .. } = &mut r;
-                apply_tail(tailer.as_mut(), projection, head, applied)?;
-            }
-        }
-        r.warnings = warnings;
-        return Ok(r);
-    }
-    let mut r = fresh(1);
-    let Replayed { tailer, projection, head, applied, .. } = &mut r;
-    apply_tail(tailer.as_mut(), projection, head, applied)?;
-    r.warnings = warnings;
-    Ok(r)
-}
-
-enum Vouched {
-    Yes,
-    NoCheckpoint,
-    HeadDiffers,
-}
-
-/// Decoded records kept from the tail after a snapshot in the vouching pass, so
-/// that boot reads the tail once; beyond this many it is read again instead.
-const TAIL_RECORDS_KEPT_MAX: usize = 200_000;
-
-/// A kept record: sequence, transaction, chain link, payload bytes.
-type KeptRecord = (u64, Txn, ChainLink, u64);
-
-struct Tail {
-    verdict: Vouched,
-    /// Positioned after the last record.
-    reader: Box<dyn RecordReader>,
-    /// The records after the snapshot, unless there were too many to keep.
-    records: Option<Vec<KeptRecord>>,
-}
-
-/// Does the log vouch for this snapshot? One pass over the records from its
-/// sequence on (verified, decoded, not applied): its chain head, a checkpoint with
-/// its digest, and the transactions after it. A snapshot beyond the end of the log
-/// is refused: records were cut. A record that does not decode is `CORRUPTION`.
-fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Tail, LedgerError> {
-    let mut reader = backend.reader(m.seq);
-    let (mut last, mut head_ok, mut found) = (0, false, false);
-    let mut records = Some(Vec::new());
-    let mut undecodable = None;
-    reader.poll(&mut |r| {
-        last = r.seq;
-        if r.seq == m.seq {
-            head_ok = r.link == m.head;
-            return;
-        }
-        if r.seq < m.seq || undecodable.is_some() {
-            return;
-        }
-        match decode_txn(r.payload) {
-            Ok(txn) => {
-                found |= txn.events.iter().any(
-                    |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == m.seq && *digest == m.digest),
-                );
-                match records.as_mut() {
-                    Some(kept) if kept.len() < TAIL_RECORDS_KEPT_MAX => {
-                        kept.push((r.seq, txn, r.link, r.payload.len() as u64))
-                    }
-                    _ => records = None,
-                }
-            }
-            Err(e) => undecodable = Some(LedgerError::UndecodableRecord { seq: r.seq, detail: e.detail }),
-        }
-    })?;
-    if let Some(e) = undecodable {
-        return Err(e);
-    }
-    if last < m.seq {
-        return Err(LedgerError::LogShorterThanSnapshot {
-            snapshot: m.source.clone(),
-            snapshot_seq: m.seq,
-            log_last_seq: last,
-        });
-    }
-    let verdict = if !head_ok {
-        Vouched::HeadDiffers
-    } else if found {
-        Vouched::Yes
-    } else {
-        Vouched::NoCheckpoint
-    };
-    Ok(Tail { verdict, reader, records })
-}
-
-/// Records a replay applies on the reading thread before it hands applying to a
-/// second thread (a short tail is not worth a thread).
-const REPLAY_INLINE_RECORDS_MAX: u64 = 4096;
-/// Records handed to the applying thread at a time (at most this many, and sent as
-/// soon as their payloads reach the byte bound), and how many such batches may
-/// wait: a slow apply holds the reader back. In flight at once: the queued
-/// batches, the one being applied and the one being filled, each at most
-/// `REPLAY_BATCH_BYTES_MAX` plus one payload.
-const REPLAY_BATCH_RECORDS: usize = 1024;
-const REPLAY_BATCH_BYTES_MAX: usize = 4 << 20;
-const REPLAY_BATCHES_QUEUED_MAX: usize = 4;
-
-/// Verified records on their way to the applying thread: their payloads end to end,
-/// and for each its sequence, chain link and where its payload ends.
-#[derive(Default)]
-struct RecordBatch {
-    payloads: Vec<u8>,
-    records: Vec<(u64, ChainLink, usize)>,
-}
-
-/// Decodes and applies records in order; past an undecodable one it applies
-/// nothing more. (Decoding here, on the thread that applies, keeps each
-/// transaction's allocations on one thread: freed where they were made.)
-struct Applier<'a> {
-    projection: &'a mut Projection,
-    head: ChainLink,
-    applied: (u64, u64),
-    undecodable: Option<LedgerError>,
-}
-
-impl Applier<'_> {
-    fn take(&mut self, seq: u64, link: ChainLink, payload: &[u8]) {
-        if self.undecodable.is_some() {
-            return;
-        }
-        match decode_txn(payload) {
-            Ok(txn) => self.projection.apply_replayed(seq, &txn),
-            Err(e) => {
-                self.undecodable = Some(LedgerError::UndecodableRecord { seq, detail: e.detail });
-                return;
-            }
-        }
-        self.applied.0 += 1;
-        self.applied.1 += payload.len() as u64;
-        self.head = link;
-    }
-
-    fn take_batch(&mut self, b: &RecordBatch) {
-        let mut start = 0;
-        for &(seq, link, end) in &b.records {
-            self.take(seq, link, &b.payloads[start..end]);
-            start = end;
-        }
-    }
-}
-
-/// Read, verify and apply every record after the projection's last sequence. The
-/// record at that sequence (if read again) must carry `head`. A long tail is
-/// replayed by two threads: this one reads and verifies (with helpers checking the
-/// chain, storage's `LinksAhead`); a second decodes and applies, in order, what the
-/// first hands it — the projection is touched by one thread only and in sequence
-/// order, so the result is the one thread's result.
-fn apply_tail(
-    tailer: &mut dyn RecordReader,
-    projection: &mut Projection,
-    head: &mut ChainLink,
-    applied: &mut (u64, u64),
-) -> Result<(), LedgerError> {
-    let expect_head = (projection.last_seq, *head);
-    let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
-    let mut mismatch = None;
-    let applier = Applier { projection, head: *head, applied: *applied, undecodable: None };
-    let (polled, applier) = std::thread::scope(|s| {
-        let mut inline = Some(applier);
-        let mut pipe = None;
-        let mut batch = RecordBatch::default();
-        let mut inline_records = 0u64;
-        let polled = tailer.poll(&mut |r| {
-            if r.seq <= expect_head.0 {
-                if r.seq == expect_head.0 {
-                    head_checked = true;
-                    if r.link != expect_head.1 {
-                        mismatch = Some(r.seq);
-                    }
-                }
-                return;
-            }
-            if let Some(a) = inline.as_mut() {
-                a.take(r.seq, r.link, r.payload);
-                inline_records += 1;
-                if inline_records == REPLAY_INLINE_RECORDS_MAX {
-                    let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(REPLAY_BATCHES_QUEUED_MAX);
-                    let (spent_tx, spent_rx) = std::sync::mpsc::channel::<RecordBatch>();
-                    let applier = std::sync::Arc::new(std::sync::Mutex::new(inline.take()));
-                    let handed = std::sync::Arc::clone(&applier);
-                    let applying =
-                        std::thread::Builder::new().name("fencelog-replay".into()).spawn_scoped(s, move || {
-                            let mut a = handed.lock().expect("applier").take().expect("handed over");
-                            for b in rx {
-                                a.take_batch(&b);
-                                let _ = spent_tx.send(b); // its buffers are used again
-                            }
-                            a
-                        });
-                    match applying {
-                        Ok(applying) => pipe = Some((tx, spent_rx, applying)),
-                        // No thread to be had (a pid limit): go on applying here.
-                        Err(e) => {
-                            tracing::warn!("replay goes on in one thread: {e}");
-                            inline = applier.lock().expect("applier").take();
-                        }
-                    }
-                }
-                return;
-            }
-            batch.payloads.extend_from_slice(r.payload);
-            batch.records.push((r.seq, r.link, batch.payloads.len()));
-            if batch.records.len() == REPLAY_BATCH_RECORDS || batch.payloads.len() >= REPLAY_BATCH_BYTES_MAX {
-                let (tx, spent, _) = pipe.as_ref().expect("the applying thread runs");
-                // A returned batch is used again unless a large payload grew it.
-                let mut next = spent
-                    .try_recv()
-                    .ok()
-                    .filter(|b| b.payloads.capacity() <= 2 * REPLAY_BATCH_BYTES_MAX)
-                    .unwrap_or_default();
-                next.payloads.clear();
-                next.records.clear();
-                // It only stops early by panicking, which the join below reports.
-                let _ = tx.send(std::mem::replace(&mut batch, next));
-            }
-        });
-        let applier = match (inline, pipe) {
-            (Some(a), _) => a,
-            (None, Some((tx, _, applying))) => {
-                if !batch.records.is_empty() {
-                    let _ = tx.send(batch);
-                }
-                drop(tx);
-                applying.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-            }
-            (None, None) => unreachable!("the applier is inline or on its thread"),
-        };
-        (polled, applier)
-    });
-    polled?;
-    *head = applier.head;
-    *applied = applier.applied;
-    if let Some(e) = applier.undecodable {
-        return Err(e);
-    }
-    if mismatch.is_some() || !head_checked {
-        return Err(LedgerError::SnapshotNotInLog(snapshot::describe(expect_head.0, &expect_head.1)));
-    }
-    Ok(())
 }
 
 /// "Committed at N" or "never committed", from a projection caught up with the log
@@ -1392,17 +706,6 @@ impl ReadView {
     }
 }
 
-impl Drop for Ledger {
-    /// A snapshot in flight is finished, never abandoned half-written (it is written
-    /// to a temp file and renamed, so even a crash leaves no damaged `.snap`).
-    fn drop(&mut self) {
-        let taken = self.group.lock().snapshot_thread.take();
-        if let Some(t) = taken {
-            let _ = t.join();
-        }
-    }
-}
-
 /// What the ledger does at the commit engine's turns.
 impl Hooks<LedgerState> for Ledger {
     type Error = LedgerError;
@@ -1447,30 +750,10 @@ impl Hooks<LedgerState> for Ledger {
         core.tailer.skip_own(group.first_seq, group.last_seq, group.chain_head);
     }
 
-    /// Replay from the newest vouched snapshot, with the other writer's records.
-    /// Audit windows counted attempts judged on the discarded state: the retries
-    /// count them again, and the first is written again.
-    ///
-    /// The backend unreachable meanwhile (etcd without a leader, say): nothing is
-    /// poisoned — the state is marked stale and rebuilt by the next catch-up,
-    /// which every retried judgement makes first (and which fails, transiently,
-    /// while the backend stays unreachable).
+    /// Another writer appended first: replay from the newest vouched snapshot
+    /// (`Ledger::rebuild_from_log`).
     fn rebuild(&self, core: &mut Inner) -> Result<(), String> {
-        core.fenced.clear();
-        core.others_seen = Some(Instant::now());
-        let r = match replay(&*self.backend) {
-            Ok(r) => r,
-            Err(LedgerError::Storage(e)) if e.is_transient() => {
-                tracing::warn!(error = %e, "catching up after another writer appended: the log is unreachable; later");
-                core.stale = true;
-                return Ok(());
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let last = r.projection.last_seq;
-        (core.tailer, core.projection, core.head) = (r.tailer, r.projection, r.head);
-        core.caught_up_to(last);
-        Ok(())
+        self.rebuild_from_log(core)
     }
 
     /// Off the append lock: a snapshot (the projection cloned) if one is due and

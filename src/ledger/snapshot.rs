@@ -1,9 +1,14 @@
 //! Snapshots as the ledger sees them: the projection encoded as a body (storage
 //! keeps the bytes, see `storage::snapshots`), and decoded only once the chain has
-//! vouched for its digest.
+//! vouched for its digest. The ledger writes one off the append path when enough
+//! has been applied since the last (or at once: `Ledger::snapshot_now`), and the
+//! checkpoint record that vouches for it goes into the next commit group.
 
 use crate::format::{ChainLink, hex};
-use crate::model::Projection;
+use crate::model::{Event, Projection, Txn};
+use crate::storage::commit::Admission;
+
+use super::{Inner, Ledger, LedgerError};
 
 pub use crate::storage::snapshots::{SNAPSHOTS_KEPT, SnapshotMeta, digest_of};
 
@@ -63,4 +68,106 @@ pub fn decode(body: &[u8], seq: u64) -> Result<Projection, String> {
 
 pub fn describe(seq: u64, head: &ChainLink) -> String {
     format!("sequence {seq}, chain head {}", hex(head))
+}
+
+impl Ledger {
+    /// Start writing a snapshot of the durable state on a thread of its own, if one
+    /// is due (`LedgerOptions::snapshot_every_records`, `snapshot_every_bytes`) and
+    /// none is in flight.
+    pub(super) fn maybe_snapshot(&self, inner: &mut Inner) {
+        let (records, bytes) = inner.since_snapshot;
+        let every_records = self.opts.snapshot_every_records.max(inner.projection.entries());
+        if records < every_records && bytes < self.opts.snapshot_every_bytes {
+            return;
+        }
+        // Only durable state: another leader may already be writing a group (the
+        // projection runs ahead of the log while it does); the next leader to end
+        // with nothing in flight takes the snapshot.
+        if !inner.is_settled() || inner.poisoned().is_some() {
+            return;
+        }
+        // One snapshot in flight at a time, written off the append path.
+        if inner.snapshot_thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if let Some(t) = inner.snapshot_thread.take() {
+            let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
+        }
+        inner.since_snapshot = (0, 0);
+        let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
+        let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
+            let body = body_of(&p);
+            let written = backend
+                .put_snapshot(p.last_seq, &head, &body)
+                .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
+                .ok();
+            // The copy of the projection and its encoding (together about twice the
+            // state) are freed now: give the pages back rather than keep them.
+            drop((p, body));
+            release_free_memory();
+            written
+        });
+        match spawned {
+            Ok(t) => inner.snapshot_thread = Some(t),
+            // No snapshot this time (the next due one is tried again).
+            Err(e) => tracing::warn!(error = %e, "snapshot thread not started"),
+        }
+    }
+
+    /// If a snapshot has been written since the last group, queue the checkpoint
+    /// record that lets the chain vouch for it. Returns whether one was queued.
+    pub(super) fn queue_checkpoint(&self, inner: &mut Inner) -> Result<bool, LedgerError> {
+        if !inner.snapshot_thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return Ok(false);
+        }
+        let written = inner.snapshot_thread.take().and_then(|t| t.join().ok().flatten());
+        let Some(w) = written else { return Ok(false) };
+        let event = Event::Checkpoint { snapshot_seq: w.seq, digest: w.digest };
+        self.queue(inner, &Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event]), None)?;
+        Ok(true)
+    }
+
+    /// Write a snapshot now (also done on `close`) and append the checkpoint record
+    /// that vouches for it. It covers only durable state. Returns where it is.
+    pub fn snapshot_now(&self) -> Result<String, LedgerError> {
+        let (last, head, projection) = {
+            let mut inner = self.settled()?;
+            if let Some(t) = inner.snapshot_thread.take() {
+                let _ = t.join();
+            }
+            inner.since_snapshot = (0, 0);
+            let last = inner.projection.last_seq;
+            if last > 0 && last == inner.own_checkpoint_seq {
+                // Nothing but our own checkpoint since the snapshot it vouches for.
+                return Ok(inner.last_snapshot.clone().unwrap_or_default());
+            }
+            (last, inner.head, inner.projection.clone())
+        };
+        // Encoded and written without holding the ledger: submitters go on.
+        let written = self.backend.put_snapshot(last, &head, &body_of(&projection))?;
+        self.group.lock().last_snapshot = Some(written.source.clone());
+        let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
+        let c = self.commit_with(Admission::Internal, |inner| {
+            let txn = Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event.clone()]);
+            self.check_and_queue(inner, &self.me, None, &mut |_, _, _| Ok(txn.clone()))
+        })?;
+        self.group.lock().own_checkpoint_seq = c.seq.unwrap_or(0);
+        Ok(written.source)
+    }
+}
+
+/// Return freed heap pages to the system (glibc keeps them otherwise).
+fn release_free_memory() {
+    crate::sys::memory::release_free_memory();
+}
+
+impl Drop for Ledger {
+    /// A snapshot in flight is finished, never abandoned half-written (it is written
+    /// to a temp file and renamed, so even a crash leaves no damaged `.snap`).
+    fn drop(&mut self) {
+        let taken = self.group.lock().snapshot_thread.take();
+        if let Some(t) = taken {
+            let _ = t.join();
+        }
+    }
 }

@@ -75,6 +75,7 @@ impl World {
             snapshot_every_bytes: u64::MAX,
             fenced_audit_window_ms: 5_000,
             host: None,
+            after_snapshot: None,
         };
         Ledger::open(&self.dir, opts).unwrap()
     }

@@ -551,7 +551,11 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         crate::storage::Location::Dir(_) => crate::storage::Location::Dir(dir.clone()),
         other => other.clone(),
     };
-    let ledger = Arc::new(Ledger::open_at(&log, LedgerOptions::default()).map_err(|e| {
+    // The daemon's allocator policy: glibc keeps freed heap pages unless asked,
+    // and a snapshot frees a copy of the whole state (about twice its size).
+    let opts =
+        LedgerOptions { after_snapshot: Some(crate::sys::memory::release_free_memory), ..LedgerOptions::default() };
+    let ledger = Arc::new(Ledger::open_at(&log, opts).map_err(|e| {
         let e = OpError::from(e);
         (e.exit_code(), e)
     })?);

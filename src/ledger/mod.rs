@@ -74,6 +74,10 @@ pub struct LedgerOptions {
     /// staleness on a log shared by hosts (default: [`identity::host_id`]). An
     /// embedding program may name its host; tests simulate hosts with it.
     pub host: Option<String>,
+    /// Called on the snapshot's thread once a snapshot is written and its copy of
+    /// the state freed: the embedding program's allocator policy (the daemon gives
+    /// glibc's freed pages back to the system here). Default: nothing.
+    pub after_snapshot: Option<fn()>,
 }
 
 impl Default for LedgerOptions {
@@ -84,6 +88,7 @@ impl Default for LedgerOptions {
             snapshot_every_bytes: 64 << 20,
             fenced_audit_window_ms: 1_000,
             host: None,
+            after_snapshot: None,
         }
     }
 }

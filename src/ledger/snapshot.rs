@@ -95,6 +95,7 @@ impl Ledger {
         }
         inner.since_snapshot = (0, 0);
         let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
+        let after = self.opts.after_snapshot;
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
             let body = body_of(&p);
             let written = backend
@@ -102,9 +103,12 @@ impl Ledger {
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
                 .ok();
             // The copy of the projection and its encoding (together about twice the
-            // state) are freed now: give the pages back rather than keep them.
+            // state) are freed now: the embedding program may give the pages back
+            // (the daemon does: `LedgerOptions::after_snapshot`).
             drop((p, body));
-            release_free_memory();
+            if let Some(f) = after {
+                f();
+            }
             written
         });
         match spawned {
@@ -154,11 +158,6 @@ impl Ledger {
         self.group.lock().own_checkpoint_seq = c.seq.unwrap_or(0);
         Ok(written.source)
     }
-}
-
-/// Return freed heap pages to the system (glibc keeps them otherwise).
-fn release_free_memory() {
-    crate::sys::memory::release_free_memory();
 }
 
 impl Drop for Ledger {

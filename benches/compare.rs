@@ -270,7 +270,7 @@ fn fencelog_async(cfg: &Cfg, k: usize) -> (f64, f64) {
         }
     });
     let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-    let (records, syncs) = log.commit_stats();
+    let fencelog::storage::CommitStats { records, syncs } = log.commit_stats();
     (rate, records as f64 / syncs.max(1) as f64)
 }
 

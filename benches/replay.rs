@@ -233,7 +233,7 @@ fn cas_in_threads(dir: &Path, threads: usize, ops: u64) -> Value {
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
     let secs = t.elapsed().as_secs_f64();
-    let (appended, syncs) = l.commit_stats();
+    let fencelog::storage::CommitStats { records: appended, syncs } = l.commit_stats();
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     json!({
         "threads": threads,

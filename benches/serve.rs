@@ -482,9 +482,10 @@ fn populate_for_reads(dir: &Path, subjects: u64, records: u64) {
                         Event::Heartbeat { subject, generation: 1 }
                     };
                     ledger
-                        .submit(Some((id.clone(), intent_digest(&id))), |_, t, w| {
-                            Ok(Txn::new(t, w, vec![event.clone()]))
-                        })
+                        .submit(
+                            Some(fencelog::model::RequestTag { id: id.clone(), digest: intent_digest(&id) }),
+                            |_, t, w| Ok(Txn::new(t, w, vec![event.clone()])),
+                        )
                         .expect("populate");
                 }
             });

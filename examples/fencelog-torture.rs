@@ -155,7 +155,8 @@ fn ledger(args: &[String]) {
                     let roll = rand() % 100;
                     let (mut kind, mut chosen, holds_one) = ("", subject.clone(), mine.is_some());
                     let id = format!("{tag}-{t}-{i}");
-                    let result = ledger.submit(Some((id.clone(), intent_digest(&id))), |p, now_ms, writer| {
+                    let tag = fencelog::model::RequestTag { id: id.clone(), digest: intent_digest(&id) };
+                    let result = ledger.submit(Some(tag), |p, now_ms, writer| {
                         let current = p.subject(&subject);
                         let generation = current.map_or(0, |c| c.generation);
                         let owner = current.and_then(|c| c.owner.as_ref());

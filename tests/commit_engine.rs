@@ -70,7 +70,7 @@ fn concurrent_threads_share_syncs_and_each_hears_its_own_record() {
     let log = Log::open(d.path(), LogOptions::default()).unwrap();
     let (threads, each) = (16, 40);
     let answers = append_from_threads(&log, threads, each);
-    let (appended, syncs) = log.commit_stats();
+    let fencelog::storage::CommitStats { records: appended, syncs } = log.commit_stats();
     assert_eq!(appended, (threads * each) as u64);
     assert!(syncs < appended, "no group commit: {syncs} syncs for {appended} records");
     log.close().unwrap();
@@ -113,7 +113,7 @@ fn async_tasks_and_threads_append_through_the_same_groups() {
         all
     });
     assert_eq!(from_threads.len(), 4 * 50 + tasks * each);
-    let (appended, syncs) = log.commit_stats();
+    let fencelog::storage::CommitStats { records: appended, syncs } = log.commit_stats();
     assert!(syncs < appended, "no group commit: {syncs} syncs for {appended} records");
     check_answers(d.path(), &from_threads);
 }

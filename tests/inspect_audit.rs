@@ -135,7 +135,7 @@ fn gen_clean(dir: &Path) {
     let fencelog::model::Outcome::LeaseAcquired { lease, token, .. } = lease.outcomes[0].clone() else { panic!() };
     a.submit(None, txn(vec![Event::LeaseRelease { lease, token }])).unwrap();
     a.submit(
-        Some(("rel-1".into(), [1; 32])),
+        Some(fencelog::model::RequestTag { id: "rel-1".into(), digest: [1; 32] }),
         txn(vec![Event::Release { subject: "home/alpha".into(), generation: 1 }]),
     )
     .unwrap();
@@ -315,7 +315,7 @@ fn gen_lease_pending(dir: &Path) {
     let fencelog::model::Outcome::LeaseAcquired { lease, token, .. } = got.outcomes[0].clone() else { panic!() };
     a.submit(None, txn(vec![Event::LeaseRelease { lease, token: token + 1 }])).unwrap();
     a.submit(
-        Some(("req-commit-9".into(), [9; 32])),
+        Some(fencelog::model::RequestTag { id: "req-commit-9".into(), digest: [9; 32] }),
         txn(vec![Event::Note { subject: "run/lease".into(), generation: 1, text: "commit 9".into() }]),
     )
     .unwrap();
@@ -324,7 +324,7 @@ fn gen_lease_pending(dir: &Path) {
     }
     takeover(&b, "run/lease", 2);
     a.submit(
-        Some(("req-commit-10".into(), [10; 32])),
+        Some(fencelog::model::RequestTag { id: "req-commit-10".into(), digest: [10; 32] }),
         txn(vec![Event::Note { subject: "run/lease".into(), generation: 1, text: "commit 10".into() }]),
     )
     .unwrap();

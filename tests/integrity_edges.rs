@@ -50,7 +50,10 @@ fn small_segment_log(n: u64) -> tempfile::TempDir {
     let me = fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::new_v4()).unwrap();
     let claim =
         Event::Claim { subject: "home/a".into(), owner: me, stale_after_ms: 60_000, lock: None, previous: None };
-    l.submit(Some(("req-claim".into(), [1; 32])), |_, t, w| Ok(Txn::new(t, w, vec![claim.clone()]))).unwrap();
+    l.submit(Some(fencelog::model::RequestTag { id: "req-claim".into(), digest: [1; 32] }), |_, t, w| {
+        Ok(Txn::new(t, w, vec![claim.clone()]))
+    })
+    .unwrap();
     for i in 1..n {
         let note = Event::Note { subject: "home/a".into(), generation: 1, text: format!("note {i}") };
         l.submit(None, |_, t, w| Ok(Txn::new(t, w, vec![note.clone()]))).unwrap();

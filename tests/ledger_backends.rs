@@ -114,8 +114,16 @@ fn one_request_id_commits_once(f: Fixture) {
     let l = ledger(&f);
     let owner = me();
     let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> =
-            (0..8).map(|_| s.spawn(|| l.submit(Some(("req-1".into(), [7; 32])), claim("idem", &owner)))).collect();
+        let hs: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    l.submit(
+                        Some(fencelog::model::RequestTag { id: "req-1".into(), digest: [7; 32] }),
+                        claim("idem", &owner),
+                    )
+                })
+            })
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
     });
     assert!(results.iter().all(|c| c.seq == Some(1)));
@@ -268,7 +276,10 @@ fn draining_refuses_new_transactions_and_settles_every_judged_one() {
                         let mut out = vec![];
                         for i in 0..5_000 {
                             let id = format!("r-{t}-{i}");
-                            let r = l.submit(Some((id.clone(), [t as u8; 32])), claim(&format!("d/{t}/{i}"), owner));
+                            let r = l.submit(
+                                Some(fencelog::model::RequestTag { id: id.clone(), digest: [t as u8; 32] }),
+                                claim(&format!("d/{t}/{i}"), owner),
+                            );
                             let refused = r.is_err();
                             count.fetch_add(u64::from(!refused), Ordering::Relaxed);
                             out.push((id, r.map(|c| c.seq.unwrap()).map_err(|e| e.code().to_string())));

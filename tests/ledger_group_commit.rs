@@ -118,7 +118,7 @@ fn threads_of_one_process_share_syncs_and_every_transaction_lands_once() {
     let total = threads * each;
     let unique: BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(unique, (1..=total).collect::<BTreeSet<u64>>(), "distinct, dense sequences");
-    let (appended, syncs) = ledger.commit_stats();
+    let fencelog::storage::CommitStats { records: appended, syncs } = ledger.commit_stats();
     assert_eq!(appended, total);
     assert!(syncs < appended / 2, "transactions must share syncs: {appended} records took {syncs} syncs");
     let live = ledger.projection();
@@ -190,7 +190,12 @@ fn one_request_id_submitted_by_several_threads_at_once_commits_once() {
                 let (ledger, owner, barrier) = (&ledger, &owner, &barrier);
                 s.spawn(move || {
                     barrier.wait();
-                    ledger.submit(Some(("req-1".into(), [7u8; 32])), claim("dedup/a", owner)).unwrap()
+                    ledger
+                        .submit(
+                            Some(fencelog::model::RequestTag { id: "req-1".into(), digest: [7u8; 32] }),
+                            claim("dedup/a", owner),
+                        )
+                        .unwrap()
                 })
             })
             .collect();
@@ -439,7 +444,7 @@ fn async_tasks_and_threads_submit_judged_transactions_through_the_same_groups() 
         };
         assert_eq!(on_record, subject, "the answer at {seq} is another caller's transaction");
     }
-    let (appended, syncs) = ledger.commit_stats();
+    let fencelog::storage::CommitStats { records: appended, syncs } = ledger.commit_stats();
     assert_eq!(appended, total);
     assert!(syncs < appended / 2, "transactions must share syncs: {appended} records took {syncs} syncs");
     let live = ledger.projection();

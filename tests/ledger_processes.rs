@@ -384,7 +384,7 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     let opts = LedgerOptions { snapshot_every_records: 20, ..LedgerOptions::default() };
     let l = Ledger::open(d.path(), opts.clone()).unwrap();
     for i in 0..50 {
-        let req = (i == 3).then(|| ("req-3".to_string(), [3u8; 32]));
+        let req = (i == 3).then(|| fencelog::model::RequestTag { id: "req-3".to_string(), digest: [3u8; 32] });
         l.submit(req, claim_txn(format!("s/{i}"))).unwrap();
     }
     l.close().unwrap();
@@ -399,7 +399,9 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     for i in 50..57 {
         l.submit(None, claim_txn(format!("s/{i}"))).unwrap();
     }
-    let dedup = l.submit(Some(("req-3".into(), [3u8; 32])), claim_txn("s/3".into())).unwrap();
+    let dedup = l
+        .submit(Some(fencelog::model::RequestTag { id: "req-3".into(), digest: [3u8; 32] }), claim_txn("s/3".into()))
+        .unwrap();
     assert!(dedup.deduplicated && dedup.seq == Some(4));
     drop(l);
     let from_snapshot = Ledger::open(d.path(), opts.clone()).unwrap();

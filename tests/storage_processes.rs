@@ -137,7 +137,7 @@ fn sixty_four_threads_share_group_commits_with_dense_sequences() {
             .collect();
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
-    let (appended, syncs) = log.commit_stats();
+    let fencelog::storage::CommitStats { records: appended, syncs } = log.commit_stats();
     assert_eq!(appended, 64 * 40);
     assert!(syncs < appended / 2, "appends must share syncs: {appended} appends took {syncs} syncs");
     log.close().unwrap();

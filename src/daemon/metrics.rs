@@ -162,7 +162,7 @@ impl Metrics {
     pub(crate) fn scrape(app: &App, openmetrics: bool) -> Result<String, std::fmt::Error> {
         let m = &app.metrics;
         let _one = m.scraping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (appends, syncs) = app.ledger.commit_stats();
+        let crate::storage::CommitStats { records: appends, syncs } = app.ledger.commit_stats();
         m.appends.inc_by(appends.saturating_sub(m.appends.get()));
         m.syncs.inc_by(syncs.saturating_sub(m.syncs.get()));
         let now = crate::storage::LogOptions::default().now_ms();

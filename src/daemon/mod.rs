@@ -231,6 +231,25 @@ pub(crate) struct App {
     pub drain_grace_ms: u64,
 }
 
+/// Why `serve` could not start or go on: the exit code it ends with (`exit`) and
+/// the error, as the CLI prints it.
+#[derive(Debug)]
+pub struct ServeFailure {
+    pub exit: u8,
+    pub error: OpError,
+}
+
+impl ServeFailure {
+    pub fn new(exit: u8, error: OpError) -> ServeFailure {
+        ServeFailure { exit, error }
+    }
+
+    /// With the exit code the error's class gives (`OpError::exit_code`).
+    pub fn of(error: OpError) -> ServeFailure {
+        ServeFailure { exit: error.exit_code(), error }
+    }
+}
+
 /// A cutover asked for: why (the cutover record's `reason`), and whether the home
 /// was lost (then it is not released: it is no longer this daemon's).
 #[derive(Debug, Clone)]
@@ -461,7 +480,7 @@ fn ask_cutover(dir: &Path, token: &[u8]) -> Result<(), String> {
 
 /// Claim the home subject for this process; with `handover`, ask the live owner
 /// to cut over and claim it the moment it is released.
-fn claim_home(ledger: &Ledger, o: &ServeOptions, tokens: &Tokens) -> Result<u64, (u8, OpError)> {
+fn claim_home(ledger: &Ledger, o: &ServeOptions, tokens: &Tokens) -> Result<u64, ServeFailure> {
     let me = std::process::id();
     let req = ClaimRequest {
         subject: o.home.clone(),
@@ -483,7 +502,7 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, tokens: &Tokens) -> Result<u64,
             Err(e @ OpError::Refused(crate::model::Refusal::AlreadyActive { .. }))
             | Err(e @ OpError::Refused(crate::model::Refusal::StaleRequiresTakeover { .. })) => {
                 if !o.handover || Instant::now() >= deadline {
-                    return Err((exit::HOME_HELD, e));
+                    return Err(ServeFailure::new(exit::HOME_HELD, e));
                 }
                 if !asked {
                     // The admin token; a daemon of a build before token scopes knows
@@ -494,7 +513,7 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, tokens: &Tokens) -> Result<u64,
                         other => other,
                     };
                     answer.map_err(|why| {
-                        (
+                        ServeFailure::new(
                             exit::HOME_HELD,
                             OpError::Io { message: format!("--handover: cannot ask for a cutover: {why}") },
                         )
@@ -503,14 +522,14 @@ fn claim_home(ledger: &Ledger, o: &ServeOptions, tokens: &Tokens) -> Result<u64,
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Err(e) => return Err((exit::IO, e)),
+            Err(e) => return Err(ServeFailure::new(exit::IO, e)),
         }
     }
 }
 
 /// Run the daemon until it has cut over; returns the exit code. Boot failures are
 /// printed as the CLI prints errors (by the caller) with their exit code.
-pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
+pub fn serve(o: ServeOptions) -> Result<u8, ServeFailure> {
     let t0 = Instant::now();
     limit_malloc_arenas();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -518,7 +537,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         .max_blocking_threads(CONCURRENT_REQUESTS_MAX + WATCH_STREAMS_MAX + 16)
         .enable_all()
         .build()
-        .map_err(|e| (exit::IO, io("starting the runtime", e)))?;
+        .map_err(|e| ServeFailure::new(exit::IO, io("starting the runtime", e)))?;
     // The signal handlers first, before anything is claimed or announced: a
     // SIGTERM from the moment the ready line (or READY=1) is out — or earlier,
     // during boot — is a cutover, never the default action that kills the daemon
@@ -528,13 +547,15 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
         let _in_runtime = runtime.enter();
         match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
             (Ok(term), Ok(int)) => (term, int),
-            (Err(e), _) | (_, Err(e)) => return Err((exit::IO, io("installing the signal handlers", e))),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(ServeFailure::new(exit::IO, io("installing the signal handlers", e)));
+            }
         }
     };
-    let fail = |code: u8| move |e: OpError| (code, e);
+    let fail = |code: u8| move |e: OpError| ServeFailure::new(code, e);
     // A --unix path that is not a socket is refused before anything is claimed.
     if let Some(path) = &o.unix {
-        unix_path_usable(path).map_err(|e| (exit::HOME_HELD, e))?;
+        unix_path_usable(path).map_err(|e| ServeFailure::new(exit::HOME_HELD, e))?;
     }
     // Created 0700, as `init` creates a log (the directory is refused when group-
     // or world-writable: under umask 002 a plain create_dir_all made one).
@@ -544,9 +565,9 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
             .recursive(true)
             .mode(0o700)
             .create(&o.dir)
-            .map_err(|e| (exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
+            .map_err(|e| ServeFailure::new(exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
     }
-    let dir = std::fs::canonicalize(&o.dir).map_err(|e| (exit::IO, io("log directory", e)))?;
+    let dir = std::fs::canonicalize(&o.dir).map_err(|e| ServeFailure::new(exit::IO, io("log directory", e)))?;
     let log = match &o.log {
         crate::storage::Location::Dir(_) => crate::storage::Location::Dir(dir.clone()),
         other => other.clone(),
@@ -555,19 +576,16 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     // and a snapshot frees a copy of the whole state (about twice its size).
     let opts =
         LedgerOptions { after_snapshot: Some(crate::sys::memory::release_free_memory), ..LedgerOptions::default() };
-    let ledger = Arc::new(Ledger::open_at(&log, opts).map_err(|e| {
-        let e = OpError::from(e);
-        (e.exit_code(), e)
-    })?);
+    let ledger = Arc::new(Ledger::open_at(&log, opts).map_err(|e| ServeFailure::of(OpError::from(e)))?);
     let warnings = ledger.backend().check_service().map_err(|e| {
         let e = OpError::from(crate::ledger::LedgerError::Storage(e));
-        (exit::IO, e)
+        ServeFailure::new(exit::IO, e)
     })?;
     for w in &warnings {
         tracing::warn!("{w}");
     }
     let replayed = ledger.open_report().replayed_records;
-    let (tokens, token_path) = load_tokens(&dir, o.token_file.as_deref()).map_err(|e| (e.exit_code(), e))?;
+    let (tokens, token_path) = load_tokens(&dir, o.token_file.as_deref()).map_err(ServeFailure::of)?;
     // A handover asks the daemon before with the admin token (a cutover is admin).
     let generation = claim_home(&ledger, &o, &tokens)?;
     let home = OwnerRef { subject: o.home.clone(), generation };
@@ -584,16 +602,18 @@ pub fn serve(o: ServeOptions) -> Result<u8, (u8, OpError)> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(o.listen)
             .await
-            .map_err(|e| (exit::IO, io(&format!("binding {}", o.listen), e)))?;
-        let addr = listener.local_addr().map_err(|e| (exit::IO, io("local address", e)))?;
+            .map_err(|e| ServeFailure::new(exit::IO, io(&format!("binding {}", o.listen), e)))?;
+        let addr = listener.local_addr().map_err(|e| ServeFailure::new(exit::IO, io("local address", e)))?;
         let unix = match &o.unix {
-            Some(path) => {
-                Some(bind_unix(path).map_err(|e| (if e.exit_code() == 2 { exit::HOME_HELD } else { exit::IO }, e))?)
-            }
+            Some(path) => Some(
+                bind_unix(path)
+                    .map_err(|e| ServeFailure::new(if e.exit_code() == 2 { exit::HOME_HELD } else { exit::IO }, e))?,
+            ),
             None => None,
         };
         let unix_id = o.unix.as_deref().and_then(file_id);
-        std::fs::write(dir.join(ADDR_FILE), addr.to_string()).map_err(|e| (exit::IO, io(ADDR_FILE, e)))?;
+        std::fs::write(dir.join(ADDR_FILE), addr.to_string())
+            .map_err(|e| ServeFailure::new(exit::IO, io(ADDR_FILE, e)))?;
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<CutoverAsked>(4);
         let app = Arc::new(App {

@@ -134,7 +134,7 @@ struct LedgerState {
     projection: Projection,
     head: ChainLink,
     /// Records and payload bytes applied since the last snapshot.
-    since_snapshot: (u64, u64),
+    since_snapshot: replay::SinceSnapshot,
     /// Coalescing of recorded refusals by (subject, code, operation, caller).
     fenced: HashMap<String, FencedWindow>,
     /// The snapshot being written off the append path; once it is written, its
@@ -317,7 +317,7 @@ impl Ledger {
 
     /// What storage did: records appended and syncs made through this ledger's log
     /// (transactions committed together share one sync).
-    pub fn commit_stats(&self) -> (u64, u64) {
+    pub fn commit_stats(&self) -> crate::storage::CommitStats {
         self.backend.commit_stats()
     }
 
@@ -386,7 +386,7 @@ impl Ledger {
     /// the waiting transactions fail too and the ledger is poisoned until reopened.
     pub fn submit(
         &self,
-        request: Option<(String, [u8; 32])>,
+        request: Option<RequestTag>,
         build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
         self.submit_as(&self.me.clone(), request, build)
@@ -397,7 +397,7 @@ impl Ledger {
     pub fn submit_as(
         &self,
         caller: &CallerId,
-        request: Option<(String, [u8; 32])>,
+        request: Option<RequestTag>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
         // `build` may run more than once: again whenever another writer appended
@@ -417,7 +417,7 @@ impl Ledger {
     pub async fn submit_as_async(
         self: &Arc<Self>,
         caller: Option<CallerId>,
-        request: Option<(String, [u8; 32])>,
+        request: Option<RequestTag>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static,
     ) -> Result<Committed, LedgerError> {
         let turn = {
@@ -458,7 +458,7 @@ impl Ledger {
     /// even while draining (a daemon's cutover record and the release of its home).
     pub fn submit_internal(
         &self,
-        request: Option<(String, [u8; 32])>,
+        request: Option<RequestTag>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> Result<Committed, LedgerError> {
         self.commit_with(Admission::Internal, |inner| {
@@ -472,7 +472,7 @@ impl Ledger {
         &self,
         inner: &mut Inner,
         caller: &CallerId,
-        request: Option<(String, [u8; 32])>,
+        request: Option<RequestTag>,
         build: &mut impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> (Result<Committed, LedgerError>, u64) {
         let (answer, covers) = self.check_and_queue_once(inner, caller, request.clone(), build);
@@ -507,7 +507,7 @@ impl Ledger {
         &self,
         inner: &mut Inner,
         caller: &CallerId,
-        request: Option<(String, [u8; 32])>,
+        request: Option<RequestTag>,
         build: &mut impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> (Result<Committed, LedgerError>, u64) {
         let now_ms = self.opts.log.now_ms();
@@ -516,7 +516,7 @@ impl Ledger {
             Ok(t) => t,
             Err(r) => return (Err(LedgerError::Refused(r)), seen),
         };
-        txn.request = request.map(|(id, digest)| RequestTag { id, digest });
+        txn.request = request;
         let checked = match inner.projection.check(seen + 1, &txn) {
             // A data write under a generation that is not the subject's current one,
             // or whose tenure ended, is refused (a zombie that checks its exit code
@@ -570,8 +570,7 @@ impl Ledger {
             Some(outcomes) => inner.projection.apply_checked(seq, txn, outcomes),
             None => inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?,
         };
-        inner.since_snapshot.0 += 1;
-        inner.since_snapshot.1 += record.len() as u64;
+        inner.since_snapshot.count(record.len() as u64);
         let queued_at = inner.queue(record);
         debug_assert_eq!(queued_at, seq, "the projection and the commit engine agree on the next sequence");
         Ok((seq, outcomes))

@@ -104,7 +104,22 @@ pub(super) struct Replayed {
     pub(super) snapshot_seq: Option<u64>,
     pub(super) warnings: Vec<String>,
     /// Records and payload bytes applied after the snapshot.
-    pub(super) applied: (u64, u64),
+    pub(super) applied: SinceSnapshot,
+}
+
+/// Records, and their payload bytes, applied since the last snapshot: what decides
+/// when the next one is due (`LedgerOptions::snapshot_every_records`, `…_bytes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct SinceSnapshot {
+    pub(super) records: u64,
+    pub(super) bytes: u64,
+}
+
+impl SinceSnapshot {
+    pub(super) fn count(&mut self, payload_bytes: u64) {
+        self.records += 1;
+        self.bytes += payload_bytes;
+    }
 }
 
 /// Replay the log in `dir`: try each snapshot (the newest few, newest first); one
@@ -121,7 +136,7 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
         head: GENESIS_LINK,
         snapshot_seq: None,
         warnings: vec![],
-        applied: (0, 0),
+        applied: SinceSnapshot::default(),
     };
     for m in metas {
         let mut ignored = |why: String| {
@@ -156,15 +171,14 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
             head: m.head,
             snapshot_seq: Some(m.seq),
             warnings: vec![],
-            applied: (0, 0),
+            applied: SinceSnapshot::default(),
         };
         match tail.records.take() {
             Some(records) => {
                 for (seq, txn, link, bytes) in records {
                     r.projection.apply_replayed(seq, &txn);
                     r.head = link;
-                    r.applied.0 += 1;
-                    r.applied.1 += bytes;
+                    r.applied.count(bytes);
                 }
             }
             None => {
@@ -284,7 +298,7 @@ struct RecordBatch {
 struct Applier<'a> {
     projection: &'a mut Projection,
     head: ChainLink,
-    applied: (u64, u64),
+    applied: SinceSnapshot,
     undecodable: Option<LedgerError>,
 }
 
@@ -300,8 +314,7 @@ impl Applier<'_> {
                 return;
             }
         }
-        self.applied.0 += 1;
-        self.applied.1 += payload.len() as u64;
+        self.applied.count(payload.len() as u64);
         self.head = link;
     }
 
@@ -324,7 +337,7 @@ fn apply_tail(
     tailer: &mut dyn RecordReader,
     projection: &mut Projection,
     head: &mut ChainLink,
-    applied: &mut (u64, u64),
+    applied: &mut SinceSnapshot,
 ) -> Result<(), LedgerError> {
     let expect_head = (projection.last_seq, *head);
     let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;

@@ -75,7 +75,7 @@ impl Ledger {
     /// is due (`LedgerOptions::snapshot_every_records`, `snapshot_every_bytes`) and
     /// none is in flight.
     pub(super) fn maybe_snapshot(&self, inner: &mut Inner) {
-        let (records, bytes) = inner.since_snapshot;
+        let super::replay::SinceSnapshot { records, bytes } = inner.since_snapshot;
         let every_records = self.opts.snapshot_every_records.max(inner.projection.entries());
         if records < every_records && bytes < self.opts.snapshot_every_bytes {
             return;
@@ -93,7 +93,7 @@ impl Ledger {
         if let Some(t) = inner.snapshot_thread.take() {
             let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }
-        inner.since_snapshot = (0, 0);
+        inner.since_snapshot = Default::default();
         let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
         let after = self.opts.after_snapshot;
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
@@ -139,7 +139,7 @@ impl Ledger {
             if let Some(t) = inner.snapshot_thread.take() {
                 let _ = t.join();
             }
-            inner.since_snapshot = (0, 0);
+            inner.since_snapshot = Default::default();
             let last = inner.projection.last_seq;
             if last > 0 && last == inner.own_checkpoint_seq {
                 // Nothing but our own checkpoint since the snapshot it vouches for.

@@ -268,8 +268,8 @@ impl OpResponse {
 pub trait Intent {
     fn request_id(&self) -> Option<&str>;
     fn digest(&self) -> [u8; 32];
-    fn tag(&self) -> Option<(String, [u8; 32])> {
-        self.request_id().map(|id| (id.to_owned(), self.digest()))
+    fn tag(&self) -> Option<crate::model::RequestTag> {
+        self.request_id().map(|id| crate::model::RequestTag { id: id.to_owned(), digest: self.digest() })
     }
 }
 
@@ -507,14 +507,14 @@ type Build = Box<dyn FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>
 /// one code path, two ways to wait.
 pub struct Planned {
     caller: Option<crate::model::CallerId>,
-    tag: Option<(String, [u8; 32])>,
+    tag: Option<crate::model::RequestTag>,
     build: Build,
 }
 
 impl Planned {
     fn new(
         caller: Option<crate::model::CallerId>,
-        tag: Option<(String, [u8; 32])>,
+        tag: Option<crate::model::RequestTag>,
         build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static,
     ) -> Planned {
         Planned { caller, tag, build: Box::new(build) }

@@ -118,8 +118,8 @@ pub trait LogBackend: Send + Sync {
     /// What opening found and did.
     fn open_report(&self) -> OpenReport;
     /// Records appended and syncs made through this backend.
-    fn commit_stats(&self) -> (u64, u64) {
-        (0, 0)
+    fn commit_stats(&self) -> CommitStats {
+        CommitStats::default()
     }
     /// Whether writers on several hosts share this log (etcd): then identities
     /// recorded on another host are never judged from this host's `/proc`, and
@@ -196,4 +196,19 @@ pub struct OpenReport {
     pub last_seq: u64,
     pub chain_head: String,
     pub repairs: Vec<Repair>,
+}
+
+/// Records appended and data syncs taken by one writer: their ratio is the mean
+/// group-commit size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CommitStats {
+    pub records: u64,
+    pub syncs: u64,
+}
+
+impl CommitStats {
+    /// Records per sync (0 before the first sync).
+    pub fn records_per_sync(&self) -> f64 {
+        if self.syncs == 0 { 0.0 } else { self.records as f64 / self.syncs as f64 }
+    }
 }

@@ -173,8 +173,8 @@ impl LogBackend for MemoryBackend {
         }
     }
 
-    fn commit_stats(&self) -> (u64, u64) {
+    fn commit_stats(&self) -> crate::storage::CommitStats {
         let log = self.log.lock().expect("memory log");
-        (log.appended, log.appended)
+        crate::storage::CommitStats { records: log.appended, syncs: log.appended }
     }
 }

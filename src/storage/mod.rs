@@ -18,8 +18,8 @@ mod options;
 mod source;
 
 pub use backend::{
-    AppendOutcome, Appended, Exclusive, Head, LogBackend, OpenReport, RecordReader, Repair, SNAPSHOTS_KEPT,
-    SnapshotMeta, Unlocked, digest_of,
+    AppendOutcome, Appended, CommitStats, Exclusive, Head, LogBackend, OpenReport, RecordReader, Repair,
+    SNAPSHOTS_KEPT, SnapshotMeta, Unlocked, digest_of,
 };
 pub use commit::{EXTRA_TURNS_MAX, GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 pub use error::{Error, Result};

@@ -460,10 +460,10 @@ pub fn run_until(
     };
     let spec = command::resolve(&req.command, req.cwd.as_deref(), &env, key.as_ref())?;
     let fingerprint = command::fingerprint(&spec);
-    let tag = req
-        .request_id
-        .clone()
-        .map(|id| (id, run_digest(&fingerprint, &leases, &owner, req.timeout_ms, req.output_bytes_max)));
+    let tag = req.request_id.clone().map(|id| crate::model::RequestTag {
+        id,
+        digest: run_digest(&fingerprint, &leases, &owner, req.timeout_ms, req.output_bytes_max),
+    });
     let deadline = Instant::now() + Duration::from_millis(req.lease_wait_ms);
     // On a log shared by hosts: the process runs (and is recovered) on this host.
     let here = ledger.here();

@@ -209,9 +209,9 @@ fn run(cmd: cli::Cmd) -> Printed {
             };
             match fencelog::daemon::serve(o) {
                 Ok(code) => Ok((Value::Null, code)),
-                Err((code, e)) => {
-                    eprintln!("fencelog: {e}");
-                    Ok((serde_json::to_value(e.body()).expect("error body serializes"), code))
+                Err(fencelog::daemon::ServeFailure { exit, error }) => {
+                    eprintln!("fencelog: {error}");
+                    Ok((serde_json::to_value(error.body()).expect("error body serializes"), exit))
                 }
             }
         }

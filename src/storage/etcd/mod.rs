@@ -941,8 +941,9 @@ impl LogBackend for EtcdBackend {
         self.report.clone()
     }
 
-    fn commit_stats(&self) -> (u64, u64) {
-        self.stats()
+    fn commit_stats(&self) -> crate::storage::CommitStats {
+        let (records, syncs) = self.stats();
+        crate::storage::CommitStats { records, syncs }
     }
 }
 

@@ -131,7 +131,7 @@ impl LogBackend for FileBackend {
         }
     }
 
-    fn commit_stats(&self) -> (u64, u64) {
-        self.log.as_ref().map_or((0, 0), Log::commit_stats)
+    fn commit_stats(&self) -> crate::storage::CommitStats {
+        self.log.as_ref().map_or_else(Default::default, Log::commit_stats)
     }
 }

@@ -141,11 +141,14 @@ impl Log {
         self.inner.shared.adopted.load(Ordering::Relaxed)
     }
 
-    /// `(records appended, data syncs taken)` by this writer: their ratio is the
+    /// Records appended and data syncs taken by this writer: their ratio is the
     /// mean group-commit size.
-    pub fn commit_stats(&self) -> (u64, u64) {
+    pub fn commit_stats(&self) -> crate::storage::CommitStats {
         let s = &self.inner.shared;
-        (s.appended.load(Ordering::Relaxed), s.syncs.load(Ordering::Relaxed))
+        crate::storage::CommitStats {
+            records: s.appended.load(Ordering::Relaxed),
+            syncs: s.syncs.load(Ordering::Relaxed),
+        }
     }
 
     /// Append one record; returns once it is synced.

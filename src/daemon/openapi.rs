@@ -5,7 +5,7 @@
 //! --lib openapi` rewrites it), and `GET /v1/openapi.json` serves it.
 //!
 //! The operations below are documentation only (`#[utoipa::path]` on empty
-//! functions): the handlers in `http.rs` read raw bodies (strict JSON, request ids),
+//! functions): the handlers in `http/handlers.rs` read raw bodies (strict JSON, request ids),
 //! so the attribute cannot sit on them. `tests/openapi_conformance.rs` drives every
 //! route against a real daemon and validates each answer against this document.
 
@@ -738,7 +738,7 @@ fn every_member_required(schema: &mut serde_json::Value, except: &[&str]) {
     schema["required"] = serde_json::Value::Array(names);
 }
 
-// --- The operations (documentation only; the handlers are in http.rs). ---
+// --- The operations (documentation only; the handlers are in http/handlers.rs). ---
 
 /// Claim a subject.
 ///

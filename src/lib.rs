@@ -26,7 +26,8 @@
 //! ```
 //!
 //! Every `unsafe` block is in `sys` (libc calls and the memory map, each behind a
-//! safe function); everywhere else `unsafe` does not compile.
+//! safe function that says what its caller promises); the rest of the library
+//! denies `unsafe_code`, so a new block elsewhere needs an `allow` a reviewer sees.
 
 #![deny(unsafe_code)]
 

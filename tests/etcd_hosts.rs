@@ -301,3 +301,45 @@ fn readers_opening_and_scanning_while_another_host_appends_see_one_consistent_hi
     appender.join().unwrap();
     assert!(opened > 0, "the reader ran beside the appends");
 }
+
+/// Proves: a scan of an etcd log still tells a record key planted after the head
+/// (`records_after_head`) and a record deleted below it (`records_missing`) —
+/// its pages are read up to the head at the newest revision, and what lies after
+/// the head is counted at the head's revision.
+#[test]
+fn a_scan_reports_a_key_planted_after_the_head_and_a_record_deleted_below_it() {
+    let loc = new_log("planted");
+    let Location::Etcd(opts) = &loc else { unreachable!() };
+    {
+        let w = writer(&loc, "host-a", 0);
+        for i in 0..5 {
+            claim(&w, &format!("s-{i}"), std::process::id()).unwrap();
+        }
+    }
+    let etcdctl = |args: &[&str]| {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", etcd::shared().endpoints))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let scan_kinds = || {
+        let b = fencelog::storage::etcd::EtcdBackend::open_unchecked(opts, &LogOptions::default()).unwrap();
+        let sum = b.scan(1, |_| true).unwrap();
+        sum.problems.iter().map(|p| p.kind.clone()).collect::<Vec<_>>()
+    };
+    assert!(scan_kinds().is_empty(), "an intact log");
+    let head = {
+        use fencelog::storage::LogBackend;
+        fencelog::storage::etcd::EtcdBackend::open(opts, &LogOptions::default()).unwrap().open_report().last_seq
+    };
+    let planted = format!("{}r/{:020}", opts.prefix, head + 1);
+    etcdctl(&["put", &planted, "no append wrote this"]);
+    assert!(scan_kinds().contains(&"records_after_head".to_string()), "{:?}", scan_kinds());
+    assert!(fencelog::storage::etcd::EtcdBackend::open(opts, &LogOptions::default()).is_err(), "an open refuses it");
+    etcdctl(&["del", &planted]);
+    etcdctl(&["del", &format!("{}r/{:020}", opts.prefix, 3)]);
+    assert!(scan_kinds().contains(&"records_missing".to_string()), "{:?}", scan_kinds());
+}

@@ -55,7 +55,8 @@ fn index(e: &Event) -> u32 {
     }
 }
 
-/// One event of every variant, in declaration order, with every optional field set.
+/// One event of every variant, in declaration order (optional fields set, but
+/// where `nested_variants` covers their other values).
 fn every_event() -> Vec<Event> {
     let capture =
         Capture { bytes_seen: 5, bytes_kept: 5, truncated: false, kept_blake3: [7; 32], tail: b"hello".to_vec() };
@@ -186,6 +187,62 @@ fn every_event() -> Vec<Event> {
     ]
 }
 
+/// One event for every variant of the enums events hold (`ProcessEnd`,
+/// `DeathReason`, `LeaseMode`), every `Option` in them set.
+fn nested_variants() -> Vec<(String, Event)> {
+    let ended =
+        |label: &str, end: ProcessEnd| (format!("process_ended/{label}"), Event::ProcessEnded { process: 2, end });
+    let mut v = vec![
+        ended(
+            "exited_signalled",
+            ProcessEnd::Exited(Exit {
+                exit_code: None,
+                signal: Some(9),
+                timed_out: true,
+                cancelled: true,
+                duration_ms: 40,
+                stdout: Capture::default(),
+                stderr: Capture {
+                    bytes_seen: 9,
+                    bytes_kept: 3,
+                    truncated: true,
+                    kept_blake3: [8; 32],
+                    tail: b"err".to_vec(),
+                },
+            }),
+        ),
+        ended("completed_unknown", ProcessEnd::CompletedUnknown { runner: "process_dead".into(), command_alive: true }),
+        ended("failed", ProcessEnd::Failed { code: "SPAWN_FAILED".into(), detail: "no such file".into() }),
+    ];
+    for (label, reason) in [
+        ("process_dead", DeathReason::ProcessDead),
+        ("start_time_changed", DeathReason::StartTimeChanged),
+        ("boot_changed", DeathReason::BootChanged),
+        ("exe_changed", DeathReason::ExeChanged),
+    ] {
+        v.push((
+            format!("death_observed/{label}"),
+            Event::DeathObserved {
+                subject: "jobs/nightly".into(),
+                generation: 3,
+                pid: 4242,
+                reason,
+                observed: Observed {
+                    boot_id: "boot".into(),
+                    pid_ns: 4026531836,
+                    start_ticks: Some(77),
+                    exe: Some("inode:8:1:9".into()),
+                },
+            },
+        ));
+    }
+    v.push((
+        "lease_acquire/read".into(),
+        Event::LeaseAcquire { resource: "db".into(), mode: LeaseMode::Read, holder: "h".into(), ttl_ms: 1 },
+    ));
+    v
+}
+
 fn every_condition() -> Vec<Condition> {
     vec![
         Condition::SubjectAt { subject: "jobs/nightly".into(), generation: 3 },
@@ -220,6 +277,10 @@ fn every_event_variant_keeps_its_golden_bytes() {
     }
     let mut cases: Vec<(String, Txn)> =
         events.into_iter().map(|e| (e.kind().to_owned(), txn(vec![], vec![e]))).collect();
+    // The enums inside events, variant by variant: their indices are in the log too.
+    for (label, e) in nested_variants() {
+        cases.push((label, txn(vec![], vec![e])));
+    }
     cases.push((
         "conditions".into(),
         txn(every_condition(), vec![Event::Heartbeat { subject: "s".into(), generation: 1 }]),

@@ -49,6 +49,9 @@ const TERMINAL_APPEND_ATTEMPTS_MAX: u32 = 30;
 fn ledger_options() -> LedgerOptions {
     let mut o = LedgerOptions::default();
     o.log.create = false;
+    // A runner lives as long as its command and may take a snapshot: the freed
+    // copy of the state goes back to the system, as in the daemon.
+    o.after_snapshot = Some(crate::sys::memory::release_free_memory);
     o
 }
 
@@ -1018,7 +1021,7 @@ impl SpareRunner {
             // A spare that is gone is an error here, never a SIGPIPE for the caller.
             match crate::sys::fd::send_nosignal(self.chan.as_raw_fd(), &message[sent..]) {
                 Ok(n) if n > 0 => sent += n,
-                Ok(_) => {}
+                Ok(_) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }

@@ -1,6 +1,9 @@
 //! Every `unsafe` block of the crate: the libc calls and the memory map, each behind
-//! a safe function whose SAFETY comment says why the call is sound. The rest of the
-//! crate denies `unsafe_code` (`lib.rs`), so a new one has to come here.
+//! a safe function whose SAFETY comment says why the call is sound. Two of them
+//! are sound only under a promise of their caller, stated in their docs
+//! ([`fd::inherited`]: a descriptor the process was started with;
+//! [`fs::map_never_cut`]: a file never cut while mapped); they are crate-private.
+//! The rest of the crate denies `unsafe_code` (`lib.rs`).
 //!
 //! - [`fd`]: descriptors (poll, dup2, pipes, sends without SIGPIPE, `/dev/null`).
 //! - [`process`]: signals, waiting, `posix_spawn`, a gate's exec.

@@ -113,19 +113,11 @@ impl EtcdOptions {
 /// page before, within `1..=`[`READ_PAGE_RECORDS_MAX`].
 struct Pager {
     limit: i64,
-    /// The store's revision every page is read at (0: the newest, page by page).
-    revision: i64,
 }
 
 impl Pager {
     fn new() -> Pager {
-        Pager { limit: READ_PAGE_RECORDS_FIRST, revision: 0 }
-    }
-
-    /// Every page read at `revision`: one consistent view of the keys however
-    /// many pages it takes.
-    fn at(revision: i64) -> Pager {
-        Pager { revision, ..Pager::new() }
+        Pager { limit: READ_PAGE_RECORDS_FIRST }
     }
 
     fn observe(&mut self, r: &etcd_client::GetResponse) {
@@ -302,16 +294,13 @@ impl Conn {
     /// keys (down to one, which always fits: a record is at most
     /// [`PAYLOAD_BYTES_MAX`] and its frame).
     fn get_page(&self, start: Vec<u8>, end: Vec<u8>, pager: &mut Pager) -> Result<etcd_client::GetResponse> {
-        let (first, revision) = (pager.limit, pager.revision);
+        let first = pager.limit;
         let (r, limit) = self.run(Retry::Unavailable, move |c| {
             let (start, end) = (start.clone(), end.clone());
             async move {
                 let mut limit = first;
                 loop {
-                    let mut opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
-                    if revision > 0 {
-                        opts = opts.with_revision(revision);
-                    }
+                    let opts = GetOptions::new().with_range(end.clone()).with_limit(limit);
                     match c
                         .kv_client()
                         .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -1031,7 +1020,10 @@ impl EtcdReader {
         let Some(kv) = r.kvs().first() else {
             // Beyond the end (a reader from "now on", or from a sequence not yet
             // appended): it starts after the head, and visits from `visit_from`.
-            let h = self.conn.get(keys::key(&self.prefix, keys::HEAD), None)?;
+            // The head at the revision the record was found missing at: an append
+            // in between is not taken for a record missing below the head.
+            let at = (self.revision > 0).then(|| GetOptions::new().with_revision(self.revision));
+            let h = self.conn.get(keys::key(&self.prefix, keys::HEAD), at)?;
             let (seq, link) = h
                 .kvs()
                 .first()
@@ -1161,7 +1153,22 @@ impl EtcdBackend {
                 report_to(&mut on, $sum, $p, $stopped)
             };
         }
-        let first = self.first_seq();
+        // The head and the archive marker at one revision, and at that revision
+        // whether any record key lies after the head. The pages are then read at
+        // the newest revision, up to the head only: a record key never changes
+        // once written (an archive deletes, and is seen by its marker), and a long
+        // walk pinned to one revision would fail once etcd compacted it.
+        let (head, revision) = self.read_head_at()?;
+        let archived = self.read_archived_at(revision)?;
+        let first = archived.map_or(1, |a| a.below_seq);
+        let records_end = keys::prefix_end(&keys::key(&self.prefix, keys::RECORDS));
+        let after_head = self
+            .conn
+            .get(
+                keys::record(&self.prefix, head.seq + 1),
+                Some(Self::at(revision).with_range(records_end).with_count_only()),
+            )?
+            .count() as u64;
         let from_seq = from_seq.max(1);
         if from_seq < first {
             let detail = format!(
@@ -1171,13 +1178,10 @@ impl EtcdBackend {
             let p = problem("history_archived", &self.key_path(from_seq), 0, from_seq, false, 0, detail);
             report!(&mut sum, p, &mut stopped);
         }
-        // The records are walked at the head's revision: appends during the walk
-        // (a live log) are not taken for records after the head.
-        let (head, revision) = self.read_head_at()?;
         let mut next = from_seq.max(first);
         // The link the next record must follow, when it is known.
         let mut prev: Option<ChainLink> = if next == first {
-            Some(if first == 1 { GENESIS_LINK } else { self.archived.map_or(GENESIS_LINK, |a| a.link) })
+            Some(if first == 1 { GENESIS_LINK } else { archived.map_or(GENESIS_LINK, |a| a.link) })
         } else {
             let r = self.conn.get(keys::record(&self.prefix, next - 1), Some(Self::at(revision)))?;
             r.kvs()
@@ -1186,9 +1190,9 @@ impl EtcdBackend {
                 .filter(|(rec, _)| rec.seq == next - 1)
                 .map(|(rec, _)| rec.link)
         };
-        let end = keys::prefix_end(&keys::key(&self.prefix, keys::RECORDS));
-        let mut pager = Pager::at(revision);
-        'pages: while !stopped {
+        let end = keys::record(&self.prefix, head.seq + 1);
+        let mut pager = Pager::new();
+        'pages: while !stopped && next <= head.seq {
             let r = self.conn.get_page(keys::record(&self.prefix, next), end.clone(), &mut pager)?;
             for kv in r.kvs() {
                 let path = std::path::PathBuf::from(format!(
@@ -1266,16 +1270,18 @@ impl EtcdBackend {
                 &mut stopped
             );
         }
-        if !stopped && next.saturating_sub(1) != head.seq {
-            let (kind, detail) = if next.saturating_sub(1) > head.seq {
-                (
-                    "records_after_head",
-                    format!("records {}..{} lie after the head (sequence {})", head.seq + 1, next, head.seq),
-                )
-            } else {
-                ("records_missing", format!("the head names sequence {} but the records end at {}", head.seq, next - 1))
-            };
-            report!(&mut sum, problem(kind, &self.key_path(next), 0, next, false, 0, detail), &mut stopped);
+        if !stopped && next.saturating_sub(1) < head.seq && head.seq >= first {
+            let detail = format!("the head names sequence {} but the records end at {}", head.seq, next - 1);
+            report!(
+                &mut sum,
+                problem("records_missing", &self.key_path(next), 0, next, false, 0, detail),
+                &mut stopped
+            );
+        }
+        if !stopped && after_head > 0 {
+            let detail = format!("{after_head} record keys lie after the head (sequence {})", head.seq);
+            let p = problem("records_after_head", &self.key_path(head.seq + 1), 0, head.seq + 1, false, 0, detail);
+            report!(&mut sum, p, &mut stopped);
         }
         sum.finish();
         Ok(sum)

@@ -179,33 +179,21 @@ impl Projection {
         self.leases.get(&id).is_some_and(Lease::is_live)
     }
 
+    /// A lease granted: to a free-text holder, or to an owner's tenure (it ends
+    /// with the tenure); the leases it displaced end first.
     pub(super) fn mutate_lease_acquire(&mut self, seq: u64, e: &Event, o: &Outcome) {
-        let (
-            Event::LeaseAcquire { holder, .. },
-            Outcome::LeaseAcquired { lease, resource, mode, token, expires_ms, displaced },
-        ) = (e, o)
-        else {
-            return;
+        let Outcome::LeaseAcquired { lease, resource, mode, token, expires_ms, displaced } = o else { return };
+        let (holder, held_by) = match e {
+            Event::LeaseAcquire { holder, .. } => (holder.clone(), HeldBy::Text),
+            Event::OwnerLeaseAcquire { owner, .. } => {
+                (format!("owner:{}@{}", owner.subject, owner.generation), HeldBy::Owner(owner))
+            }
+            _ => return,
         };
         for id in displaced {
             self.end_lease(*id, LeaseState::Displaced { seq }, seq);
         }
-        self.install_lease(seq, *lease, resource, *mode, holder.clone(), *token, *expires_ms, HeldBy::Text);
-    }
-
-    pub(super) fn mutate_owner_lease_acquire(&mut self, seq: u64, e: &Event, o: &Outcome) {
-        let (
-            Event::OwnerLeaseAcquire { owner, .. },
-            Outcome::LeaseAcquired { lease, resource, mode, token, expires_ms, displaced },
-        ) = (e, o)
-        else {
-            return;
-        };
-        for id in displaced {
-            self.end_lease(*id, LeaseState::Displaced { seq }, seq);
-        }
-        let holder = format!("owner:{}@{}", owner.subject, owner.generation);
-        self.install_lease(seq, *lease, resource, *mode, holder, *token, *expires_ms, HeldBy::Owner(owner));
+        self.install_lease(seq, *lease, resource, *mode, holder, *token, *expires_ms, held_by);
     }
 
     /// A release ends the lease; a failed one leaves it held, release pending (one

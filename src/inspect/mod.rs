@@ -252,7 +252,7 @@ pub fn head(src: &Source, at: Option<u64>) -> Result<Head, Error> {
         return Err(Error::Corruption { segment: p.segment, offset: p.offset, seq: p.seq, detail: p.detail });
     }
     if let Some(a) = at.filter(|a| *a != found.seq) {
-        return Err(Error::InvalidOption { detail: format!("the log ends at sequence {}, before {a}", found.seq) });
+        return Err(Error::NotFound { detail: format!("the log ends at sequence {}, before {a}", found.seq) });
     }
     Ok(found)
 }

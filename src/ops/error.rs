@@ -119,6 +119,10 @@ impl OpError {
             OpError::Ledger(LedgerError::Storage(
                 E::NotALogDirectory { .. }
                 | E::InvalidOption { .. }
+                | E::ReadOnly
+                | E::Full { .. }
+                | E::NothingToRepair { .. }
+                | E::NotFound { .. }
                 | E::UnsupportedFormat { .. }
                 | E::RecordTooLarge { .. }
                 | E::BatchTooLarge { .. }
@@ -183,5 +187,18 @@ mod tests {
         assert_eq!(exit(io), 1);
         let rot = storage::Error::Corruption { segment: "s".into(), offset: 1, seq: 2, detail: "d".into() };
         assert_eq!(exit(rot), 1);
+        // What `InvalidOption` was split into keeps its code, its exit and its words.
+        for (e, words) in [
+            (storage::Error::ReadOnly, "invalid option: the log was opened read-only"),
+            (
+                storage::Error::Full { detail: "the memory log is full".into() },
+                "invalid option: the memory log is full",
+            ),
+            (storage::Error::NothingToRepair { detail: "d".into() }, "invalid option: d"),
+            (storage::Error::NotFound { detail: "d".into() }, "invalid option: d"),
+        ] {
+            assert_eq!((e.code(), e.to_string().as_str()), ("INVALID_OPTION", words));
+            assert_eq!(exit(e), 2);
+        }
     }
 }

@@ -105,8 +105,25 @@ pub enum Error {
     )]
     Archived { below_seq: u64, asked: u64 },
 
+    /// An option, an argument or a request that is not valid for this log.
     #[error("invalid option: {detail}")]
     InvalidOption { detail: String },
+
+    /// An append to a log opened read-only. (`INVALID_OPTION`, as it always was.)
+    #[error("invalid option: the log was opened read-only")]
+    ReadOnly,
+
+    /// A bounded log (the in-memory backend) has no room left. (`INVALID_OPTION`.)
+    #[error("invalid option: {detail}")]
+    Full { detail: String },
+
+    /// `repair` asked of a log that has nothing a cut can mend. (`INVALID_OPTION`.)
+    #[error("invalid option: {detail}")]
+    NothingToRepair { detail: String },
+
+    /// A record or a place asked for is not in the log. (`INVALID_OPTION`.)
+    #[error("invalid option: {detail}")]
+    NotFound { detail: String },
 
     #[error("the log is closed")]
     Closed,
@@ -139,7 +156,11 @@ impl Error {
             Error::NotCommitted { .. } => "NOT_COMMITTED",
             Error::SyncFailed { .. } => "SYNC_FAILED",
             Error::LockTimeout { .. } => "LOCK_TIMEOUT",
-            Error::InvalidOption { .. } => "INVALID_OPTION",
+            Error::InvalidOption { .. }
+            | Error::ReadOnly
+            | Error::Full { .. }
+            | Error::NothingToRepair { .. }
+            | Error::NotFound { .. } => "INVALID_OPTION",
             Error::Withdrawn { .. } => "WITHDRAWN",
             Error::EtcdUnavailable { .. } => "ETCD_UNAVAILABLE",
             Error::CutUnderReader { .. } => "CUT_UNDER_READER",

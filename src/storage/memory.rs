@@ -115,7 +115,7 @@ impl LogBackend for MemoryBackend {
         }
         let bytes: usize = payloads.iter().map(Vec::len).sum();
         if log.frames.len() + bytes > MEMORY_LOG_BYTES_MAX {
-            return Err(Error::InvalidOption { detail: "the memory log is full".into() });
+            return Err(Error::Full { detail: "the memory log is full".into() });
         }
         let (now_ms, writer) = ((self.clock)(), *self.writer_id.as_bytes());
         let first_seq = log.cursor.next_seq;

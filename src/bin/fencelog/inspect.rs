@@ -72,9 +72,11 @@ pub(crate) fn inspect(cmd: InspectCmd) -> Printed {
 fn unreadable(e: fencelog::storage::Error) -> OpError {
     use fencelog::storage::Error as E;
     match e {
-        e @ (E::NotALogDirectory { .. } | E::UnsupportedFormat { .. } | E::InvalidOption { .. }) => {
-            OpError::Usage { code: e.code(), message: e.to_string() }
-        }
+        e @ (E::NotALogDirectory { .. }
+        | E::UnsupportedFormat { .. }
+        | E::InvalidOption { .. }
+        | E::NotFound { .. }
+        | E::ReadOnly) => OpError::Usage { code: e.code(), message: e.to_string() },
         e => e.into(),
     }
 }

@@ -28,9 +28,9 @@ impl EtcdBackend {
             ScanItem::Record { .. } => true,
         })?;
         let Some(damage) = damage else {
-            return Err(invalid(
-                "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
-            ));
+            return Err(Error::NothingToRepair {
+                detail: "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
+            });
         };
         if cut_from_seq == 0 || cut_from_seq > damage.seq {
             return Err(invalid(format!(

@@ -78,7 +78,7 @@ impl FileBackend {
     }
 
     fn log(&self) -> Result<&Log> {
-        self.log.as_ref().ok_or_else(|| Error::InvalidOption { detail: "the log was opened read-only".into() })
+        self.log.as_ref().ok_or(Error::ReadOnly)
     }
 }
 

@@ -112,7 +112,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         });
     }
     let Some(damage) = damage else {
-        return Err(Error::InvalidOption {
+        return Err(Error::NothingToRepair {
             detail: "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
         });
     };
@@ -141,7 +141,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     let (segment, offset) = if cut_from_seq == damage.seq {
         (damage.segment.clone(), damage.offset)
     } else {
-        at.ok_or_else(|| Error::InvalidOption { detail: format!("record {cut_from_seq} was not found") })?
+        at.ok_or_else(|| Error::NotFound { detail: format!("record {cut_from_seq} was not found") })?
     };
     if offset == 0 && segment == super::dir::segment_path(dir, 1) {
         return Err(Error::InvalidOption {

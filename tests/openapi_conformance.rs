@@ -324,18 +324,8 @@ fn every_route_answers_exactly_what_the_openapi_document_describes() {
     c.call("POST", "/v1/processes/{id}/wait", &wait, Write, Some(json!({"timeout_ms": 1000})), &[], 200);
     c.call("POST", "/v1/processes/{id}/wait", "/v1/processes/999/wait", Write, Some(json!({})), &[], 404);
     c.call("POST", "/v1/processes/{id}/wait", &wait, Write, Some(json!({"timeout": 1})), &[], 400);
-    // The sleeper is cancelled once it runs (its start is a record: wait for it).
-    let show = format!("/v1/processes/{sleeper}");
-    let mut running = false;
-    for _ in 0..6000 {
-        let (p, _) = c.call("GET", "/v1/processes/{id}", &show, Read, None, &[], 200);
-        if p["status"] == "running" {
-            running = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(running, "the sleeper never started");
+    // The sleeper is cancelled at once: 200 whatever its runner has done by then
+    // (started: signalled; not yet: it never runs), the answer checked either way.
     let cancel = format!("/v1/processes/{sleeper}/cancel");
     let (cancelled, _) =
         c.call("POST", "/v1/processes/{id}/cancel", &cancel, Write, Some(json!({"grace_ms": 100})), &[], 200);

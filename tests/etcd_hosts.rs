@@ -14,7 +14,7 @@ use common::etcd;
 use fencelog::ledger::{Ledger, LedgerOptions};
 use fencelog::model::{Event, Refusal};
 use fencelog::ops::{self, Caller, ClaimRequest, OpError, TakeoverRequest};
-use fencelog::storage::{Location, LogOptions};
+use fencelog::storage::{Location, LogOptions, ProblemKind};
 
 /// A host whose clock runs this far ahead.
 const SKEW_MS: u64 = 10 * 60 * 1000;
@@ -328,7 +328,7 @@ fn a_scan_reports_a_key_planted_after_the_head_and_a_record_deleted_below_it() {
     let scan_kinds = || {
         let b = fencelog::storage::etcd::EtcdBackend::open_unchecked(opts, &LogOptions::default()).unwrap();
         let sum = b.scan(1, |_| true).unwrap();
-        sum.problems.iter().map(|p| p.kind.clone()).collect::<Vec<_>>()
+        sum.problems.iter().map(|p| p.kind).collect::<Vec<_>>()
     };
     assert!(scan_kinds().is_empty(), "an intact log");
     let head = {
@@ -337,9 +337,9 @@ fn a_scan_reports_a_key_planted_after_the_head_and_a_record_deleted_below_it() {
     };
     let planted = format!("{}r/{:020}", opts.prefix, head + 1);
     etcdctl(&["put", &planted, "no append wrote this"]);
-    assert!(scan_kinds().contains(&"records_after_head".to_string()), "{:?}", scan_kinds());
+    assert!(scan_kinds().contains(&ProblemKind::RecordsAfterHead), "{:?}", scan_kinds());
     assert!(fencelog::storage::etcd::EtcdBackend::open(opts, &LogOptions::default()).is_err(), "an open refuses it");
     etcdctl(&["del", &planted]);
     etcdctl(&["del", &format!("{}r/{:020}", opts.prefix, 3)]);
-    assert!(scan_kinds().contains(&"records_missing".to_string()), "{:?}", scan_kinds());
+    assert!(scan_kinds().contains(&ProblemKind::RecordsMissing), "{:?}", scan_kinds());
 }

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::format::{RecordRef, frame_bytes, hex};
 use crate::model::{Event, Projection, Txn, decode_txn};
-use crate::storage::{Error, Problem, ReadSummary, ScanItem};
+use crate::storage::{Error, Problem, ProblemKind, ReadSummary, ScanItem};
 use crate::view::record::file_name;
 pub use crate::view::record::{caller_text, record_json};
 pub use crate::view::time::{format_ms, parse_time};
@@ -120,15 +120,15 @@ pub fn verify_pinned(src: &Source, pins: &[Pin]) -> Result<(ReadSummary, u8), Er
     Ok((s, code))
 }
 
-fn extra_problem(kind: &str, segment: PathBuf, seq: u64, detail: String) -> Problem {
-    Problem { kind: kind.into(), segment, offset: 0, seq, torn_tail: false, damaged_bytes: 0, detail }
+fn extra_problem(kind: ProblemKind, segment: PathBuf, seq: u64, detail: String) -> Problem {
+    Problem { kind, segment, offset: 0, seq, torn_tail: false, damaged_bytes: 0, detail }
 }
 
 fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> Result<(), Error> {
     use crate::ledger::snapshot;
     // An archived history that was not given cannot be replayed: no snapshot or
     // pin before its end can be checked (the `history_archived` problem says so).
-    if s.problems.iter().any(|p| p.kind == "history_archived") {
+    if s.problems.iter().any(|p| p.kind == ProblemKind::HistoryArchived) {
         return Ok(());
     }
     // Streamed (digest only): a snapshot file is never held whole to be checked.
@@ -143,7 +143,7 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
         match snap {
             Ok(_) if schema.is_ok_and(|s| s != snapshot::PROJECTION_SCHEMA) => {}
             Ok(l) => wanted.entry(l.seq).or_default().push(i),
-            Err(e) => s.problems.push(extra_problem("snapshot_damaged", path.clone(), 0, e.clone())),
+            Err(e) => s.problems.push(extra_problem(ProblemKind::SnapshotDamaged, path.clone(), 0, e.clone())),
         }
     }
     let replay_to = wanted.keys().next_back().copied().unwrap_or(0);
@@ -169,7 +169,7 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
                     let body = snapshot::body_of(&p);
                     if snapshot::digest_of(&body) != l.digest || l.head != rec.link {
                         s.problems.push(extra_problem(
-                            "snapshot_mismatch",
+                            ProblemKind::SnapshotMismatch,
                             path.clone(),
                             l.seq,
                             format!(
@@ -191,7 +191,7 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
             for &i in idx {
                 let path = snaps[i].1.clone();
                 let d = format!("the snapshot covers sequence {seq} but the log ends at {}", p.last_seq);
-                s.problems.push(extra_problem("snapshot_mismatch", path, *seq, d));
+                s.problems.push(extra_problem(ProblemKind::SnapshotMismatch, path, *seq, d));
             }
         }
     }
@@ -200,13 +200,13 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
         match links.get(&pin.seq) {
             Some(h) if *h == pin.head => {}
             Some(h) => s.problems.push(extra_problem(
-                "head_mismatch",
+                ProblemKind::HeadMismatch,
                 src.label(),
                 pin.seq,
                 format!("the chain head at sequence {} is {h}, not the pinned {}", pin.seq, pin.head),
             )),
             None => s.problems.push(extra_problem(
-                "log_shorter_than_pinned",
+                ProblemKind::LogShorterThanPinned,
                 src.label(),
                 pin.seq,
                 format!(
@@ -304,7 +304,7 @@ fn problem_json(p: &Problem) -> Value {
 fn verdict(s: &ReadSummary) -> &'static str {
     if s.is_intact() {
         "intact"
-    } else if s.problems.iter().all(|p| p.kind == "history_archived") {
+    } else if s.problems.iter().all(|p| p.kind == ProblemKind::HistoryArchived) {
         // What is there verifies; what is not was moved to an archive not given.
         "history_archived"
     } else if s.has_corruption() {
@@ -335,11 +335,11 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
     }
     crate::text_line!(out, "chain head {}", s.chain_head)?;
     for p in &s.problems {
-        let what = match p.kind.as_str() {
+        let what = match p.kind {
             _ if p.torn_tail => "torn tail: recovery would truncate it",
-            "history_archived" => "archived: not here, not verified",
-            "snapshot_mismatch" | "snapshot_damaged" => "snapshot: a writer would not adopt it",
-            "head_mismatch" | "log_shorter_than_pinned" => "the log does not hold a pinned head",
+            ProblemKind::HistoryArchived => "archived: not here, not verified",
+            ProblemKind::SnapshotMismatch | ProblemKind::SnapshotDamaged => "snapshot: a writer would not adopt it",
+            ProblemKind::HeadMismatch | ProblemKind::LogShorterThanPinned => "the log does not hold a pinned head",
             _ => "corruption: recovery refuses",
         };
         crate::text_line!(
@@ -353,12 +353,7 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
             p.detail
         )?;
     }
-    let only_snapshots_or_pins = s.problems.iter().filter(|p| !p.torn_tail).all(|p| {
-        matches!(
-            p.kind.as_str(),
-            "snapshot_mismatch" | "snapshot_damaged" | "head_mismatch" | "log_shorter_than_pinned"
-        )
-    });
+    let only_snapshots_or_pins = s.problems.iter().filter(|p| !p.torn_tail).all(|p| p.kind.is_snapshot_or_pin());
     let status = match verdict(s) {
         "intact" => "intact",
         "history_archived" => {

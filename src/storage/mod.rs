@@ -15,6 +15,7 @@ pub mod file;
 mod location;
 mod memory;
 mod options;
+mod problem;
 mod source;
 
 pub use backend::{
@@ -31,8 +32,7 @@ pub use file::dir::{
 pub use file::halt::SYNC_FAILED_FILE;
 pub use file::history::check_whole_history;
 pub use file::reader::{
-    Problem, ReadSummary, ScanItem, Tailer, frames_end, read_records, reader_problem, scan_dir, segment_fingerprint,
-    verify_dir,
+    ReadSummary, ScanItem, Tailer, frames_end, read_records, scan_dir, segment_fingerprint, verify_dir,
 };
 pub use file::repair::{Cut, InitReport, RepairReport, init, repair};
 pub use file::writer::{Locked, Log};
@@ -40,4 +40,5 @@ pub use file::{export, snapshots};
 pub use location::Location;
 pub use memory::MemoryBackend;
 pub use options::{Clock, LogOptions, VerifyOnOpen};
+pub use problem::{Problem, ProblemKind};
 pub use source::{Source, StoredSnapshot};

@@ -103,7 +103,13 @@ impl Source {
                         below - 1,
                         crate::format::hex(&marker.link)
                     );
-                    let p = crate::storage::reader_problem("archive_mismatch", archive, 0, below, detail);
+                    let p = crate::storage::Problem::at(
+                        crate::storage::ProblemKind::ArchiveMismatch,
+                        archive,
+                        0,
+                        below,
+                        detail,
+                    );
                     sum.problems.push(p);
                     if !on(ScanItem::Damage(sum.problems.last().expect("pushed"))) {
                         return Ok(sum);

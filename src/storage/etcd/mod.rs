@@ -36,6 +36,8 @@ use super::backend::{
 };
 use super::error::{Error, Result};
 use super::options::LogOptions;
+use super::problem::ProblemKind;
+use crate::format::DamageKind;
 use crate::format::{
     BODY_BYTES_HARD_MAX, ChainLink, Cursor, FORMAT_VERSION, GENESIS_LINK, RecordRef, SUPPORTED_VERSIONS, chain_link,
     decode_frame, encode_frame, hex,
@@ -1113,14 +1115,14 @@ impl RecordReader for EtcdReader {
 
 /// What a damaged frame read from a record key is called (the segment readers'
 /// codes, `DamageKind::code`).
-fn frame_error_code(e: &crate::format::FrameError) -> &'static str {
+fn frame_damage(e: &crate::format::FrameError) -> ProblemKind {
     use crate::format::FrameError as F;
-    match e {
-        F::Incomplete { .. } => "incomplete_frame",
-        F::LengthOutOfRange { .. } => "length_out_of_range",
-        F::Checksum { .. } => "checksum_mismatch",
-        F::Malformed => "malformed_body",
-    }
+    ProblemKind::Frame(match e {
+        F::Incomplete { .. } => DamageKind::Incomplete,
+        F::LengthOutOfRange { .. } => DamageKind::LengthOutOfRange,
+        F::Checksum { .. } => DamageKind::Checksum,
+        F::Malformed => DamageKind::Malformed,
+    })
 }
 
 impl EtcdBackend {
@@ -1133,7 +1135,7 @@ impl EtcdBackend {
     /// called intact. `on` returns `false` to stop.
     pub fn scan(&self, from_seq: u64, mut on: impl FnMut(super::ScanItem<'_>) -> bool) -> Result<super::ReadSummary> {
         use super::ScanItem;
-        use super::file::reader::problem;
+        use super::problem::problem;
         let mut sum = super::ReadSummary::default();
         sum.chain_head = hex(&GENESIS_LINK);
         let mut stopped = false;
@@ -1175,7 +1177,7 @@ impl EtcdBackend {
                 "the history before sequence {first} is archived (fencelog archive): it is not here, and is not \
                  verified; give the archive (--archive DIR) to read the whole history"
             );
-            let p = problem("history_archived", &self.key_path(from_seq), 0, from_seq, false, 0, detail);
+            let p = problem(ProblemKind::HistoryArchived, &self.key_path(from_seq), 0, from_seq, false, 0, detail);
             report!(&mut sum, p, &mut stopped);
         }
         let mut next = from_seq.max(first);
@@ -1204,12 +1206,20 @@ impl EtcdBackend {
                 sum.bytes += bytes;
                 let Some(seq) = keys::record_seq(&self.prefix, kv.key()) else {
                     let detail = "a key among the records that names no record (20 decimal digits)".into();
-                    report!(&mut sum, problem("odd_record_key", &path, 0, next, false, bytes, detail), &mut stopped);
+                    report!(
+                        &mut sum,
+                        problem(ProblemKind::OddRecordKey, &path, 0, next, false, bytes, detail),
+                        &mut stopped
+                    );
                     continue;
                 };
                 if seq > next {
                     let detail = format!("records {next}..={} are missing", seq - 1);
-                    report!(&mut sum, problem("records_missing", &path, 0, next, false, 0, detail), &mut stopped);
+                    report!(
+                        &mut sum,
+                        problem(ProblemKind::RecordsMissing, &path, 0, next, false, 0, detail),
+                        &mut stopped
+                    );
                     prev = None;
                 }
                 let rec = match decode_frame(kv.value(), BODY_BYTES_HARD_MAX) {
@@ -1218,7 +1228,15 @@ impl EtcdBackend {
                         let detail = format!("record {seq}'s key holds bytes after its frame");
                         report!(
                             &mut sum,
-                            problem("length_mismatch", &path, 0, seq, false, bytes, detail),
+                            problem(
+                                ProblemKind::Frame(DamageKind::LengthMismatch),
+                                &path,
+                                0,
+                                seq,
+                                false,
+                                bytes,
+                                detail
+                            ),
                             &mut stopped
                         );
                         (next, prev) = (seq + 1, None);
@@ -1226,18 +1244,26 @@ impl EtcdBackend {
                     }
                     Err(e) => {
                         let detail = format!("damaged frame where sequence {seq} was expected: {e:?}");
-                        report!(
-                            &mut sum,
-                            problem(frame_error_code(&e), &path, 0, seq, false, bytes, detail),
-                            &mut stopped
-                        );
+                        report!(&mut sum, problem(frame_damage(&e), &path, 0, seq, false, bytes, detail), &mut stopped);
                         (next, prev) = (seq + 1, None);
                         continue;
                     }
                 };
                 if rec.seq != seq {
                     let detail = format!("expected sequence {seq} but found {}", rec.seq);
-                    report!(&mut sum, problem("sequence_mismatch", &path, 0, seq, false, bytes, detail), &mut stopped);
+                    report!(
+                        &mut sum,
+                        problem(
+                            ProblemKind::Frame(DamageKind::SequenceMismatch { found: rec.seq }),
+                            &path,
+                            0,
+                            seq,
+                            false,
+                            bytes,
+                            detail
+                        ),
+                        &mut stopped
+                    );
                     (next, prev) = (seq + 1, None);
                     continue;
                 }
@@ -1245,7 +1271,11 @@ impl EtcdBackend {
                     && chain_link(&p, rec.seq, &rec.writer, rec.time_ms, rec.payload) != rec.link
                 {
                     let detail = format!("record {seq}'s chain link does not follow record {}", seq - 1);
-                    report!(&mut sum, problem("chain_mismatch", &path, 0, seq, false, bytes, detail), &mut stopped);
+                    report!(
+                        &mut sum,
+                        problem(ProblemKind::Frame(DamageKind::ChainMismatch), &path, 0, seq, false, bytes, detail),
+                        &mut stopped
+                    );
                     (next, prev) = (seq + 1, Some(rec.link));
                     continue;
                 }
@@ -1266,7 +1296,7 @@ impl EtcdBackend {
             let detail = format!("the head names record {}'s chain link as another than the record's", head.seq);
             report!(
                 &mut sum,
-                problem("head_mismatch", &self.key_path(head.seq), 0, head.seq, false, 0, detail),
+                problem(ProblemKind::HeadMismatch, &self.key_path(head.seq), 0, head.seq, false, 0, detail),
                 &mut stopped
             );
         }
@@ -1274,13 +1304,14 @@ impl EtcdBackend {
             let detail = format!("the head names sequence {} but the records end at {}", head.seq, next - 1);
             report!(
                 &mut sum,
-                problem("records_missing", &self.key_path(next), 0, next, false, 0, detail),
+                problem(ProblemKind::RecordsMissing, &self.key_path(next), 0, next, false, 0, detail),
                 &mut stopped
             );
         }
         if !stopped && after_head > 0 {
             let detail = format!("{after_head} record keys lie after the head (sequence {})", head.seq);
-            let p = problem("records_after_head", &self.key_path(head.seq + 1), 0, head.seq + 1, false, 0, detail);
+            let p =
+                problem(ProblemKind::RecordsAfterHead, &self.key_path(head.seq + 1), 0, head.seq + 1, false, 0, detail);
             report!(&mut sum, p, &mut stopped);
         }
         sum.finish();

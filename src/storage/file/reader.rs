@@ -17,23 +17,7 @@ use crate::format::{
     scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
 };
 use crate::storage::error::{Error, Result};
-
-/// One problem found by a reader.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Problem {
-    /// Stable code: `incomplete_frame`, `checksum_mismatch`, `chain_mismatch`, ...
-    pub kind: String,
-    pub segment: PathBuf,
-    pub offset: u64,
-    /// The sequence expected at that point.
-    pub seq: u64,
-    /// Damage at the very end that writer recovery would cut as a torn write (as
-    /// opposed to corruption, which it refuses).
-    pub torn_tail: bool,
-    /// Bytes skipped before the next intact frame (to the end if none).
-    pub damaged_bytes: u64,
-    pub detail: String,
-}
+use crate::storage::problem::{Problem, ProblemKind, problem};
 
 /// What a read found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -143,14 +127,14 @@ pub fn scan_dir(
              from there on may not be durable (writers refuse the log until `fencelog repair --cut-from {seq}`)",
             super::halt::SYNC_FAILED_FILE
         );
-        let p = problem("sync_failed", &segment, offset, seq, false, 0, detail);
+        let p = problem(ProblemKind::SyncFailed, &segment, offset, seq, false, 0, detail);
         report(&mut on, &mut sum, p, &mut stopped);
     }
     for name in &found.odd_segment_names {
         let detail = "named like a segment but not a valid segment name (20 decimal digits of a u64, then .seg): \
                       a renamed or planted segment; not read"
             .to_string();
-        let p = problem("odd_segment_name", &dir.join(name), 0, 0, false, 0, detail);
+        let p = problem(ProblemKind::OddSegmentName, &dir.join(name), 0, 0, false, 0, detail);
         report(&mut on, &mut sum, p, &mut stopped);
     }
     let bytes_max = segment_file_bytes_max(body_max);
@@ -172,7 +156,7 @@ pub fn scan_dir(
             Ok(h) => h,
             Err(Error::Corruption { detail, .. }) => {
                 // Not a regular file, or too long to be a segment: reported, not read.
-                let p = problem("unsafe_segment", path, 0, *name_seq, false, 0, detail);
+                let p = problem(ProblemKind::UnsafeSegment, path, 0, *name_seq, false, 0, detail);
                 report(&mut on, &mut sum, p, &mut stopped);
                 cursor = None;
                 continue;
@@ -197,11 +181,11 @@ pub fn scan_dir(
                         cursor.map_or(0, |c| c.next_seq),
                         name_seq
                     );
-                    let p = problem("segment_discontinuity", path, 0, expected_seq, false, 0, detail);
+                    let p = problem(ProblemKind::SegmentDiscontinuity, path, 0, expected_seq, false, 0, detail);
                     report(&mut on, &mut sum, p, &mut stopped);
                 }
                 let torn = continues && is_last && is_torn_creation(bytes, &e, body_max, *name_seq);
-                let kind = if torn { "torn_segment_creation" } else { "segment_header" };
+                let kind = if torn { ProblemKind::TornSegmentCreation } else { ProblemKind::SegmentHeader };
                 let p = problem(kind, path, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
                 report(&mut on, &mut sum, p, &mut stopped);
                 cursor = None;
@@ -211,7 +195,7 @@ pub fn scan_dir(
         if let Err(Error::Corruption { detail, .. }) =
             check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)
         {
-            let p = problem("segment_discontinuity", path, 0, header.first_seq, false, 0, detail);
+            let p = problem(ProblemKind::SegmentDiscontinuity, path, 0, header.first_seq, false, 0, detail);
             report(&mut on, &mut sum, p, &mut stopped);
         }
         let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
@@ -233,7 +217,7 @@ pub fn scan_dir(
                 ScanOutcome::ZeroTail { offset } => {
                     let e = super::recovery::sealed_zero_tail(path, offset, c.next_seq);
                     let p = problem(
-                        "zero_tail_in_sealed_segment",
+                        ProblemKind::ZeroTailInSealedSegment,
                         path,
                         offset,
                         c.next_seq,
@@ -267,7 +251,7 @@ pub fn scan_dir(
             } else {
                 detail
             };
-            let p = problem(d.kind.code(), path, d.offset, d.expected_seq, torn, end - d.offset, detail);
+            let p = problem(d.kind.into(), path, d.offset, d.expected_seq, torn, end - d.offset, detail);
             report(&mut on, &mut sum, p, &mut stopped);
             let Some(resync) = d.resync_at.filter(|_| !stopped) else { break };
             // Anchor on the intact frame after the damage; its own link cannot be
@@ -309,18 +293,6 @@ fn report(on: &mut impl FnMut(ScanItem<'_>) -> bool, sum: &mut ReadSummary, p: P
     if !on(ScanItem::Damage(sum.problems.last().expect("pushed"))) {
         *stopped = true;
     }
-}
-
-pub(crate) fn problem(
-    kind: &str,
-    segment: &Path,
-    offset: u64,
-    seq: u64,
-    torn_tail: bool,
-    damaged_bytes: u64,
-    detail: String,
-) -> Problem {
-    Problem { kind: kind.into(), segment: segment.to_path_buf(), offset, seq, torn_tail, damaged_bytes, detail }
 }
 
 fn count(sum: &mut ReadSummary, rec: &RecordRef<'_>) {
@@ -767,10 +739,4 @@ impl Tailer {
             }
         }
     }
-}
-
-/// A problem that concerns a place but no damaged bytes (for readers that combine
-/// sources: an archive that does not continue into the log).
-pub fn reader_problem(kind: &str, at: &Path, offset: u64, seq: u64, detail: String) -> Problem {
-    problem(kind, at, offset, seq, false, 0, detail)
 }

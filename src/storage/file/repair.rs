@@ -12,6 +12,7 @@ use super::reader::{ScanItem, scan_dir, verify_dir};
 use super::writer::Log;
 use crate::storage::error::{Error, Result};
 use crate::storage::options::LogOptions;
+use crate::storage::problem::{Problem, ProblemKind};
 
 /// What `init` did.
 #[derive(Debug, Clone, Serialize)]
@@ -48,7 +49,7 @@ pub struct RepairReport {
     pub dir: PathBuf,
     pub cut_from_seq: u64,
     /// The first damage found (kind, segment, offset, sequence).
-    pub damage: super::reader::Problem,
+    pub damage: Problem,
     pub cuts: Vec<Cut>,
     /// Snapshots of state that included cut records, renamed to evidence names.
     pub snapshots_set_aside: Vec<PathBuf>,
@@ -79,7 +80,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
             true
         }
         // Taken from the marker below (the scan reports it before any record).
-        ScanItem::Damage(p) if p.kind == "sync_failed" => true,
+        ScanItem::Damage(p) if p.kind == ProblemKind::SyncFailed => true,
         ScanItem::Damage(p) => {
             damage = Some(p.clone());
             false
@@ -101,15 +102,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         && damage.as_ref().is_none_or(|d| d.seq > *seq)
     {
         let detail = format!("the sync of the group from sequence {seq} failed and it was not cut back");
-        damage = Some(super::reader::Problem {
-            kind: "sync_failed".into(),
-            segment: segment.clone(),
-            offset: *offset,
-            seq: *seq,
-            torn_tail: false,
-            damaged_bytes: 0,
-            detail,
-        });
+        damage = Some(Problem::at(ProblemKind::SyncFailed, segment, *offset, *seq, detail));
     }
     let Some(damage) = damage else {
         return Err(Error::NothingToRepair {
@@ -117,7 +110,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         });
     };
     // Damage a cut cannot mend: a file that is not a segment at all.
-    if matches!(damage.kind.as_str(), "unsafe_segment" | "odd_segment_name") {
+    if matches!(damage.kind, ProblemKind::UnsafeSegment | ProblemKind::OddSegmentName) {
         return Err(Error::InvalidOption {
             detail: format!(
                 "the damage is {} ({}): not a damaged record a cut can remove; move that file away",

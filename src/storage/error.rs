@@ -10,6 +10,14 @@ pub enum Error {
     #[error("I/O error: {op} {path}: {source}")]
     Io { op: &'static str, path: PathBuf, source: Arc<std::io::Error> },
 
+    /// The file system (or the user's quota) is full: `ENOSPC` or `EDQUOT`. Said
+    /// apart from other I/O errors so that a caller can free space and retry, or
+    /// alert on it; its code (`IO_ERROR`) and words are an I/O error's, as they
+    /// always were. Nothing was acknowledged: a failed write or preallocation
+    /// leaves the log as it was, a failed sync cuts the group back or halts.
+    #[error("I/O error: {op} {path}: {source}")]
+    NoSpace { op: &'static str, path: PathBuf, source: Arc<std::io::Error> },
+
     #[error("corruption in segment {segment} at byte {offset} (sequence {seq}): {detail}")]
     Corruption { segment: PathBuf, offset: u64, seq: u64, detail: String },
 
@@ -143,7 +151,7 @@ impl Error {
     /// A stable, machine-readable code for each kind of failure.
     pub fn code(&self) -> &'static str {
         match self {
-            Error::Io { .. } => "IO_ERROR",
+            Error::Io { .. } | Error::NoSpace { .. } => "IO_ERROR",
             Error::Corruption { .. } => "CORRUPTION",
             Error::UnsupportedFormat { .. } => "UNSUPPORTED_FORMAT",
             Error::NotALogDirectory { .. } => "NOT_A_LOG",
@@ -180,6 +188,36 @@ impl Error {
 
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
-        move |e| Error::Io { op, path, source: Arc::new(e) }
+        move |e| Error::from_io(op, path, e)
+    }
+
+    /// An I/O failure of `op` on `path`: [`Error::NoSpace`] when the file system
+    /// or the quota is full, [`Error::Io`] otherwise.
+    pub fn from_io(op: &'static str, path: PathBuf, e: std::io::Error) -> Error {
+        let full = matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded);
+        let source = Arc::new(e);
+        if full { Error::NoSpace { op, path, source } } else { Error::Io { op, path, source } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Proves: a real `ENOSPC` (a write to `/dev/full`) is `NoSpace`, with an I/O
+    /// error's code and words; another I/O failure stays `Io`.
+    #[test]
+    fn a_full_disk_is_its_own_error_with_an_io_errors_code_and_words() {
+        use std::io::Write;
+        let mut full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+        let enospc = full.write_all(b"x").and_then(|()| full.flush()).expect_err("/dev/full is always full");
+        let words = format!("I/O error: write /dev/full: {enospc}");
+        let e = Error::io("write", "/dev/full")(enospc);
+        assert!(matches!(e, Error::NoSpace { op: "write", .. }), "{e:?}");
+        assert_eq!((e.code(), e.to_string()), ("IO_ERROR", words));
+        let quota = Error::from_io("write", "/q".into(), std::io::Error::from_raw_os_error(libc::EDQUOT));
+        assert!(matches!(quota, Error::NoSpace { .. }), "{quota:?}");
+        let denied = Error::io("open", "/x")(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert!(matches!(denied, Error::Io { .. }), "{denied:?}");
     }
 }

@@ -25,7 +25,7 @@ const TEMP_ABANDONED_AFTER_MS: u64 = 10 * 60 * 1000;
 
 fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let p = p.to_path_buf();
-    move |e| Error::Io { op, path: p, source: std::sync::Arc::new(e) }
+    move |e| Error::from_io(op, p, e)
 }
 
 /// Write a snapshot of `body` covering `seq` (whose chain link is `head`).

@@ -172,7 +172,7 @@ fn every_event() -> Vec<Event> {
             count: 1,
             first_ms: 10,
             last_ms: 10,
-            content: Some(RefusedContent { blake3: [4; 32], bytes: 4, head: "text".into() }),
+            content: Some(RefusedContent { blake3: [4; 32], bytes: 4, first_bytes: "text".into() }),
         },
         Event::OwnerPidNamespace { subject: "jobs/nightly".into(), pid_ns: 4026531836 },
         Event::OwnerHost { subject: "jobs/nightly".into(), host: "host-a".into() },

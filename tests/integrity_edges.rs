@@ -540,9 +540,9 @@ fn a_deleted_lock_file_does_not_let_a_second_writer_in_beside_the_holder() {
     let b = Log::open(d.path(), opts.clone()).unwrap();
     let (theirs, mine) = a
         .with_lock(|l| {
-            let head = l.head();
+            let last_seq = l.last_seq();
             let theirs = b.append(b"theirs");
-            (theirs, l.append_if_head(head, vec![b"mine".to_vec()]))
+            (theirs, l.append_if_head(last_seq, vec![b"mine".to_vec()]))
         })
         .unwrap();
     assert!(matches!(theirs, Err(fencelog::storage::Error::LockTimeout { .. })), "{theirs:?}");

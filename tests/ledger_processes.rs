@@ -254,7 +254,16 @@ fn a_retired_owners_late_note_is_refused_and_kept_as_evidence_not_data() {
         .filter_map(|(s, t)| match &t.events[0] {
             Event::Refused { op, presented, current, retired_cut_off_seq, content: Some(c), code, .. } => {
                 assert_eq!(code, "FENCED");
-                Some((*s, op.clone(), *presented, *current, *retired_cut_off_seq, c.blake3, c.bytes, c.head.clone()))
+                Some((
+                    *s,
+                    op.clone(),
+                    *presented,
+                    *current,
+                    *retired_cut_off_seq,
+                    c.blake3,
+                    c.bytes,
+                    c.first_bytes.clone(),
+                ))
             }
             _ => None,
         })

@@ -29,7 +29,7 @@ fn a_snapshot_of_an_earlier_projection_schema_is_ignored_not_misread_nor_called_
     let p = l.projection();
     let old_body = bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap();
     assert_eq!(snapshot::schema_of(&old_body), 1);
-    let link = l.view().unwrap().head;
+    let link = l.view().unwrap().chain_head;
     fencelog::storage::snapshots::write(&dir, p.last_seq, &link, &old_body).unwrap();
     let digest = fencelog::storage::snapshots::digest_of(&old_body);
     let seq = p.last_seq;

@@ -130,7 +130,9 @@ pub struct Fenced {
 pub struct RefusedContent {
     pub blake3: String,
     pub bytes: u64,
-    pub head: String,
+    /// Its first bytes, as text.
+    #[serde(rename = "head")]
+    pub first_bytes: String,
     /// Where the presented generation's authoritative history stops, when a
     /// takeover or a dead-owner claim retired it.
     pub retired_cut_off_seq: Option<u64>,
@@ -656,7 +658,7 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
                         refused_content: Some(RefusedContent {
                             blake3: crate::format::hex(content_blake3),
                             bytes: *content_bytes,
-                            head: content_head.clone(),
+                            first_bytes: content_head.clone(),
                             retired_cut_off_seq: *retired_cut_off_seq,
                         }),
                     });
@@ -693,7 +695,7 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
                         refused_content: content.as_ref().map(|c| RefusedContent {
                             blake3: crate::format::hex(&c.blake3),
                             bytes: c.bytes,
-                            head: c.head.clone(),
+                            first_bytes: c.first_bytes.clone(),
                             retired_cut_off_seq: *retired_cut_off_seq,
                         }),
                     });

@@ -163,7 +163,7 @@ fn story_text(s: &SubjectStory, out: &mut String) {
                 "    refused content: {} bytes blake3 {} {:?}{retired}",
                 c.bytes,
                 c.blake3,
-                c.head
+                c.first_bytes
             );
         }
     }
@@ -533,7 +533,7 @@ fn attempts_tables(s: &SubjectStory, h: &mut String) {
             let content = f
                 .refused_content
                 .as_ref()
-                .map_or(String::new(), |c| format!("{} bytes, blake3 {}: {:?}", c.bytes, c.blake3, c.head));
+                .map_or(String::new(), |c| format!("{} bytes, blake3 {}: {:?}", c.bytes, c.blake3, c.first_bytes));
             let _ =
                 writeln!(h, "<tr class=\"refusal\"><td>{}</td>{}{}</tr>", f.seq, td(&refusal_text(f)), td(&content));
         }

@@ -838,7 +838,7 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<CutoverAsked>, 
 /// (snapshot the boot started from, last sequence) for the boot line.
 fn ledger_report(ledger: &Ledger) -> (u64, u64) {
     let r = ledger.open_report();
-    (r.snapshot_seq.unwrap_or(0), ledger.head().map(|(seq, _)| seq).unwrap_or(0))
+    (r.snapshot_seq.unwrap_or(0), ledger.head().map(|h| h.seq).unwrap_or(0))
 }
 
 /// Requests listed by name in a cutover's log line (all are in its record).

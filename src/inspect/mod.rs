@@ -92,23 +92,23 @@ pub fn verify(src: &Source) -> Result<(ReadSummary, u8), Error> {
     verify_pinned(src, &[])
 }
 
-/// A chain head kept elsewhere: the log must hold `head` at sequence `seq`.
+/// A head kept elsewhere: the log must hold chain link `link` at sequence `seq`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pin {
     pub seq: u64,
     /// Lowercase hex, 64 digits.
-    pub head: String,
+    pub link: String,
 }
 
 /// Parse `SEQ:HEX` (as `inspect head` prints them).
 pub fn parse_pin(s: &str) -> Result<Pin, String> {
-    let (seq, head) = s.split_once(':').ok_or("expected SEQ:HEX, e.g. 42:9f1c…")?;
+    let (seq, link) = s.split_once(':').ok_or("expected SEQ:HEX, e.g. 42:9f1c…")?;
     let seq = seq.parse::<u64>().map_err(|e| format!("sequence {seq:?}: {e}"))?;
-    let head = head.to_ascii_lowercase();
-    if head.len() != 64 || !head.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("chain head {head:?}: expected 64 hex digits"));
+    let link = link.to_ascii_lowercase();
+    if link.len() != 64 || !link.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("chain head {link:?}: expected 64 hex digits"));
     }
-    Ok(Pin { seq, head })
+    Ok(Pin { seq, link })
 }
 
 /// `verify`, then check the pinned heads and every snapshot against a replay of
@@ -167,7 +167,7 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
                 for &i in wanted.get(&rec.seq).into_iter().flatten() {
                     let (Ok(l), path) = &snaps[i] else { continue };
                     let body = snapshot::body_of(&p);
-                    if snapshot::digest_of(&body) != l.digest || l.head != rec.link {
+                    if snapshot::digest_of(&body) != l.digest || l.chain_head != rec.link {
                         s.problems.push(extra_problem(
                             ProblemKind::SnapshotMismatch,
                             path.clone(),
@@ -198,12 +198,12 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
     links.insert(0, hex(&crate::format::GENESIS_LINK)); // the head of the empty log
     for pin in pins {
         match links.get(&pin.seq) {
-            Some(h) if *h == pin.head => {}
+            Some(h) if *h == pin.link => {}
             Some(h) => s.problems.push(extra_problem(
                 ProblemKind::HeadMismatch,
                 src.label(),
                 pin.seq,
-                format!("the chain head at sequence {} is {h}, not the pinned {}", pin.seq, pin.head),
+                format!("the chain head at sequence {} is {h}, not the pinned {}", pin.seq, pin.link),
             )),
             None => s.problems.push(extra_problem(
                 ProblemKind::LogShorterThanPinned,
@@ -423,7 +423,8 @@ fn event_text(e: &Event) -> String {
                 caller_text(caller)
             );
             if let Some(c) = content {
-                s += &format!(", first: {} bytes blake3 {} {:?}", c.bytes, crate::format::hex(&c.blake3), c.head);
+                s +=
+                    &format!(", first: {} bytes blake3 {} {:?}", c.bytes, crate::format::hex(&c.blake3), c.first_bytes);
             }
             s
         }

@@ -49,7 +49,7 @@ use crate::model::{
 };
 use std::sync::Arc;
 
-use crate::storage::{self, FileBackend, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen};
+use crate::storage::{self, FileBackend, Head, LogBackend, LogOptions, OpenReport, RecordReader, VerifyOnOpen};
 
 use fenced::{FencedWindow, late_write, recorded};
 use replay::replay;
@@ -132,7 +132,7 @@ pub struct LedgerOpenReport {
 struct LedgerState {
     tailer: Box<dyn RecordReader>,
     projection: Projection,
-    head: ChainLink,
+    chain_head: ChainLink,
     /// Records and payload bytes applied since the last snapshot.
     since_snapshot: replay::SinceSnapshot,
     /// Coalescing of recorded refusals by (subject, code, operation, caller).
@@ -243,7 +243,7 @@ impl Ledger {
         let state = LedgerState {
             tailer: r.tailer,
             projection: r.projection,
-            head: r.head,
+            chain_head: r.chain_head,
             since_snapshot: r.applied,
             fenced: HashMap::new(),
             snapshot_thread: None,
@@ -300,7 +300,7 @@ impl Ledger {
             here: identity::Here::new(backend.shared_by_hosts()),
             torn_tail: r.tailer.stopped_at_torn_tail(),
             projection: r.projection,
-            head: r.head,
+            chain_head: r.chain_head,
             snapshot_seq: r.snapshot_seq,
             snapshot_warnings: r.warnings,
             backend,
@@ -354,7 +354,7 @@ impl Ledger {
         Ok(ReadView {
             here: self.here().clone(),
             projection: inner.projection.clone(),
-            head: inner.head,
+            chain_head: inner.chain_head,
             torn_tail: false,
             snapshot_seq: None,
             snapshot_warnings: vec![],
@@ -489,7 +489,7 @@ impl Ledger {
             return (answer, covers);
         }
         match self.backend.head() {
-            Ok(h) if h.seq == inner.durable_seq() && h.link == inner.head => (answer, covers),
+            Ok(h) if h.seq == inner.durable_seq() && h.link == inner.chain_head => (answer, covers),
             Ok(_) => match self.catch_up_with(inner) {
                 Ok(()) => self.check_and_queue_once(inner, caller, request, build),
                 Err(e) => (Err(e), covers),
@@ -597,16 +597,16 @@ impl Ledger {
 
     /// Catch up with other writers, then look at the projection and its chain head
     /// through `f` (no copy).
-    pub fn refresh_with_head<R>(&self, f: impl FnOnce(&Projection, &ChainLink) -> R) -> Result<R, LedgerError> {
+    pub fn refresh_with_chain_head<R>(&self, f: impl FnOnce(&Projection, &ChainLink) -> R) -> Result<R, LedgerError> {
         let mut inner = self.settled()?;
         self.catch_up_with(&mut inner)?;
-        Ok(f(&inner.projection, &inner.head))
+        Ok(f(&inner.projection, &inner.chain_head))
     }
 
-    /// The last sequence and its chain link, caught up with other writers (no
-    /// copy of the state).
-    pub fn head(&self) -> Result<(u64, ChainLink), LedgerError> {
-        self.refresh_with_head(|p, h| (p.last_seq, *h))
+    /// The log's head (its last sequence and that record's chain link), caught up
+    /// with other writers (no copy of the state).
+    pub fn head(&self) -> Result<Head, LedgerError> {
+        self.refresh_with_chain_head(|p, h| Head { seq: p.last_seq, link: *h })
     }
 
     /// Clean close: write the counts of coalesced fenced attempts not yet recorded,
@@ -651,7 +651,7 @@ impl Ledger {
 
     /// The chain head (hex) at the projection's last sequence.
     pub fn chain_head(&self) -> Result<String, LedgerError> {
-        Ok(hex(&self.settled()?.head))
+        Ok(hex(&self.settled()?.chain_head))
     }
 }
 
@@ -692,7 +692,7 @@ fn request_in_log(backend: &dyn LogBackend, id: &str) -> Result<Option<u64>, Led
 pub struct ReadView {
     pub projection: Projection,
     /// Chain link of the projection's last sequence.
-    pub head: ChainLink,
+    pub chain_head: ChainLink,
     /// The log ends in a torn write: the answer is from the intact prefix, and the
     /// next writer will cut the tail.
     pub torn_tail: bool,
@@ -749,7 +749,7 @@ impl Hooks<LedgerState> for Ledger {
     }
 
     fn on_durable(&self, core: &mut Inner, group: &storage::Appended) {
-        core.head = group.chain_head;
+        core.chain_head = group.chain_head;
         // The tailer need not read this writer's own records back.
         core.tailer.skip_own(group.first_seq, group.last_seq, group.chain_head);
     }

@@ -21,7 +21,7 @@ impl Ledger {
                 let r = replay(&*self.backend)?;
                 let last = r.projection.last_seq;
                 inner.fenced.clear();
-                (inner.tailer, inner.projection, inner.head) = (r.tailer, r.projection, r.head);
+                (inner.tailer, inner.projection, inner.chain_head) = (r.tailer, r.projection, r.chain_head);
                 inner.stale = false;
                 inner.caught_up_to(last);
                 tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
@@ -46,9 +46,9 @@ impl Ledger {
 
     /// Apply every record after the projection's last sequence.
     fn catch_up(inner: &mut Inner) -> Result<(), LedgerError> {
-        let LedgerState { tailer, projection, head, since_snapshot, .. } = &mut **inner;
+        let LedgerState { tailer, projection, chain_head, since_snapshot, .. } = &mut **inner;
         let read_from = tailer.next_seq();
-        let applied = apply_tail(tailer.as_mut(), projection, head, since_snapshot);
+        let applied = apply_tail(tailer.as_mut(), projection, chain_head, since_snapshot);
         let (last, read_to) = (projection.last_seq, tailer.next_seq());
         if last > inner.last_seq() {
             inner.others_seen = Some(Instant::now());
@@ -89,7 +89,7 @@ impl Ledger {
             Err(e) => return Err(e.to_string()),
         };
         let last = r.projection.last_seq;
-        (core.tailer, core.projection, core.head) = (r.tailer, r.projection, r.head);
+        (core.tailer, core.projection, core.chain_head) = (r.tailer, r.projection, r.chain_head);
         core.caught_up_to(last);
         Ok(())
     }
@@ -100,7 +100,7 @@ impl Ledger {
 pub(super) struct Replayed {
     pub(super) tailer: Box<dyn RecordReader>,
     pub(super) projection: Projection,
-    pub(super) head: ChainLink,
+    pub(super) chain_head: ChainLink,
     pub(super) snapshot_seq: Option<u64>,
     pub(super) warnings: Vec<String>,
     /// Records and payload bytes applied after the snapshot.
@@ -123,7 +123,7 @@ impl SinceSnapshot {
 }
 
 /// Replay the log in `dir`: try each snapshot (the newest few, newest first); one
-/// is adopted only if the log holds its chain head and a checkpoint record with
+/// is adopted only if the log holds its chain chain_head and a checkpoint record with
 /// the blake3 of its body — checked by a pass over the tail *before* the snapshot
 /// is decoded, so a file no checkpoint vouches for never costs more than a
 /// streaming read. A snapshot beyond the end of the log is evidence that records
@@ -133,7 +133,7 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
     let fresh = |from: u64| Replayed {
         tailer: backend.reader(from),
         projection: Projection::default(),
-        head: GENESIS_LINK,
+        chain_head: GENESIS_LINK,
         snapshot_seq: None,
         warnings: vec![],
         applied: SinceSnapshot::default(),
@@ -154,7 +154,7 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
                 continue;
             }
             Vouched::HeadDiffers => {
-                ignored(format!("the log does not hold the snapshot's {}", snapshot::describe(m.seq, &m.head)));
+                ignored(format!("the log does not hold the snapshot's {}", snapshot::describe(m.seq, &m.chain_head)));
                 continue;
             }
         }
@@ -168,7 +168,7 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
         let mut r = Replayed {
             tailer: tail.reader,
             projection,
-            head: m.head,
+            chain_head: m.chain_head,
             snapshot_seq: Some(m.seq),
             warnings: vec![],
             applied: SinceSnapshot::default(),
@@ -177,23 +177,23 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
             Some(records) => {
                 for (seq, txn, link, bytes) in records {
                     r.projection.apply_replayed(seq, &txn);
-                    r.head = link;
+                    r.chain_head = link;
                     r.applied.count(bytes);
                 }
             }
             None => {
                 // The tail was too long to keep: read it again, applying.
                 r.tailer = backend.reader(m.seq);
-                let Replayed { tailer, projection, head, applied, .. } = &mut r;
-                apply_tail(tailer.as_mut(), projection, head, applied)?;
+                let Replayed { tailer, projection, chain_head, applied, .. } = &mut r;
+                apply_tail(tailer.as_mut(), projection, chain_head, applied)?;
             }
         }
         r.warnings = warnings;
         return Ok(r);
     }
     let mut r = fresh(1);
-    let Replayed { tailer, projection, head, applied, .. } = &mut r;
-    apply_tail(tailer.as_mut(), projection, head, applied)?;
+    let Replayed { tailer, projection, chain_head, applied, .. } = &mut r;
+    apply_tail(tailer.as_mut(), projection, chain_head, applied)?;
     r.warnings = warnings;
     Ok(r)
 }
@@ -220,7 +220,7 @@ struct Tail {
 }
 
 /// Does the log vouch for this snapshot? One pass over the records from its
-/// sequence on (verified, decoded, not applied): its chain head, a checkpoint with
+/// sequence on (verified, decoded, not applied): its chain chain_head, a checkpoint with
 /// its digest, and the transactions after it. A snapshot beyond the end of the log
 /// is refused: records were cut. A record that does not decode is `CORRUPTION`.
 fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Tail, LedgerError> {
@@ -231,7 +231,7 @@ fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Re
     reader.poll(&mut |r| {
         last = r.seq;
         if r.seq == m.seq {
-            head_ok = r.link == m.head;
+            head_ok = r.link == m.chain_head;
             return;
         }
         if r.seq < m.seq || undecodable.is_some() {
@@ -297,7 +297,7 @@ struct RecordBatch {
 /// transaction's allocations on one thread: freed where they were made.)
 struct Applier<'a> {
     projection: &'a mut Projection,
-    head: ChainLink,
+    chain_head: ChainLink,
     applied: SinceSnapshot,
     undecodable: Option<LedgerError>,
 }
@@ -315,7 +315,7 @@ impl Applier<'_> {
             }
         }
         self.applied.count(payload.len() as u64);
-        self.head = link;
+        self.chain_head = link;
     }
 
     fn take_batch(&mut self, b: &RecordBatch) {
@@ -328,7 +328,7 @@ impl Applier<'_> {
 }
 
 /// Read, verify and apply every record after the projection's last sequence. The
-/// record at that sequence (if read again) must carry `head`. A long tail is
+/// record at that sequence (if read again) must carry `chain_head`. A long tail is
 /// replayed by two threads: this one reads and verifies (with helpers checking the
 /// chain, storage's `LinksAhead`); a second decodes and applies, in order, what the
 /// first hands it — the projection is touched by one thread only and in sequence
@@ -336,13 +336,13 @@ impl Applier<'_> {
 fn apply_tail(
     tailer: &mut dyn RecordReader,
     projection: &mut Projection,
-    head: &mut ChainLink,
+    chain_head: &mut ChainLink,
     applied: &mut SinceSnapshot,
 ) -> Result<(), LedgerError> {
-    let expect_head = (projection.last_seq, *head);
+    let expect_head = (projection.last_seq, *chain_head);
     let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
     let mut mismatch = None;
-    let applier = Applier { projection, head: *head, applied: *applied, undecodable: None };
+    let applier = Applier { projection, chain_head: *chain_head, applied: *applied, undecodable: None };
     let (polled, applier) = std::thread::scope(|s| {
         let mut inline = Some(applier);
         let mut pipe = None;
@@ -375,7 +375,7 @@ fn apply_tail(
         (polled, finish(inline, pipe, batch))
     });
     polled?;
-    *head = applier.head;
+    *chain_head = applier.chain_head;
     *applied = applier.applied;
     if let Some(e) = applier.undecodable {
         return Err(e);

@@ -66,8 +66,8 @@ pub fn decode(body: &[u8], seq: u64) -> Result<Projection, String> {
     Ok(p)
 }
 
-pub fn describe(seq: u64, head: &ChainLink) -> String {
-    format!("sequence {seq}, chain head {}", hex(head))
+pub fn describe(seq: u64, chain_head: &ChainLink) -> String {
+    format!("sequence {seq}, chain chain_head {}", hex(chain_head))
 }
 
 impl Ledger {
@@ -94,12 +94,12 @@ impl Ledger {
             let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }
         inner.since_snapshot = Default::default();
-        let (backend, head, p) = (self.backend.clone(), inner.head, inner.projection.clone());
+        let (backend, chain_head, p) = (self.backend.clone(), inner.chain_head, inner.projection.clone());
         let after = self.opts.after_snapshot;
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
             let body = body_of(&p);
             let written = backend
-                .put_snapshot(p.last_seq, &head, &body)
+                .put_snapshot(p.last_seq, &chain_head, &body)
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
                 .ok();
             // The copy of the projection and its encoding (together about twice the
@@ -134,7 +134,7 @@ impl Ledger {
     /// Write a snapshot now (also done on `close`) and append the checkpoint record
     /// that vouches for it. It covers only durable state. Returns where it is.
     pub fn snapshot_now(&self) -> Result<String, LedgerError> {
-        let (last, head, projection) = {
+        let (last, chain_head, projection) = {
             let mut inner = self.settled()?;
             if let Some(t) = inner.snapshot_thread.take() {
                 let _ = t.join();
@@ -145,10 +145,10 @@ impl Ledger {
                 // Nothing but our own checkpoint since the snapshot it vouches for.
                 return Ok(inner.last_snapshot.clone().unwrap_or_default());
             }
-            (last, inner.head, inner.projection.clone())
+            (last, inner.chain_head, inner.projection.clone())
         };
         // Encoded and written without holding the ledger: submitters go on.
-        let written = self.backend.put_snapshot(last, &head, &body_of(&projection))?;
+        let written = self.backend.put_snapshot(last, &chain_head, &body_of(&projection))?;
         self.group.lock().last_snapshot = Some(written.source.clone());
         let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
         let c = self.commit_with(Admission::Internal, |inner| {

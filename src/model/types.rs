@@ -100,7 +100,9 @@ pub struct RefusedContent {
     #[serde(with = "super::process::hex32")]
     pub blake3: [u8; 32],
     pub bytes: u64,
-    pub head: String,
+    /// Its first bytes (at most `REFUSED_CONTENT_HEAD_BYTES`), as text.
+    #[serde(rename = "head")]
+    pub first_bytes: String,
 }
 
 impl RefusedContent {
@@ -112,7 +114,7 @@ impl RefusedContent {
         RefusedContent {
             blake3: *blake3::hash(text.as_bytes()).as_bytes(),
             bytes: text.len() as u64,
-            head: text[..end].into(),
+            first_bytes: text[..end].into(),
         }
     }
 }

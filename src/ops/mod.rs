@@ -791,11 +791,11 @@ pub struct StateResponse {
 
 /// The state of every subject (or of `only`), with each owner's status judged now.
 pub fn state(view: &ReadView, only: Option<&str>, now_ms: u64) -> Result<StateResponse, OpError> {
-    state_of(&view.here, &view.projection, &view.head, view.torn_tail, only, now_ms)
+    state_of(&view.here, &view.projection, &view.chain_head, view.torn_tail, only, now_ms)
 }
 
 /// [`state`] from a projection and its chain head (what a ledger's
-/// `refresh_with_head` lends: no copy of the state, and for one subject a lookup).
+/// `refresh_with_chain_head` lends: no copy of the state, and for one subject a lookup).
 pub fn state_of(
     here: &identity::Here,
     p: &Projection,

@@ -12,7 +12,7 @@ use super::OpError;
 use crate::format::{ChainLink, FRAME_HEADER_BYTES, GENESIS_LINK, RecordRef, chain_link, decode_frame, hex};
 use crate::storage::etcd::{EtcdBackend, EtcdOptions, Import};
 use crate::storage::export::SegmentSink;
-use crate::storage::{Error, LogOptions, ScanItem, Source, verify_dir};
+use crate::storage::{Error, Head, LogOptions, ScanItem, Source, verify_dir};
 
 /// A record's frame as stored: length, CRC-32 of the body, the body.
 fn frame_of(rec: &RecordRef<'_>) -> Vec<u8> {
@@ -125,7 +125,7 @@ pub fn import(dir: &Path, etcd: &EtcdOptions) -> Result<ImportReport, OpError> {
     if let Some(e) = failed {
         return Err(e);
     }
-    let (last_seq, link) = import.finish()?;
+    let Head { seq: last_seq, link } = import.finish()?;
     if hex(&link) != check.chain_head {
         return Err(OpError::Io { message: format!("imported up to {last_seq}, but the chain head differs") });
     }

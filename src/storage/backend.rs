@@ -106,7 +106,7 @@ pub trait LogBackend: Send + Sync {
     /// with [`Error::Withdrawn`] (nothing run) when it says so.
     fn exclusive(&self, give_up: &dyn Fn() -> bool, f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<()>) -> Result<()>;
     /// Store a snapshot body covering `seq` (chain link `head`).
-    fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta>;
+    fn put_snapshot(&self, seq: u64, chain_head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta>;
     /// The newest stored snapshots, newest first (each checked on its own), with a
     /// warning for each one skipped.
     fn newest_snapshots(&self) -> (Vec<SnapshotMeta>, Vec<String>);
@@ -157,7 +157,8 @@ pub struct Appended {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotMeta {
     pub seq: u64,
-    pub head: ChainLink,
+    /// Chain link of `seq`.
+    pub chain_head: ChainLink,
     /// blake3 of the body: what a checkpoint record carries.
     pub digest: [u8; 32],
     /// Where it is, for messages (a path for the file backend).

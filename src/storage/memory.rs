@@ -136,8 +136,9 @@ impl LogBackend for MemoryBackend {
         f(&mut super::backend::Unlocked(self))
     }
 
-    fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
-        let meta = SnapshotMeta { seq, head: *head, digest: digest_of(body), source: format!("memory:{seq}") };
+    fn put_snapshot(&self, seq: u64, chain_head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
+        let meta =
+            SnapshotMeta { seq, chain_head: *chain_head, digest: digest_of(body), source: format!("memory:{seq}") };
         let mut log = self.log.lock().expect("memory log");
         log.snapshots.retain(|(m, _)| m.seq != seq);
         log.snapshots.push((meta.clone(), body.to_vec()));

@@ -286,19 +286,17 @@ pub(super) async fn state(State(app): State<Arc<App>>, Query(q): Query<StateQuer
         let now_ms = crate::storage::LogOptions::default().now_ms();
         // Built under the commit engine's lock straight from the state (no copy of
         // it first): one subject is a lookup; the whole state costs what it holds.
-        to_value(
-            app.ledger.refresh_with_head(|p, h| {
-                ops::state_of(app.ledger.here(), p, h, false, q.subject.as_deref(), now_ms)
-            })?,
-        )
+        to_value(app.ledger.refresh_with_chain_head(|p, h| {
+            ops::state_of(app.ledger.here(), p, h, false, q.subject.as_deref(), now_ms)
+        })?)
     })
     .await
 }
 
 pub(super) async fn head(State(app): State<Arc<App>>) -> Response {
     read(app, move |app| {
-        let (seq, link) = app.ledger.head()?;
-        to_value(Ok(crate::daemon::openapi::HeadAnswer { seq, chain_head: crate::format::hex(&link) }))
+        let head = app.ledger.head()?;
+        to_value(Ok(crate::daemon::openapi::HeadAnswer { seq: head.seq, chain_head: crate::format::hex(&head.link) }))
     })
     .await
 }

@@ -91,7 +91,7 @@ async fn start_of(app: &App, headers: &HeaderMap, from: Option<u64>) -> Result<u
         None => {
             let ledger = Arc::clone(&app.ledger);
             match tokio::task::spawn_blocking(move || ledger.head()).await {
-                Ok(Ok((seq, _))) => Ok(seq + 1),
+                Ok(Ok(head)) => Ok(head.seq + 1),
                 Ok(Err(e)) => Err(Box::new(op_problem(app, &OpError::from(e)))),
                 Err(_) => {
                     Err(Box::new(plain(StatusCode::INTERNAL_SERVER_ERROR, "IO_ERROR", "reading the head failed")))

@@ -138,7 +138,7 @@ pub(super) fn check_refused(
     validate_text("code", code)?;
     validate_text("op", op)?;
     validate_text("exe", &caller.exe)?;
-    if content.is_some_and(|c| c.head.len() > REFUSED_CONTENT_HEAD_BYTES) {
+    if content.is_some_and(|c| c.first_bytes.len() > REFUSED_CONTENT_HEAD_BYTES) {
         return refuse(Refusal::InvalidInput {
             detail: format!("refused content is kept to {REFUSED_CONTENT_HEAD_BYTES} bytes"),
         });

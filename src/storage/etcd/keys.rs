@@ -10,6 +10,7 @@
 //! | `P` `s/` 20-digit seq `/c/` 6-digit n | its body, in chunks of at most [`SNAPSHOT_CHUNK_BYTES`] |
 
 use crate::format::ChainLink;
+use crate::storage::Head;
 
 pub const META: &str = "log";
 pub const HEAD: &str = "head";
@@ -71,11 +72,11 @@ pub fn head_value(seq: u64, link: &ChainLink) -> Vec<u8> {
     v
 }
 
-pub fn parse_head(v: &[u8]) -> Option<(u64, ChainLink)> {
+pub fn parse_head(v: &[u8]) -> Option<Head> {
     if v.len() != 40 {
         return None;
     }
-    Some((u64::from_le_bytes(v[..8].try_into().ok()?), v[8..].try_into().ok()?))
+    Some(Head { seq: u64::from_le_bytes(v[..8].try_into().ok()?), link: v[8..].try_into().ok()? })
 }
 
 #[cfg(test)]
@@ -93,7 +94,7 @@ mod tests {
         let end = prefix_end(p);
         assert_eq!(end, b"/fencelog0".to_vec());
         assert!(record(p, u64::MAX) < end && key(p, "zzz") < end && b"/fencelog0".to_vec() >= end);
-        let (seq, link) = parse_head(&head_value(7, &[3; 32])).unwrap();
+        let Head { seq, link } = parse_head(&head_value(7, &[3; 32])).unwrap();
         assert_eq!((seq, link), (7, [3; 32]));
     }
 }

@@ -390,7 +390,9 @@ struct ArchivedJson {
 #[derive(Serialize, Deserialize)]
 struct SnapJson {
     seq: u64,
-    head: String,
+    /// Chain link of `seq`, in hex (stored as `head`).
+    #[serde(rename = "head")]
+    chain_head: String,
     digest: String,
     bytes: u64,
     chunks: usize,
@@ -581,9 +583,9 @@ impl EtcdBackend {
         let Some(kv) = r.kvs().first() else {
             return Err(self.corruption(0, "the log's marker is there but its head key is missing".into()));
         };
-        let (seq, link) = keys::parse_head(kv.value())
+        let head = keys::parse_head(kv.value())
             .ok_or_else(|| self.corruption(0, "the head key does not hold a head".into()))?;
-        Ok((Head { seq, link }, revision))
+        Ok((head, revision))
     }
 
     /// Read options at `revision` (0: the newest).
@@ -862,7 +864,7 @@ impl LogBackend for EtcdBackend {
                 TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| keys::parse_head(kv.value())),
                 _ => None,
             });
-            let (seq, link) = actual.ok_or_else(|| self.corruption(0, "the head key vanished".into()))?;
+            let Head { seq, link } = actual.ok_or_else(|| self.corruption(0, "the head key vanished".into()))?;
             *cursor = Cursor { next_seq: seq + 1, prev_link: link };
             return Ok(AppendOutcome::HeadMoved { actual: seq });
         }
@@ -881,15 +883,20 @@ impl LogBackend for EtcdBackend {
         f(&mut super::backend::Unlocked(self))
     }
 
-    fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
+    fn put_snapshot(&self, seq: u64, chain_head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
         let digest = digest_of(body);
         let chunks: Vec<&[u8]> = body.chunks(keys::SNAPSHOT_CHUNK_BYTES).collect();
         for (n, chunk) in chunks.iter().enumerate() {
             let (k, v) = (keys::snapshot_chunk(&self.prefix, seq, n), chunk.to_vec());
             self.conn.put(k, v)?;
         }
-        let meta =
-            SnapJson { seq, head: hex(head), digest: hex(&digest), bytes: body.len() as u64, chunks: chunks.len() };
+        let meta = SnapJson {
+            seq,
+            chain_head: hex(chain_head),
+            digest: hex(&digest),
+            bytes: body.len() as u64,
+            chunks: chunks.len(),
+        };
         let (k, v) = (keys::snapshot_meta(&self.prefix, seq), serde_json::to_vec(&meta).expect("serializes"));
         self.conn.put(k, v)?;
         // Only the newest few are kept.
@@ -898,7 +905,12 @@ impl LogBackend for EtcdBackend {
             let dir = keys::snapshot_dir(&self.prefix, old.seq);
             let _ = self.conn.delete(dir, etcd_client::DeleteOptions::new().with_prefix());
         }
-        Ok(SnapshotMeta { seq, head: *head, digest, source: format!("{}s/{seq:020}", self.opts.describe()) })
+        Ok(SnapshotMeta {
+            seq,
+            chain_head: *chain_head,
+            digest,
+            source: format!("{}s/{seq:020}", self.opts.describe()),
+        })
     }
 
     fn newest_snapshots(&self) -> (Vec<SnapshotMeta>, Vec<String>) {
@@ -965,7 +977,7 @@ impl EtcdBackend {
                 let j: SnapJson = serde_json::from_slice(&v).ok()?;
                 Some(SnapshotMeta {
                     seq: j.seq,
-                    head: unhex32(&j.head)?,
+                    chain_head: unhex32(&j.chain_head)?,
                     digest: unhex32(&j.digest)?,
                     source: format!("{}s/{seq:020}", self.opts.describe()),
                 })
@@ -1026,7 +1038,7 @@ impl EtcdReader {
             // in between is not taken for a record missing below the head.
             let at = (self.revision > 0).then(|| GetOptions::new().with_revision(self.revision));
             let h = self.conn.get(keys::key(&self.prefix, keys::HEAD), at)?;
-            let (seq, link) = h
+            let Head { seq, link } = h
                 .kvs()
                 .first()
                 .and_then(|kv| keys::parse_head(kv.value()))
@@ -1330,7 +1342,7 @@ pub struct Import {
     batch: Vec<(u64, Vec<u8>)>,
     batch_bytes: usize,
     /// The head as the last `Txn` left it.
-    head: (u64, ChainLink),
+    head: Head,
     last_link: ChainLink,
 }
 
@@ -1364,7 +1376,7 @@ impl Import {
             prefix,
             batch: vec![],
             batch_bytes: 0,
-            head: (0, GENESIS_LINK),
+            head: Head { seq: 0, link: GENESIS_LINK },
             last_link: GENESIS_LINK,
         })
     }
@@ -1391,20 +1403,20 @@ impl Import {
             .map(|(seq, frame)| TxnOp::put(keys::record(&self.prefix, seq), frame, None))
             .collect();
         ops.push(TxnOp::put(head_key.clone(), keys::head_value(last, &self.last_link), None));
-        let before = keys::head_value(self.head.0, &self.head.1);
+        let before = keys::head_value(self.head.seq, &self.head.link);
         let txn = Txn::new().when([Compare::value(head_key, CompareOp::Equal, before)]).and_then(ops);
         if !self.conn.txn(txn)?.succeeded() {
             return Err(Error::InvalidOption {
                 detail: format!("{} was written to during the import", self.opts.describe()),
             });
         }
-        self.head = (last, self.last_link);
+        self.head = Head { seq: last, link: self.last_link };
         self.batch_bytes = 0;
         Ok(())
     }
 
     /// Write what is left and the marker: the prefix is a log from now on.
-    pub fn finish(mut self) -> Result<(u64, ChainLink)> {
+    pub fn finish(mut self) -> Result<Head> {
         self.flush()?;
         let meta = Meta { fencelog_log: 1, format_version: FORMAT_VERSION, created_ms: LogOptions::default().now_ms() };
         let meta_key = keys::key(&self.prefix, keys::META);

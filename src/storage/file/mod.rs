@@ -102,8 +102,8 @@ impl LogBackend for FileBackend {
         self.log()?.with_lock_or_give_up(give_up, |l| f(l))?
     }
 
-    fn put_snapshot(&self, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
-        snapshots::write(&self.dir, seq, head, body)
+    fn put_snapshot(&self, seq: u64, chain_head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta> {
+        snapshots::write(&self.dir, seq, chain_head, body)
     }
 
     fn newest_snapshots(&self) -> (Vec<SnapshotMeta>, Vec<String>) {

@@ -29,7 +29,7 @@ fn io(op: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 /// Write a snapshot of `body` covering `seq` (whose chain link is `head`).
-pub fn write(dir: &Path, seq: u64, head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta, Error> {
+pub fn write(dir: &Path, seq: u64, chain_head: &ChainLink, body: &[u8]) -> Result<SnapshotMeta, Error> {
     let sdir = dir.join(SNAPSHOT_DIR);
     if !sdir.is_dir() {
         use std::os::unix::fs::DirBuilderExt;
@@ -39,7 +39,7 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, body: &[u8]) -> Result<Snap
     let mut bytes = Vec::with_capacity(HEADER_BYTES + body.len());
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&seq.to_le_bytes());
-    bytes.extend_from_slice(head);
+    bytes.extend_from_slice(chain_head);
     bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
     bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     bytes.extend_from_slice(body);
@@ -77,7 +77,7 @@ pub fn write(dir: &Path, seq: u64, head: &ChainLink, body: &[u8]) -> Result<Snap
         let _ = fs::remove_file(old.1);
     }
     remove_abandoned_temps(&sdir);
-    Ok(SnapshotMeta { seq, head: *head, digest, source: path.display().to_string() })
+    Ok(SnapshotMeta { seq, chain_head: *chain_head, digest, source: path.display().to_string() })
 }
 
 const TEMP_SUFFIX: &str = ".tmp";
@@ -146,7 +146,12 @@ fn read(path: &Path, keep: bool) -> Result<(SnapshotMeta, Option<Vec<u8>>), Stri
     if crc_state.finalize() != crc {
         return Err("checksum mismatch".into());
     }
-    let meta = SnapshotMeta { seq, head, digest: *digest.finalize().as_bytes(), source: path.display().to_string() };
+    let meta = SnapshotMeta {
+        seq,
+        chain_head: head,
+        digest: *digest.finalize().as_bytes(),
+        source: path.display().to_string(),
+    };
     Ok((meta, kept))
 }
 

@@ -37,7 +37,7 @@ struct Shared {
     is_poisoned: AtomicBool,
     poisoned: Mutex<Option<String>>,
     /// Last sequence this writer knows to be durable (its own or caught up).
-    head: AtomicU64,
+    last_seq: AtomicU64,
     /// Records other processes appended and found while catching up.
     adopted: AtomicU64,
     /// Records this writer appended, and the data syncs it took to do so.
@@ -89,11 +89,11 @@ impl Log {
         };
         let (file, _) = open_regular_rw(&tail.segment, opts.segment_file_bytes_max(), tail.segment_first_seq)?;
         let writer_id = opts.writer_id.unwrap_or_else(uuid::Uuid::new_v4);
-        let head = tail.cursor.next_seq - 1;
+        let last_seq = tail.cursor.next_seq - 1;
         let shared = Arc::new(Shared {
             is_poisoned: AtomicBool::new(false),
             poisoned: Mutex::new(None),
-            head: AtomicU64::new(head),
+            last_seq: AtomicU64::new(last_seq),
             adopted: AtomicU64::new(0),
             appended: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -109,7 +109,7 @@ impl Log {
             buf: Vec::new(),
             links: Vec::new(),
         });
-        let engine = GroupCommit::new((), head, GroupLimits::of(&opts));
+        let engine = GroupCommit::new((), last_seq, GroupLimits::of(&opts));
         Ok(Log { inner: Arc::new(LogInner { dir, opts, writer_id, report, shared, writer, engine }) })
     }
 
@@ -132,8 +132,8 @@ impl Log {
     }
 
     /// Last sequence this writer knows to be durable.
-    pub fn head(&self) -> u64 {
-        self.inner.shared.head.load(Ordering::Acquire)
+    pub fn last_seq(&self) -> u64 {
+        self.inner.shared.last_seq.load(Ordering::Acquire)
     }
 
     /// Records other processes appended that this writer has caught up with.
@@ -278,7 +278,7 @@ impl LogInner {
             w.poison(&e);
             return Err(e);
         }
-        w.shared.head.store(w.tail.cursor.next_seq - 1, Ordering::Release);
+        w.shared.last_seq.store(w.tail.cursor.next_seq - 1, Ordering::Release);
         Ok(f(&mut Locked { opts: &self.opts, lock: &lock, w: &mut w }))
     }
 
@@ -336,7 +336,7 @@ impl Hooks<()> for LogInner {
 
     /// `with_lock` has caught the tail up and noted its head.
     fn catch_up(&self, core: &mut Core<()>, _x: &mut dyn Exclusive) -> Result<()> {
-        core.caught_up_to(self.shared.head.load(Ordering::Acquire));
+        core.caught_up_to(self.shared.last_seq.load(Ordering::Acquire));
         Ok(())
     }
 
@@ -376,7 +376,7 @@ pub struct Locked<'a> {
 
 impl Locked<'_> {
     /// The last sequence in the log (everything up to it is caught up).
-    pub fn head(&self) -> u64 {
+    pub fn last_seq(&self) -> u64 {
         self.w.tail.cursor.next_seq - 1
     }
 
@@ -394,13 +394,13 @@ impl Exclusive for Locked<'_> {
     fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome> {
         check_payloads(self.opts, &payloads)?;
         self.w.shared.poison_check()?;
-        let last = self.head();
+        let last = self.last_seq();
         if last != expect_seq {
             return Ok(AppendOutcome::HeadMoved { actual: last });
         }
         match self.w.write_group(&payloads) {
             Ok(a) => {
-                self.w.shared.head.store(a.last_seq, Ordering::Release);
+                self.w.shared.last_seq.store(a.last_seq, Ordering::Release);
                 Ok(AppendOutcome::Appended(a))
             }
             Err(e) => {

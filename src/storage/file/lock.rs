@@ -1,6 +1,6 @@
 //! The cross-process append lock: an exclusive advisory `flock` on the log
 //! directory itself, taken by a commit group's leader and released after its
-//! groups (`commit.rs`: after 8, when another writer waits). The wait is bounded.
+//! groups (`commit/`: after 8, when another writer waits). The wait is bounded.
 //!
 //! Why the directory and not only a `LOCK` file: a lock file can be deleted while a
 //! writer holds its lock; the next writer then creates and locks a new file, and two

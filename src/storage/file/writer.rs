@@ -1,5 +1,5 @@
 //! The writer: the tail segment of an open log. Appends commit through the one
-//! commit engine (`commit.rs`): the first caller to arrive leads — it takes the
+//! commit engine (`commit/`): the first caller to arrive leads — it takes the
 //! cross-process lock, catches up with other processes' records, writes the group
 //! with one `pwrite` and syncs once — while callers arriving meanwhile queue their
 //! records for its next sync. No thread of its own and no sleep on the path: the

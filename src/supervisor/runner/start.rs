@@ -1,0 +1,131 @@
+//! Starting a runner: in a session of its own, holding nothing of its caller's,
+//! its stdout a pipe whose end of file tells the caller that the outcome is
+//! settled.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::capture::private_process_dir;
+use super::{Environment, Site, null_onto, pipe_cloexec};
+
+/// The environment a runner started now gives its command: this process's own,
+/// with `env` (the command's `--env` values, which never enter the log) added, and
+/// without the variables that would send a fencelog started by the command to a
+/// daemon rather than to a directory of its choosing.
+pub(super) fn runner_environment(env: &[(String, String)]) -> Environment {
+    use std::ffi::{OsStr, OsString};
+    let mut vars: Environment = std::env::vars_os().collect();
+    vars.extend(env.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    for k in ["FENCELOG_SERVER", "FENCELOG_TOKEN_FILE", "FENCELOG_DIR"] {
+        vars.remove(OsStr::new(k));
+    }
+    vars
+}
+
+/// `DIR/processes/ID/runner.log`, opened to append (0600, never through a link).
+pub(super) fn open_runner_log(d: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::PermissionsExt;
+    let log = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(d.join("runner.log"))?;
+    log.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(log)
+}
+
+/// Start a runner for `process` in a session of its own, its stderr appended to
+/// the process's `runner.log`, with `env` added to its environment (the command's
+/// `--env` values, which never enter the log). It is reaped on a thread of ours.
+/// Returns the read end of a pipe that is the runner's stdout: it reports end of
+/// file the moment the runner has settled the process's outcome (see
+/// [`tell_caller_settled`]) or is gone, whichever comes first — so a quick
+/// command's answer is read as soon as its exit record is durable, not once the
+/// runner has also torn itself down.
+pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
+    use std::ffi::OsString;
+    let log = open_runner_log(&private_process_dir(&site.dir, process)?)?;
+    let mut args: Vec<OsString> = vec!["__runner".into()];
+    args.extend(site.args());
+    args.extend(["--process".into(), process.to_string().into()]);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(OsString::as_os_str).collect();
+    let (settled, _) = spawn_runner(self_exe, &args, None, Some(&log), runner_environment(env))?;
+    Ok(settled)
+}
+
+/// Start `self_exe args…` as a runner: `posix_spawn` (the caller is not copied:
+/// glibc spawns with `CLONE_VFORK`), asking for a new session
+/// (`POSIX_SPAWN_SETSID`), `/` as its directory, `stdin` (or `/dev/null`) as fd 0,
+/// a new pipe's write end as fd 1, `stderr` (or `/dev/null`) as fd 2, the default
+/// SIGPIPE and an empty signal mask, and every descriptor from 3 up closed: a
+/// runner holds nothing of its caller's (a pipe a shell waits on, a daemon's
+/// sockets) for the command's lifetime. (Our copies of the pipe's ends are
+/// close-on-exec, so no other process this caller starts meanwhile inherits
+/// them.) Returns the pipe's read end and the runner's pid; the runner is reaped
+/// on a thread of ours.
+pub(super) fn spawn_runner(
+    self_exe: &Path,
+    args: &[&std::ffi::OsStr],
+    stdin: Option<std::os::fd::RawFd>,
+    stderr: Option<&File>,
+    vars: Environment,
+) -> std::io::Result<(OwnedFd, u32)> {
+    use std::ffi::{CString, OsStr};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let c = |s: &OsStr| CString::new(s.as_bytes()).map_err(|_| std::io::Error::other("a NUL byte in an argument"));
+    let argv: Vec<CString> =
+        std::iter::once(self_exe.as_os_str()).chain(args.iter().copied()).map(c).collect::<std::io::Result<_>>()?;
+    let envp: Vec<CString> = vars
+        .into_iter()
+        .map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend(v.into_vec());
+            CString::new(kv).map_err(|_| std::io::Error::other("a NUL byte in the environment"))
+        })
+        .collect::<std::io::Result<_>>()?;
+    let (settled_r, settled_w) = pipe_cloexec()?;
+    let pid = crate::sys::process::posix_spawn_with(
+        &argv[0],
+        &argv,
+        &envp,
+        &[
+            stdin.map_or(crate::sys::process::FdAction::Null(0, libc::O_RDONLY), |fd| {
+                crate::sys::process::FdAction::Dup(fd, 0)
+            }),
+            crate::sys::process::FdAction::Dup(settled_w.as_raw_fd(), 1),
+            stderr.map_or(crate::sys::process::FdAction::Null(2, libc::O_WRONLY), |f| {
+                crate::sys::process::FdAction::Dup(f.as_raw_fd(), 2)
+            }),
+        ],
+        crate::sys::process::Placement::OwnSession,
+    )? as libc::pid_t;
+    // The runner holds the only write end now: its end of file is the runner's word.
+    drop(settled_w);
+    std::thread::spawn(move || {
+        // Reaps our own child; EINTR is retried.
+        while matches!(crate::sys::process::waitpid(pid, 0), Err(e) if e.kind() == std::io::ErrorKind::Interrupted) {}
+    });
+    Ok((settled_r, pid as u32))
+}
+
+/// Sleep up to `nap`, or less if the runner behind `settled` (the read end of its
+/// stdout, from [`start_runner`]) settles the outcome or exits first; true if it has.
+pub fn nap_until_settled(settled: &OwnedFd, nap: std::time::Duration) -> bool {
+    // End of file (POLLHUP), or bytes a runner never writes: either way, look now.
+    crate::sys::fd::ppoll_ready(settled.as_raw_fd(), nap)
+}
+
+/// Tell the caller that started this runner that the outcome is settled (on
+/// record, or given up on): its stdout — the pipe the caller waits on — becomes
+/// `/dev/null`, and the caller reads the log now rather than once this process has
+/// exited. Nothing is written: a caller that has stopped waiting is not disturbed.
+pub(super) fn tell_caller_settled() {
+    if !null_onto(1, libc::O_WRONLY) {
+        // Close stdout: the pipe is let go all the same.
+        crate::sys::fd::close(1);
+    }
+}

@@ -173,36 +173,41 @@ fn ledger(args: &[String]) {
                                 60..75 => Event::RotateFence { subject: subject.clone(), generation },
                                 _ => Event::Release { subject: subject.clone(), generation },
                             },
-                            Some(o) => match identity::death_of(&identity::Here::local(), &o.identity, None) {
-                                Some(reason) => Event::Claim {
-                                    subject: subject.clone(),
-                                    owner: me.clone(),
-                                    stale_after_ms: 60_000,
-                                    lock: None,
-                                    previous: p.dead_owner(&subject, reason),
-                                },
-                                // Held by a live owner: now and then write as a zombie would,
-                                // with a generation that is no longer current; else, holding
-                                // none, claim a free subject if there is one.
-                                None => {
-                                    let free = (0..subjects)
-                                        .map(|k| format!("s/{k}"))
-                                        .find(|k| p.subject(k).is_none_or(|c| c.owner.is_none()));
-                                    match free {
-                                        Some(free) if roll >= 20 && !holds_one => {
-                                            chosen = free.clone();
-                                            Event::Claim {
-                                                subject: free,
-                                                owner: me.clone(),
-                                                stale_after_ms: 60_000,
-                                                lock: None,
-                                                previous: None,
+                            Some(o) => {
+                                match fencelog::ops::liveness::death_of(&identity::Here::local(), &o.identity, None) {
+                                    Some(reason) => Event::Claim {
+                                        subject: subject.clone(),
+                                        owner: me.clone(),
+                                        stale_after_ms: 60_000,
+                                        lock: None,
+                                        previous: p.dead_owner(&subject, reason),
+                                    },
+                                    // Held by a live owner: now and then write as a zombie would,
+                                    // with a generation that is no longer current; else, holding
+                                    // none, claim a free subject if there is one.
+                                    None => {
+                                        let free = (0..subjects)
+                                            .map(|k| format!("s/{k}"))
+                                            .find(|k| p.subject(k).is_none_or(|c| c.owner.is_none()));
+                                        match free {
+                                            Some(free) if roll >= 20 && !holds_one => {
+                                                chosen = free.clone();
+                                                Event::Claim {
+                                                    subject: free,
+                                                    owner: me.clone(),
+                                                    stale_after_ms: 60_000,
+                                                    lock: None,
+                                                    previous: None,
+                                                }
                                             }
+                                            _ => Event::Heartbeat {
+                                                subject: subject.clone(),
+                                                generation: generation - 1,
+                                            },
                                         }
-                                        _ => Event::Heartbeat { subject: subject.clone(), generation: generation - 1 },
                                     }
                                 }
-                            },
+                            }
                         };
                         kind = event.kind();
                         Ok(Txn::new(now_ms, writer, vec![event]))

@@ -9,6 +9,7 @@
 
 pub mod demo;
 mod error;
+pub mod liveness;
 #[cfg(feature = "etcd")]
 pub mod transfer;
 pub mod version;
@@ -415,8 +416,8 @@ pub fn dead_owner_evidence(
 ) -> Option<(crate::model::DeadOwner, Event)> {
     let s = p.subject(subject)?;
     let o = s.owner.as_ref()?;
-    let identity::Liveness::Dead { reason, observed } =
-        identity::liveness(here, &o.identity, o.pid_ns, o.host.as_deref())
+    let liveness::Liveness::Dead { reason, observed } =
+        liveness::liveness(here, &o.identity, o.pid_ns, o.host.as_deref())
     else {
         return None;
     };
@@ -738,11 +739,11 @@ pub fn status_of(
     now_ms: u64,
 ) -> (Status, Option<&'static str>) {
     let Some(o) = owner else { return (Status::Free, None) };
-    let liveness = identity::liveness(here, &o.identity, o.pid_ns, o.host.as_deref());
+    let liveness = liveness::liveness(here, &o.identity, o.pid_ns, o.host.as_deref());
     match liveness {
-        identity::Liveness::Dead { reason, .. } => (Status::Dead, Some(reason.code())),
+        liveness::Liveness::Dead { reason, .. } => (Status::Dead, Some(reason.code())),
         _ if o.is_fresh(now_ms) => (Status::Active, None),
-        identity::Liveness::Unknown(why) if why != identity::UnknownReason::Remote => {
+        liveness::Liveness::Unknown(why) if why != liveness::UnknownReason::Remote => {
             (Status::Unknown, Some(why.code()))
         }
         _ => (Status::Stale, Some("heartbeat_stale")),

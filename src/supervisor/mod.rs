@@ -940,7 +940,10 @@ fn end_unknown(ledger: &Ledger, process: u64, reason: &str) -> Result<(), OpErro
 }
 
 fn runner_dead(here: &identity::Here, p: &Process) -> Option<&'static str> {
-    p.started.as_ref().and_then(|s| identity::death_of(here, &s.runner, p.host.as_deref())).map(|r| r.code())
+    p.started
+        .as_ref()
+        .and_then(|s| crate::ops::liveness::death_of(here, &s.runner, p.host.as_deref()))
+        .map(|r| r.code())
 }
 
 /// `process cancel`: a process run for an owner is cancelled only by that
@@ -1100,13 +1103,13 @@ pub fn recover(
             && s.generation != o.generation
             && s.owner
                 .as_ref()
-                .is_some_and(|cur| identity::death_of(here, &cur.identity, cur.host.as_deref()).is_none())
+                .is_some_and(|cur| crate::ops::liveness::death_of(here, &cur.identity, cur.host.as_deref()).is_none())
         {
             report.other_owner_untouched.push(p.id);
             continue;
         }
         let end = match &p.started {
-            Some(s) => match identity::death_of(here, &s.runner, p.host.as_deref()) {
+            Some(s) => match crate::ops::liveness::death_of(here, &s.runner, p.host.as_deref()) {
                 None => {
                     report.left_running.push(p.id);
                     continue;

@@ -174,16 +174,16 @@ fn replay_child(dir: &Path) {
     let secs = t.elapsed().as_secs_f64();
     let r = l.open_report();
     let p = l.projection();
-    assert_eq!((p.anomalies, p.undecodable), (0, 0), "every record must apply");
+    assert_eq!((p.anomalies(), p.undecodable()), (0, 0), "every record must apply");
     println!(
         "{}",
         json!({
             "open_seconds": (secs * 1000.0).round() / 1000.0,
-            "last_seq": p.last_seq,
+            "last_seq": p.last_seq(),
             "snapshot_seq": r.snapshot_seq,
             "replayed_records": r.replayed_records,
             "replay_records_per_s": (r.replayed_records as f64 / secs).round(),
-            "subjects": p.subjects.len(),
+            "subjects": p.subjects().len(),
             "peak_rss_mb": (max_rss_mb() * 10.0).round() / 10.0,
         })
     );

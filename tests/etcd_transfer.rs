@@ -134,7 +134,7 @@ fn archive_keeps_etcd_bounded_and_one_history_verifies_across_archive_and_etcd()
     // A ledger on etcd writes a snapshot and its checkpoint, then appends more.
     let loc = fencelog::storage::Location::Etcd(fencelog::storage::etcd::EtcdOptions::parse(&c.endpoints, &p).unwrap());
     let l = fencelog::ledger::Ledger::open_at(&loc, fencelog::ledger::LedgerOptions::default()).unwrap();
-    let snap_seq = l.projection().last_seq;
+    let snap_seq = l.projection().last_seq();
     l.snapshot_now().unwrap();
     for i in 0..5 {
         l.submit(None, common::claim(&format!("after/{i}"), &common::me())).unwrap();
@@ -183,7 +183,7 @@ fn archive_keeps_etcd_bounded_and_one_history_verifies_across_archive_and_etcd()
     assert_eq!(l.open_report().snapshot_seq, Some(snap_seq));
     let c1 = l.submit(None, common::claim("after-archive", &common::me())).unwrap();
     assert_eq!(c1.seq, head["seq"].as_u64().map(|s| s + 1));
-    let new_snap = l.projection().last_seq;
+    let new_snap = l.projection().last_seq();
     l.snapshot_now().unwrap();
     l.submit(None, common::claim("later", &common::me())).unwrap();
     drop(l);

@@ -152,7 +152,7 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
     assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| e.code() == "NOT_COMMITTED")));
     let view = Ledger::read_only(d.path(), &LedgerOptions::default()).unwrap();
     assert!(view.projection.subject("contested").is_none(), "the cut-back group is nowhere in the log");
-    assert_eq!(view.projection.last_seq, 5);
+    assert_eq!(view.projection.last_seq(), 5);
     let later = ledger.submit(None, claim("after", &owner)).unwrap_err();
     assert_eq!(later.code(), "WRITER_POISONED");
     assert_eq!(ledger.refresh().unwrap_err().code(), "WRITER_POISONED");
@@ -164,7 +164,7 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
         assert_eq!(p.subject(&format!("before/{i}")).map(|s| s.generation), Some(1));
     }
     let c = reopened.submit(None, claim("after", &owner)).unwrap();
-    assert_eq!(c.seq, Some(p.last_seq + 1));
+    assert_eq!(c.seq, Some(p.last_seq() + 1));
 }
 
 /// Proves: a failure creating the next segment (rotation) cuts the group back
@@ -300,7 +300,7 @@ fn failed_snapshot_writes_cost_only_the_snapshot() {
         let again = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
         // A snapshot whose directory fsync failed may exist, but no checkpoint vouches
         // for it: never adopted.
-        assert_eq!((again.open_report().snapshot_seq, again.projection().last_seq), (None, 2), "{point}");
+        assert_eq!((again.open_report().snapshot_seq, again.projection().last_seq()), (None, 2), "{point}");
     }
 }
 

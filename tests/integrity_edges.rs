@@ -431,7 +431,7 @@ fn a_tampered_snapshot_is_not_adopted_and_verify_reports_it() {
     let (tag, body) = body.split_at(fencelog::ledger::snapshot::SCHEMA_PREFIX_BYTES);
     let (mut p, _): (fencelog::model::Projection, usize) =
         bincode::serde::decode_from_slice(body, bincode::config::standard()).unwrap();
-    p.subjects.get_mut("home/a").unwrap().generation = 5;
+    p.forge_subject("home/a").unwrap().generation = 5;
     let body = [tag.to_vec(), bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap()].concat();
     let mut forged = head[..48].to_vec();
     forged.extend_from_slice(&(body.len() as u64).to_le_bytes());

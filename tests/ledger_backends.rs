@@ -128,7 +128,7 @@ fn one_request_id_commits_once(f: Fixture) {
     });
     assert!(results.iter().all(|c| c.seq == Some(1)));
     assert_eq!(results.iter().filter(|c| !c.deduplicated).count(), 1);
-    assert_eq!(l.projection().last_seq, 1);
+    assert_eq!(l.projection().last_seq(), 1);
 }
 
 /// A snapshot written through the backend is vouched for by its checkpoint and
@@ -219,7 +219,7 @@ fn writers_that_overtake_each_other_are_judged_again_on_the_state_they_follow(f:
     let pa = a.refresh().unwrap();
     let pb = b.refresh().unwrap();
     assert_eq!(pa, pb);
-    assert_eq!(pa.last_seq, next);
+    assert_eq!(pa.last_seq(), next);
     let fresh = ledger(&f);
     assert_eq!(fresh.projection(), pa);
 }
@@ -303,15 +303,15 @@ fn draining_refuses_new_transactions_and_settles_every_judged_one() {
         let p = l.projection();
         for (id, r) in &answers {
             match r {
-                Ok(seq) => assert_eq!(p.requests.get(id).map(|e| e.seq), Some(*seq), "{id}"),
+                Ok(seq) => assert_eq!(p.requests().get(id).map(|e| e.seq), Some(*seq), "{id}"),
                 Err(code) => {
                     assert_eq!(code, "DRAINING");
-                    assert!(!p.requests.contains_key(id), "{id} was refused yet committed");
+                    assert!(!p.requests().contains_key(id), "{id} was refused yet committed");
                 }
             }
         }
         let committed = answers.iter().filter(|(_, r)| r.is_ok()).count() as u64;
-        assert_eq!(p.last_seq, committed, "nothing else was appended");
+        assert_eq!(p.last_seq(), committed, "nothing else was appended");
     }
 }
 
@@ -497,7 +497,7 @@ fn a_writer_overtaken_every_time_gives_up_after_the_bound_with_head_moved() {
     assert_eq!(err.code(), "HEAD_MOVED", "{err}");
     assert_eq!(judged, fencelog::ledger::HEAD_MOVED_RETRIES_MAX);
     assert_eq!(l.head_moved_count(), u64::from(fencelog::ledger::HEAD_MOVED_RETRIES_MAX));
-    assert_eq!(l.projection().last_seq, 0, "nothing appended, the ledger still answers");
+    assert_eq!(l.projection().last_seq(), 0, "nothing appended, the ledger still answers");
 }
 
 /// Proves: booting from a snapshot with a tail longer than the ledger keeps in

@@ -92,7 +92,7 @@ fn threads_of_one_process_share_syncs_and_every_transaction_lands_once() {
             while !done.load(Ordering::Acquire) {
                 let p = ledger.projection();
                 let on_disk = records(d.path()).len() as u64;
-                assert!(on_disk >= p.last_seq, "projection at {} but the log holds {on_disk}", p.last_seq);
+                assert!(on_disk >= p.last_seq(), "projection at {} but the log holds {on_disk}", p.last_seq());
                 views += 1;
             }
             views
@@ -122,8 +122,8 @@ fn threads_of_one_process_share_syncs_and_every_transaction_lands_once() {
     assert_eq!(appended, total);
     assert!(syncs < appended / 2, "transactions must share syncs: {appended} records took {syncs} syncs");
     let live = ledger.projection();
-    assert_eq!(live.subjects.len() as u64, threads);
-    assert!(live.subjects.values().all(|s| s.generation == 1));
+    assert_eq!(live.subjects().len() as u64, threads);
+    assert!(live.subjects().values().all(|s| s.generation == 1));
     drop(ledger);
     let replayed = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
     assert_eq!(replayed.projection(), live);
@@ -271,8 +271,8 @@ fn threads_of_several_processes_mixing_operations_commit_exactly_what_they_ackno
     }
     let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
     let p = l.projection();
-    assert_eq!(p.anomalies, 0, "every record validates on replay");
-    assert!(p.subjects.values().map(|s| s.fenced_attempts).sum::<u64>() > 0, "zombie attempts are audited");
+    assert_eq!(p.anomalies(), 0, "every record validates on replay");
+    assert!(p.subjects().values().map(|s| s.fenced_attempts).sum::<u64>() > 0, "zombie attempts are audited");
     assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
 }
 
@@ -310,7 +310,7 @@ fn kill_9_of_a_process_committing_in_groups_never_loses_an_acknowledged_transact
         }
         acked += acks.len();
         let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
-        assert_eq!(l.projection().anomalies, 0, "seed {s} round {round}");
+        assert_eq!(l.projection().anomalies(), 0, "seed {s} round {round}");
     }
     assert!(acked > 0, "the children committed something");
     let kinds = records(d.path()).iter().fold(BTreeMap::new(), |mut m, (_, p)| {
@@ -448,7 +448,7 @@ fn async_tasks_and_threads_submit_judged_transactions_through_the_same_groups() 
     assert_eq!(appended, total);
     assert!(syncs < appended / 2, "transactions must share syncs: {appended} records took {syncs} syncs");
     let live = ledger.projection();
-    assert!(live.subjects.values().all(|s| s.generation == 1 && s.owner.is_some()));
+    assert!(live.subjects().values().all(|s| s.generation == 1 && s.owner.is_some()));
     drop(ledger);
     assert_eq!(Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection(), live);
 }
@@ -636,7 +636,7 @@ fn a_log_at_condition_commits_at_the_head_and_replays_the_same() {
         let hb = heartbeat("a");
         move |p: &Projection, now_ms: u64, writer: uuid::Uuid| {
             let mut txn = hb(p, now_ms, writer)?;
-            txn.conditions.push(Condition::LogAt { seq: p.last_seq - behind });
+            txn.conditions.push(Condition::LogAt { seq: p.last_seq() - behind });
             Ok(txn)
         }
     };
@@ -650,6 +650,6 @@ fn a_log_at_condition_commits_at_the_head_and_replays_the_same() {
     let live = ledger.projection();
     drop(ledger);
     let replayed = Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection();
-    assert_eq!(replayed.anomalies, 0, "the committed record validates on replay");
+    assert_eq!(replayed.anomalies(), 0, "the committed record validates on replay");
     assert_eq!(replayed, live);
 }

@@ -438,7 +438,7 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     let r = l.open_report();
     assert_eq!(r.snapshot_seq, None);
     assert!(!r.snapshot_warnings.is_empty() && r.snapshot_warnings[0].contains("checksum"), "{r:?}");
-    assert_eq!(l.projection().last_seq, last + 7, "every record: claims, checkpoints and the 7 after reopening");
+    assert_eq!(l.projection().last_seq(), last + 7, "every record: claims, checkpoints and the 7 after reopening");
     drop(l);
     // A checksum-valid snapshot of another history (another log's chain head) is
     // ignored too, with the reason named.
@@ -461,7 +461,7 @@ fn snapshot_plus_tail_equals_full_replay_and_a_damaged_snapshot_is_not_trusted()
     let r = l.open_report();
     assert_eq!(r.snapshot_seq, None);
     assert!(r.snapshot_warnings.iter().any(|w| w.contains("does not hold the snapshot's sequence")), "{r:?}");
-    assert_eq!(l.projection().last_seq, last + 7);
+    assert_eq!(l.projection().last_seq(), last + 7);
 }
 
 /// Proves: a snapshot temp file left by a crashed writer is removed once it is older
@@ -510,7 +510,7 @@ fn snapshots_are_triggered_by_bytes_as_well_as_by_records() {
         drop(l); // no close: only background snapshots exist
         let snaps = std::fs::read_dir(d.path().join("snapshots")).unwrap().count();
         let reopened = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
-        (snaps, reopened.open_report().snapshot_seq, reopened.projection().last_seq)
+        (snaps, reopened.open_report().snapshot_seq, reopened.projection().last_seq())
     };
     // The 40 claims and the checkpoint records of the snapshots taken meanwhile: a
     // snapshot taken in the background covers fewer records than the log holds.
@@ -585,7 +585,7 @@ fn request_status_finds_ids_older_than_the_projection_remembers() {
     log.append_batch(batch).unwrap();
     log.close().unwrap();
     let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
-    assert!(!l.projection().requests.contains_key("old-0"), "forgotten by the projection");
+    assert!(!l.projection().requests().contains_key("old-0"), "forgotten by the projection");
     match l.request_status("old-0").unwrap() {
         fencelog::ledger::RequestStatus::Committed { seq, .. } => assert_eq!(seq, 1),
         other => panic!("{other:?}"),

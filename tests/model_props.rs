@@ -89,7 +89,7 @@ fn concrete(p: &Projection, op: &Op) -> Event {
             ttl_ms: *ttl as u64,
         },
         Op::LeaseRelease { lease, right_token } => {
-            let token = p.leases.get(&(*lease as u64)).map_or(1, |l| l.token);
+            let token = p.leases().get(&(*lease as u64)).map_or(1, |l| l.token);
             Event::LeaseRelease { lease: *lease as u64, token: if *right_token { token } else { token + 50 } }
         }
     }
@@ -119,7 +119,7 @@ proptest! {
                 conditions: vec![],
                 events: vec![concrete(&live, op)],
             };
-            let seq = live.last_seq + 1;
+            let seq = live.last_seq() + 1;
             let before: Vec<u64> = SUBJECTS.iter().map(|s| live.subject(s).map_or(0, |x| x.generation)).collect();
             if let Ok(Checked::Valid { writes: true, .. }) = live.check(seq, &txn) {
                 live.apply(seq, &txn).unwrap();
@@ -134,7 +134,7 @@ proptest! {
             replayed.apply(*seq, txn).unwrap();
         }
         prop_assert_eq!(&replayed, &live);
-        prop_assert_eq!(live.anomalies, 0);
+        prop_assert_eq!(live.anomalies(), 0);
 
         let k = split.index(committed.len() + 1);
         let mut head = Projection::default();

@@ -39,7 +39,7 @@ impl M {
             conditions: vec![],
             events,
         };
-        let seq = self.p.last_seq + 1;
+        let seq = self.p.last_seq() + 1;
         match self.p.check(seq, &txn)? {
             Checked::Deduplicated(e) => Ok(e.outcomes),
             Checked::Valid { writes: false, outcomes } => Ok(outcomes),
@@ -244,10 +244,10 @@ fn mutation_locks_are_busy_reused_or_identity_uncertain() {
         (r["action"].as_str(), r["request"].as_str(), r["pid"].as_u64()),
         (Some("recover"), Some("req-1"), Some(1001))
     );
-    let seq = m.p.last_seq;
+    let seq = m.p.last_seq();
     let out = m.txn(2, vec![claim("lock/recovery", 1, Some(("recover", "req-1")), None)]).unwrap();
     assert!(matches!(out[0], Outcome::LockReused { generation: 1, .. }));
-    assert_eq!(m.p.last_seq, seq, "a reuse writes nothing");
+    assert_eq!(m.p.last_seq(), seq, "a reuse writes nothing");
     m.claim(0, "lock/legacy", 3).unwrap();
     let r = code(&m.txn(1, vec![claim("lock/legacy", 2, Some(("stop", "req-9")), None)]).unwrap_err());
     assert_eq!((r["code"].as_str(), r["pid"].as_u64()), (Some("IDENTITY_UNCERTAIN"), Some(1003)));
@@ -283,23 +283,23 @@ fn leases_conflict_release_once_record_failures_and_displace_expired() {
     let out = m.txn(21, vec![Event::LeaseRelease { lease: r1, token: t1 + 100 }]).unwrap();
     assert!(matches!(&out[0], Outcome::LeaseReleaseFailed { attempts: 2, .. }));
     assert!(
-        matches!(&m.p.leases[&r1].state, LeaseState::ReleasePending { code, attempts: 2 } if code == "TOKEN_MISMATCH")
+        matches!(&m.p.leases()[&r1].state, LeaseState::ReleasePending { code, attempts: 2 } if code == "TOKEN_MISMATCH")
     );
     assert!(matches!(
         m.txn(22, vec![Event::LeaseRelease { lease: r1, token: t1 }]).unwrap()[0],
         Outcome::LeaseReleased { .. }
     ));
-    let seq = m.p.last_seq;
+    let seq = m.p.last_seq();
     let again = m.txn(23, vec![Event::LeaseRelease { lease: r1, token: t1 }]).unwrap();
     assert!(
         matches!(&again[0], Outcome::LeaseAlreadyEnded { state: LeaseState::Released { seq: s }, .. } if *s == seq)
     );
-    assert_eq!(m.p.last_seq, seq, "a second release writes nothing");
+    assert_eq!(m.p.last_seq(), seq, "a second release writes nothing");
     // r2 expires at 1000: a writer at 2000 displaces it, and that is recorded.
     let out = m.txn(2_000, acquire("db", LeaseMode::Write, "c", 1_000)).unwrap();
     let Outcome::LeaseAcquired { displaced, token, .. } = &out[0] else { panic!() };
     assert_eq!((displaced.as_slice(), *token > t2), (&[r2][..], true));
-    assert!(matches!(m.p.leases[&r2].state, LeaseState::Displaced { .. }));
+    assert!(matches!(m.p.leases()[&r2].state, LeaseState::Displaced { .. }));
     assert_eq!(
         code(&m.txn(3_000, vec![Event::LeaseRelease { lease: 999, token: 1 }]).unwrap_err())["code"],
         "UNKNOWN_LEASE"
@@ -312,9 +312,9 @@ fn leases_conflict_release_once_record_failures_and_displace_expired() {
 fn request_ids_deduplicate_same_content_and_refuse_different_content() {
     let mut m = M::new();
     let first = m.tagged(0, Some(("r-1", 7)), vec![claim("home/z", 1, None, None)]).unwrap();
-    let seq = m.p.last_seq;
+    let seq = m.p.last_seq();
     let again = m.tagged(5, Some(("r-1", 7)), vec![claim("home/z", 1, None, None)]).unwrap();
-    assert_eq!((again, m.p.last_seq), (first, seq));
+    assert_eq!((again, m.p.last_seq()), (first, seq));
     let r = code(&m.tagged(5, Some(("r-1", 8)), vec![claim("home/z", 1, None, None)]).unwrap_err());
     assert_eq!((r["code"].as_str(), r["committed_seq"].as_u64()), (Some("REQUEST_ID_CONFLICT"), Some(seq)));
 }
@@ -438,8 +438,8 @@ fn model_limits_on_text_events_tenures_and_request_ids_hold() {
         };
         p.apply(i + 1, &txn).unwrap();
     }
-    assert_eq!(p.requests.len(), REQUESTS_RETAINED);
-    assert!(!p.requests.contains_key("r0") && p.requests.contains_key("r1"));
+    assert_eq!(p.requests().len(), REQUESTS_RETAINED);
+    assert!(!p.requests().contains_key("r0") && p.requests().contains_key("r1"));
 }
 
 /// Proves: ended leases are remembered up to TERMINAL_LEASES_RETAINED, the oldest
@@ -464,9 +464,9 @@ fn ended_leases_are_remembered_up_to_the_retention_limit() {
         };
         p.apply(i + 1, &txn).unwrap();
     }
-    let ended = p.leases.values().filter(|l| matches!(l.state, LeaseState::Displaced { .. })).count();
+    let ended = p.leases().values().filter(|l| matches!(l.state, LeaseState::Displaced { .. })).count();
     assert_eq!(ended, fencelog::model::TERMINAL_LEASES_RETAINED);
-    assert!(!p.leases.contains_key(&1) && p.leases.contains_key(&(n + 1)));
+    assert!(!p.leases().contains_key(&1) && p.leases().contains_key(&(n + 1)));
 }
 
 /// Proves: the projection's memory of refusal windows is bounded: 5,000 callers

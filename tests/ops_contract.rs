@@ -151,7 +151,7 @@ fn generations_never_wrap() {
     let me = fencelog::ledger::identity::probe(std::process::id(), uuid::Uuid::nil()).unwrap();
     let claim = Event::Claim { subject: "g".into(), owner: me, stale_after_ms: 1_000, lock: None, previous: None };
     p.apply(1, &Txn::new(1, uuid::Uuid::nil(), vec![claim])).unwrap();
-    p.subjects.get_mut("g").unwrap().generation = u64::MAX;
+    p.forge_subject("g").unwrap().generation = u64::MAX;
     let rotate = Event::RotateFence { subject: "g".into(), generation: u64::MAX };
     let err = p.apply(2, &Txn::new(2, uuid::Uuid::nil(), vec![rotate])).unwrap_err();
     assert_eq!(err.code(), "GENERATION_EXHAUSTED");

@@ -79,7 +79,7 @@ fn a_long_replay_on_two_threads_builds_the_projection_one_thread_builds() {
     let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
     assert_eq!(l.open_report().replayed_records, RECORDS);
     let replayed = l.projection();
-    assert_eq!((replayed.anomalies, replayed.undecodable), (0, 0));
+    assert_eq!((replayed.anomalies(), replayed.undecodable()), (0, 0));
     assert_eq!(replayed, expected);
     let scan = fencelog::storage::verify_dir(d.path(), 1 << 20).unwrap();
     assert!(scan.is_intact() && scan.records == RECORDS, "{scan:?}");
@@ -172,6 +172,6 @@ fn batches_cut_by_their_bytes_apply_every_record_in_order() {
     }
     let l = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
     let replayed = l.projection();
-    assert_eq!((replayed.last_seq, replayed.anomalies, replayed.undecodable), (txns.len() as u64, 0, 0));
+    assert_eq!((replayed.last_seq(), replayed.anomalies(), replayed.undecodable()), (txns.len() as u64, 0, 0));
     assert_eq!(replayed, expected);
 }

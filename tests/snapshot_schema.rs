@@ -30,9 +30,9 @@ fn a_snapshot_of_an_earlier_projection_schema_is_ignored_not_misread_nor_called_
     let old_body = bincode::serde::encode_to_vec(&p, bincode::config::standard()).unwrap();
     assert_eq!(snapshot::schema_of(&old_body), 1);
     let link = l.view().unwrap().chain_head;
-    fencelog::storage::snapshots::write(&dir, p.last_seq, &link, &old_body).unwrap();
+    fencelog::storage::snapshots::write(&dir, p.last_seq(), &link, &old_body).unwrap();
     let digest = fencelog::storage::snapshots::digest_of(&old_body);
-    let seq = p.last_seq;
+    let seq = p.last_seq();
     l.submit(None, move |_, now_ms, writer| {
         Ok(Txn::new(now_ms, writer, vec![Event::Checkpoint { snapshot_seq: seq, digest }]))
     })
@@ -48,7 +48,7 @@ fn a_snapshot_of_an_earlier_projection_schema_is_ignored_not_misread_nor_called_
         "{:?}",
         report.snapshot_warnings
     );
-    assert_eq!(report.replayed_records, expected.last_seq, "every record replayed");
+    assert_eq!(report.replayed_records, expected.last_seq(), "every record replayed");
     assert_eq!(again.projection(), expected);
     let out = Command::new(env!("CARGO_BIN_EXE_fencelog"))
         .args(["inspect", "verify", dir.to_str().unwrap()])

@@ -972,7 +972,7 @@ fn idle_spare(ledger: &Ledger, dir: &Path, spares: &fencelog::supervisor::Spares
 
 /// The pid of the runner that recorded `id`'s start.
 fn runner_pid(ledger: &Ledger, id: u64) -> u32 {
-    ledger.refresh_with(|p| p.processes[&id].started.as_ref().expect("started").runner.pid).expect("read the log")
+    ledger.refresh_with(|p| p.processes()[&id].started.as_ref().expect("started").runner.pid).expect("read the log")
 }
 
 /// A ready spare for `dir`: one run through `spares` has the next one started.
@@ -1094,11 +1094,11 @@ fn a_spare_runner_let_go_exits_having_appended_nothing() {
     let spare = ready_spare(&ledger, &dir, &spares);
     let gates = children_of(spare);
     assert_eq!(gates.len(), 1, "the spare's gate waits beside it: {gates:?}");
-    let head = ledger.refresh_with(|p| p.last_seq).unwrap();
+    let head = ledger.refresh_with(|p| p.last_seq()).unwrap();
     drop(spares);
     wait_gone(spare);
     wait_gone(gates[0]);
-    assert_eq!(ledger.refresh_with(|p| p.last_seq).unwrap(), head);
+    assert_eq!(ledger.refresh_with(|p| p.last_seq()).unwrap(), head);
 }
 
 /// The live children of `parent`, from /proc.
@@ -1248,7 +1248,7 @@ fn a_run_with_an_environment_too_large_for_any_runner_fails_on_record() {
         .expect_err("no runner can take it");
     assert!(e.to_string().contains("cannot start a runner"), "{e}");
     let ended = ledger
-        .refresh_with(|p| p.processes.values().last().and_then(|p| p.ended.clone()))
+        .refresh_with(|p| p.processes().values().last().and_then(|p| p.ended.clone()))
         .unwrap()
         .expect("the process ended on record");
     assert!(matches!(&ended.end, ProcessEnd::Failed { code, .. } if code == "SPAWN_FAILED"), "{ended:?}");

@@ -336,7 +336,7 @@ fn lease_subject(p: &Projection, l: &crate::model::Lease) -> Option<String> {
         return Some(o.subject.clone());
     }
     l.process
-        .map(|id| p.processes.get(&id).and_then(|x| x.owner.as_ref()).map(|o| o.subject.clone()).unwrap_or_default())
+        .map(|id| p.processes().get(&id).and_then(|x| x.owner.as_ref()).map(|o| o.subject.clone()).unwrap_or_default())
 }
 
 impl Work {
@@ -400,7 +400,7 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
     let mut daemon_cutovers = Vec::new();
     let summary = src.scan(1, |item| {
         let ScanItem::Record { rec, .. } = item else { return true };
-        if rec.seq <= p.last_seq {
+        if rec.seq <= p.last_seq() {
             return true;
         }
         let Ok(txn) = decode_txn(rec.payload) else {
@@ -414,7 +414,7 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
         // What is live before this record, if it may be a cutover.
         let may_cut = txn.events.iter().any(|e| matches!(e, Event::Claim { .. } | Event::Takeover { .. }));
         let live_leases: Vec<(u64, Option<String>)> = if may_cut {
-            p.leases
+            p.leases()
                 .values()
                 .filter(|l| matches!(l.state, LeaseState::Held | LeaseState::ReleasePending { .. }))
                 .map(|l| (l.id, lease_subject(&p, l)))
@@ -423,7 +423,7 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
             vec![]
         };
         let open_processes: Vec<(u64, String, u64)> = if may_cut {
-            p.processes
+            p.processes()
                 .values()
                 .filter(|x| x.ended.is_none())
                 .filter_map(|x| x.owner.as_ref().map(|o| (x.id, o.subject.clone(), o.generation)))
@@ -707,10 +707,10 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
     })?;
     let subjects: Vec<SubjectStory> = work.into_values().filter_map(|w| w.finish(&p)).collect();
     let mut findings: Vec<String> = Vec::new();
-    if p.undecodable > 0 {
+    if p.undecodable() > 0 {
         findings.push(format!(
             "{} record(s) do not decode (first: {}); their effect on the state is unknown",
-            p.undecodable,
+            p.undecodable(),
             undecodable.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
         ));
     }
@@ -764,7 +764,7 @@ impl Work {
         for (c, leases) in story.cutovers.iter_mut().zip(&self.cutover_leases) {
             c.leases_live = leases
                 .iter()
-                .map(|id| match end.leases.get(id) {
+                .map(|id| match end.leases().get(id) {
                     Some(l) => LeaseFate {
                         lease: *id,
                         resource: l.resource.clone(),
@@ -786,7 +786,7 @@ impl Work {
             c.processes_in_flight = procs
                 .iter()
                 .map(|(id, generation)| {
-                    let x = end.processes.get(id);
+                    let x = end.processes().get(id);
                     ProcessFate {
                         process: *id,
                         argv: x.map(|x| x.command.argv.clone()).unwrap_or_default(),

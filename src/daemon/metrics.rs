@@ -167,19 +167,19 @@ impl Metrics {
         m.syncs.inc_by(syncs.saturating_sub(m.syncs.get()));
         let now = crate::storage::LogOptions::default().now_ms();
         let _ = app.ledger.refresh_with(|p| {
-            m.head_seq.set(p.last_seq as i64);
+            m.head_seq.set(p.last_seq() as i64);
             m.subjects.clear();
             m.processes.clear();
             m.leases.clear();
-            for s in p.subjects.values() {
+            for s in p.subjects().values() {
                 let status =
                     serde_json::to_value(ops::status(app.ledger.here(), s.owner.as_ref(), now)).expect("status");
                 m.subjects.get_or_create(&vec![("status".into(), status.as_str().unwrap_or("").into())]).inc();
             }
-            for x in p.processes.values() {
+            for x in p.processes().values() {
                 m.processes.get_or_create(&vec![("status".into(), x.status().as_str().into())]).inc();
             }
-            for l in p.leases.values() {
+            for l in p.leases().values() {
                 let state = crate::model::flatten_tagged(&l.state)["kind"].as_str().unwrap_or("").to_owned();
                 m.leases.get_or_create(&vec![("state".into(), state)]).inc();
             }

@@ -38,6 +38,7 @@ pub const HOME_DEFAULT: &str = "fencelog/serve";
 /// on a log shared by hosts one home per host, `fencelog/serve/HOST` (the host id,
 /// `ledger::identity::host_id`): a daemon on each host, and a successor on the
 /// same host takes the home of the one before it.
+#[cfg_attr(not(feature = "etcd"), allow(unreachable_patterns))]
 pub fn home_default(log: &crate::storage::Location) -> String {
     match log {
         crate::storage::Location::Dir(_) => HOME_DEFAULT.to_owned(),
@@ -568,6 +569,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, ServeFailure> {
             .map_err(|e| ServeFailure::new(exit::IO, io(&format!("creating {}", o.dir.display()), e)))?;
     }
     let dir = std::fs::canonicalize(&o.dir).map_err(|e| ServeFailure::new(exit::IO, io("log directory", e)))?;
+    #[cfg_attr(not(feature = "etcd"), allow(unreachable_patterns))]
     let log = match &o.log {
         crate::storage::Location::Dir(_) => crate::storage::Location::Dir(dir.clone()),
         other => other.clone(),

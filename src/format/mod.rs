@@ -8,15 +8,31 @@ mod frame;
 mod scan;
 mod segment;
 
+// The scanner's internals (how a reader walks frames, classifies damage at the
+// tail and reads chain links ahead): the storage layer's, and the tests' through
+// the `internals` feature; an embedder reads a log through `storage`.
+#[cfg(feature = "internals")]
 pub use ahead::LinksAhead;
+#[cfg(not(feature = "internals"))]
+pub(crate) use ahead::LinksAhead;
+#[cfg(feature = "internals")]
 pub use classify::{Action, Evidence, SECTOR_BYTES, ZERO_RUN_BYTES_MIN, classify, has_zeroed_sector};
+#[cfg(not(feature = "internals"))]
+pub(crate) use classify::{Action, Evidence, SECTOR_BYTES, ZERO_RUN_BYTES_MIN, classify, has_zeroed_sector};
 pub use frame::{
     BODY_FIXED_BYTES, ChainLink, FRAME_HEADER_BYTES, FrameError, GENESIS_LINK, RecordBody, RecordRef, chain_link,
     decode_frame, encode_frame, frame_bytes, hex,
 };
+pub use scan::DamageKind;
+#[cfg(feature = "internals")]
 pub use scan::{
-    Cursor, Damage, DamageKind, ScanOutcome, all_zero, ends_at_mark, ends_frames, find_next_frame, scan_frames,
-    scan_frames_in, scan_segment_frames, scan_segment_frames_ahead, scan_segment_frames_from,
+    Cursor, Damage, ScanOutcome, all_zero, ends_at_mark, ends_frames, find_next_frame, scan_frames, scan_frames_in,
+    scan_segment_frames, scan_segment_frames_ahead, scan_segment_frames_from,
+};
+#[cfg(not(feature = "internals"))]
+pub(crate) use scan::{
+    Cursor, Damage, ScanOutcome, all_zero, ends_at_mark, ends_frames, find_next_frame, scan_frames, scan_frames_in,
+    scan_segment_frames, scan_segment_frames_ahead, scan_segment_frames_from,
 };
 pub use segment::{
     FORMAT_VERSION, FRAMES_END_MARK, Layout, MAGIC, SEGMENT_HEADER_BYTES, SUPPORTED_VERSIONS, SegmentHeader,

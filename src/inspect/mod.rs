@@ -153,7 +153,7 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
     if read_to > 0 {
         src.scan(1, |item| {
             let ScanItem::Record { rec, .. } = item else { return true };
-            if rec.seq <= p.last_seq {
+            if rec.seq <= p.last_seq() {
                 return true; // never apply out of order after a resync
             }
             if pins.iter().any(|pin| pin.seq == rec.seq) {
@@ -187,10 +187,10 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
         })?;
     }
     for (seq, idx) in &wanted {
-        if *seq > p.last_seq {
+        if *seq > p.last_seq() {
             for &i in idx {
                 let path = snaps[i].1.clone();
-                let d = format!("the snapshot covers sequence {seq} but the log ends at {}", p.last_seq);
+                let d = format!("the snapshot covers sequence {seq} but the log ends at {}", p.last_seq());
                 s.problems.push(extra_problem(ProblemKind::SnapshotMismatch, path, *seq, d));
             }
         }
@@ -642,7 +642,7 @@ pub fn state_at(src: &Source, at: Option<u64>) -> Result<(Projection, ReadSummar
         if at.is_some_and(|a| rec.seq > a) {
             return false;
         }
-        if rec.seq <= p.last_seq {
+        if rec.seq <= p.last_seq() {
             return true; // after a resync, never apply out of order
         }
         match decode_txn(rec.payload) {
@@ -655,8 +655,8 @@ pub fn state_at(src: &Source, at: Option<u64>) -> Result<(Projection, ReadSummar
 }
 
 pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
-    crate::text_line!(out, "state as of sequence {}", p.last_seq)?;
-    for (name, s) in &p.subjects {
+    crate::text_line!(out, "state as of sequence {}", p.last_seq())?;
+    for (name, s) in p.subjects() {
         match &s.owner {
             Some(o) => crate::text_line!(
                 out,
@@ -675,7 +675,7 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
             crate::text_line!(out, "      fenced attempts {}  late notes {}", s.fenced_attempts, s.late_notes)?;
         }
     }
-    for l in p.leases.values() {
+    for l in p.leases().values() {
         crate::text_line!(
             out,
             "  lease {} on {} {} holder {:?} token {} expires {}  {}",
@@ -688,12 +688,12 @@ pub fn state_text(p: &Projection, out: &mut dyn Write) -> std::io::Result<()> {
             flat_text(&serde_json::to_value(&l.state).unwrap_or_default())
         )?;
     }
-    if p.anomalies + p.undecodable > 0 {
+    if p.anomalies() + p.undecodable() > 0 {
         crate::text_line!(
             out,
             "  WARNING: {} records did not validate, {} did not decode",
-            p.anomalies,
-            p.undecodable
+            p.anomalies(),
+            p.undecodable()
         )?;
     }
     Ok(())

@@ -183,7 +183,7 @@ impl Ledger {
                 .map(|(k, _)| k.clone())
                 .collect();
             let written = pending.iter().try_for_each(|key| self.write_refused(inner, key, now_ms));
-            (written, inner.projection.last_seq)
+            (written, inner.projection.last_seq())
         })
     }
 }

@@ -239,7 +239,7 @@ impl Ledger {
     /// replicated one): replay from the newest snapshot the chain vouches for.
     pub fn with_backend(backend: Arc<dyn LogBackend>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
         let r = replay(&*backend)?;
-        let last_seq = r.projection.last_seq;
+        let last_seq = r.projection.last_seq();
         let state = LedgerState {
             tailer: r.tailer,
             projection: r.projection,
@@ -511,7 +511,7 @@ impl Ledger {
         build: &mut impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal>,
     ) -> (Result<Committed, LedgerError>, u64) {
         let now_ms = self.opts.log.now_ms();
-        let seen = inner.projection.last_seq;
+        let seen = inner.projection.last_seq();
         let mut txn = match build(&inner.projection, now_ms, self.writer_id()) {
             Ok(t) => t,
             Err(r) => return (Err(LedgerError::Refused(r)), seen),
@@ -544,7 +544,7 @@ impl Ledger {
                 {
                     return (Err(err), seen);
                 }
-                let covers = inner.projection.last_seq;
+                let covers = inner.projection.last_seq();
                 (Err(LedgerError::Refused(r)), covers)
             }
         }
@@ -565,7 +565,7 @@ impl Ledger {
         if record.len() as u64 > max {
             return Err(LedgerError::Storage(storage::Error::RecordTooLarge { bytes: record.len() as u64, max }));
         }
-        let seq = inner.projection.last_seq + 1;
+        let seq = inner.projection.last_seq() + 1;
         let outcomes = match checked {
             Some(outcomes) => inner.projection.apply_checked(seq, txn, outcomes),
             None => inner.projection.apply(seq, txn).map_err(LedgerError::Refused)?,
@@ -583,8 +583,8 @@ impl Ledger {
     /// state remembers is looked for in the log, off the lock.
     pub fn request_status(&self, id: &str) -> Result<RequestStatus, LedgerError> {
         let (found, last_seq, forgotten) = self.refresh_with(|p| {
-            let found = p.requests.get(id).map(|e| (e.seq, e.outcomes.clone()));
-            (found, p.last_seq, p.requests.len() >= REQUESTS_RETAINED)
+            let found = p.requests().get(id).map(|e| (e.seq, e.outcomes.clone()));
+            (found, p.last_seq(), p.requests().len() >= REQUESTS_RETAINED)
         })?;
         if let Some((seq, outcomes)) = found {
             return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes });
@@ -606,7 +606,7 @@ impl Ledger {
     /// The log's head (its last sequence and that record's chain link), caught up
     /// with other writers (no copy of the state).
     pub fn head(&self) -> Result<Head, LedgerError> {
-        self.refresh_with_chain_head(|p, h| Head { seq: p.last_seq, link: *h })
+        self.refresh_with_chain_head(|p, h| Head { seq: p.last_seq(), link: *h })
     }
 
     /// Clean close: write the counts of coalesced fenced attempts not yet recorded,
@@ -614,7 +614,7 @@ impl Ledger {
     /// window is always recorded.)
     pub fn close(self) -> Result<(), LedgerError> {
         self.flush_fenced()?;
-        if self.settled()?.projection.last_seq > 0 {
+        if self.settled()?.projection.last_seq() > 0 {
             self.snapshot_now()?;
         }
         Ok(())
@@ -660,15 +660,15 @@ impl Ledger {
 /// log itself, which must then be whole: "never committed" from a partial history
 /// would make a client run its operation twice.
 fn request_status_in(backend: &dyn LogBackend, p: &Projection, id: &str) -> Result<RequestStatus, LedgerError> {
-    if let Some(e) = p.requests.get(id) {
+    if let Some(e) = p.requests().get(id) {
         return Ok(RequestStatus::Committed { request: id.into(), seq: e.seq, outcomes: e.outcomes.clone() });
     }
-    if p.requests.len() >= REQUESTS_RETAINED
+    if p.requests().len() >= REQUESTS_RETAINED
         && let Some(seq) = request_in_log(backend, id)?
     {
         return Ok(RequestStatus::Committed { request: id.into(), seq, outcomes: vec![] });
     }
-    Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: p.last_seq })
+    Ok(RequestStatus::NeverCommitted { request: id.into(), log_last_seq: p.last_seq() })
 }
 
 /// The sequence of the record carrying request `id`, looked for in the whole log

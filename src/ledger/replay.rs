@@ -19,7 +19,7 @@ impl Ledger {
         for attempt in 0..2 {
             if inner.stale {
                 let r = replay(&*self.backend)?;
-                let last = r.projection.last_seq;
+                let last = r.projection.last_seq();
                 inner.fenced.clear();
                 (inner.tailer, inner.projection, inner.chain_head) = (r.tailer, r.projection, r.chain_head);
                 inner.stale = false;
@@ -49,7 +49,7 @@ impl Ledger {
         let LedgerState { tailer, projection, chain_head, since_snapshot, .. } = &mut **inner;
         let read_from = tailer.next_seq();
         let applied = apply_tail(tailer.as_mut(), projection, chain_head, since_snapshot);
-        let (last, read_to) = (projection.last_seq, tailer.next_seq());
+        let (last, read_to) = (projection.last_seq(), tailer.next_seq());
         if last > inner.last_seq() {
             inner.others_seen = Some(Instant::now());
         }
@@ -88,7 +88,7 @@ impl Ledger {
             }
             Err(e) => return Err(e.to_string()),
         };
-        let last = r.projection.last_seq;
+        let last = r.projection.last_seq();
         (core.tailer, core.projection, core.chain_head) = (r.tailer, r.projection, r.chain_head);
         core.caught_up_to(last);
         Ok(())
@@ -339,8 +339,8 @@ fn apply_tail(
     chain_head: &mut ChainLink,
     applied: &mut SinceSnapshot,
 ) -> Result<(), LedgerError> {
-    let expect_head = (projection.last_seq, *chain_head);
-    let mut head_checked = projection.last_seq == 0 || tailer.next_seq() > projection.last_seq;
+    let expect_head = (projection.last_seq(), *chain_head);
+    let mut head_checked = projection.last_seq() == 0 || tailer.next_seq() > projection.last_seq();
     let mut mismatch = None;
     let applier = Applier { projection, chain_head: *chain_head, applied: *applied, undecodable: None };
     let (polled, applier) = std::thread::scope(|s| {

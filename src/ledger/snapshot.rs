@@ -60,8 +60,8 @@ pub fn decode(body: &[u8], seq: u64) -> Result<Projection, String> {
     if used != body.len() {
         return Err(format!("{} trailing bytes", body.len() - used));
     }
-    if p.last_seq != seq {
-        return Err(format!("covers sequence {} but says {seq}", p.last_seq));
+    if p.last_seq() != seq {
+        return Err(format!("covers sequence {} but says {seq}", p.last_seq()));
     }
     Ok(p)
 }
@@ -99,7 +99,7 @@ impl Ledger {
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
             let body = body_of(&p);
             let written = backend
-                .put_snapshot(p.last_seq, &chain_head, &body)
+                .put_snapshot(p.last_seq(), &chain_head, &body)
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
                 .ok();
             // The copy of the projection and its encoding (together about twice the
@@ -140,7 +140,7 @@ impl Ledger {
                 let _ = t.join();
             }
             inner.since_snapshot = Default::default();
-            let last = inner.projection.last_seq;
+            let last = inner.projection.last_seq();
             if last > 0 && last == inner.own_checkpoint_seq {
                 // Nothing but our own checkpoint since the snapshot it vouches for.
                 return Ok(inner.last_snapshot.clone().unwrap_or_default());

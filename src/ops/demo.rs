@@ -63,7 +63,7 @@ pub fn demo(dir: &Path, records: u64, appenders: u64, payload_bytes: usize) -> R
         handles.into_iter().try_for_each(|h| h.join().expect("appender thread"))
     })?;
     let elapsed = started.elapsed();
-    let head = ledger.projection().last_seq;
+    let head = ledger.projection().last_seq();
     drop(ledger);
     let verify = verify_dir(dir, opts.log.body_max())?;
     Ok(DemoReport {

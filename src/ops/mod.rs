@@ -810,8 +810,8 @@ pub fn state_of(
     }
     // One subject is a lookup, not a walk of every subject.
     let chosen: Box<dyn Iterator<Item = (&String, &crate::model::Subject)>> = match only {
-        Some(o) => Box::new(p.subjects.get_key_value(o).into_iter()),
-        None => Box::new(p.subjects.iter()),
+        Some(o) => Box::new(p.subjects().get_key_value(o).into_iter()),
+        None => Box::new(p.subjects().iter()),
     };
     let subjects = chosen
         .map(|(name, s)| (name, s, status_of(here, s.owner.as_ref(), now_ms)))
@@ -832,8 +832,8 @@ pub fn state_of(
             late_notes: s.late_notes,
         })
         .collect();
-    let leases = if only.is_none() { p.leases.values().cloned().collect() } else { vec![] };
-    Ok(StateResponse { last_seq: p.last_seq, chain_head: crate::format::hex(head), torn_tail, subjects, leases })
+    let leases = if only.is_none() { p.leases().values().cloned().collect() } else { vec![] };
+    Ok(StateResponse { last_seq: p.last_seq(), chain_head: crate::format::hex(head), torn_tail, subjects, leases })
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]

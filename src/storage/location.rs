@@ -40,6 +40,7 @@ impl Location {
 
     /// `opts` as a writer of this location may use them: on etcd, a commit group
     /// must fit one `Txn` (etcd's request limits), so its limits are those.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_mut, unused_variables))]
     pub fn log_options(&self, mut opts: LogOptions) -> LogOptions {
         #[cfg(feature = "etcd")]
         if let Location::Etcd(_) = self {

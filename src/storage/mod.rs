@@ -11,7 +11,13 @@ pub(crate) mod commit;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+// The file backend's rooms (directory, lock, recovery, readers, writer): what an
+// embedder needs of them is re-exported below; the rest is the tests' and the
+// binary's, through the `internals` feature.
+#[cfg(feature = "internals")]
 pub mod file;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod file;
 mod location;
 mod memory;
 mod options;
@@ -31,9 +37,12 @@ pub use file::dir::{
 };
 pub use file::halt::SYNC_FAILED_FILE;
 pub use file::history::check_whole_history;
-pub use file::reader::{
-    ReadSummary, ScanItem, Tailer, frames_end, read_records, scan_dir, segment_fingerprint, verify_dir,
-};
+pub use file::reader::{ReadSummary, ScanItem, read_records, scan_dir, verify_dir};
+// The tail reader and the frame scanner's entry points.
+#[cfg(feature = "internals")]
+pub use file::reader::{Tailer, frames_end, segment_fingerprint};
+#[cfg(not(feature = "internals"))]
+pub(crate) use file::reader::{Tailer, frames_end, segment_fingerprint};
 pub use file::repair::{Cut, InitReport, RepairReport, init, repair};
 pub use file::writer::{Locked, Log};
 pub use file::{export, snapshots};

@@ -29,6 +29,7 @@ impl Source {
     /// Open what `location` names, reading only (an etcd log is checked to be one
     /// first: `NOT_A_LOG` otherwise). `archive` is read as the history before an
     /// etcd log's oldest record.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_mut, unused_variables))]
     pub fn open(location: &Location, archive: Option<&Path>) -> Result<Source, Error> {
         match location {
             Location::Dir(d) => Ok(Source::Dir(d.clone())),
@@ -64,6 +65,7 @@ impl Source {
     /// Every intact record and every damaged region from `from_seq` on, in log
     /// order (see `storage::scan_dir`); for etcd with an archive, the archive's
     /// records first, then etcd's, checked to continue them.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_mut, unused_variables))]
     pub fn scan(&self, from_seq: u64, mut on: impl FnMut(ScanItem<'_>) -> bool) -> Result<ReadSummary, Error> {
         let body_max = BODY_BYTES_HARD_MAX;
         match self {

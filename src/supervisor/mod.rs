@@ -15,7 +15,12 @@
 //! functions. See `docs/SUPERVISOR.md`.
 
 pub mod command;
+// The runner's process entry points (`fencelog __runner`, the spare, the exec
+// gate) are the binary's: public with the `internals` feature, which `cli` turns on.
+#[cfg(feature = "internals")]
 pub mod runner;
+#[cfg(not(feature = "internals"))]
+mod runner;
 pub mod secrets;
 
 use std::path::{Path, PathBuf};
@@ -535,7 +540,7 @@ pub fn run_until(
 /// A process from the ledger (caught up with the log), or `UNKNOWN_PROCESS`.
 pub fn find(ledger: &Ledger, process: u64) -> Result<Process, OpError> {
     ledger
-        .refresh_with(|p| p.processes.get(&process).cloned())?
+        .refresh_with(|p| p.processes().get(&process).cloned())?
         .ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
 }
 
@@ -661,13 +666,13 @@ pub fn show_settled(ledger: &Ledger, process: u64) -> Result<ProcessView, OpErro
 /// CLI's `process show`) then opens the log as a writer and settles it
 /// ([`show_settled`]); otherwise it answers from its read and writes nothing.
 pub fn needs_settling(here: &identity::Here, projection: &Projection, process: u64) -> bool {
-    projection.processes.get(&process).is_some_and(|p| orphaned(here, p).is_some())
+    projection.processes().get(&process).is_some_and(|p| orphaned(here, p).is_some())
 }
 
 /// `process show`.
 pub fn show(projection: &Projection, process: u64) -> Result<ProcessView, OpError> {
     projection
-        .processes
+        .processes()
         .get(&process)
         .map(|p| ProcessView::of(p, false))
         .ok_or(OpError::Refused(Refusal::UnknownProcess { process }))
@@ -699,7 +704,7 @@ pub fn list(projection: &Projection, status: Option<&str>, owner: Option<&str>) 
         })
         .transpose()?;
     let processes = projection
-        .processes
+        .processes()
         .values()
         .filter(|p| status.is_none_or(|s| p.status() == s))
         .filter(|p| owner.is_none_or(|o| p.owner.as_ref().is_some_and(|x| x.subject == o)))
@@ -975,7 +980,7 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
             "cancelled before any runner started it; it never ran",
         );
         let r = ledger.submit(None, |x, t, w| {
-            if let Some(q) = x.processes.get(&process) {
+            if let Some(q) = x.processes().get(&process) {
                 x.cancel_allowed(q, by.as_ref())?;
             }
             Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
@@ -1090,7 +1095,7 @@ pub fn recover(
         }
     }
     let mut report = RecoverReport { prespawn_grace_ms, ..Default::default() };
-    let open: Vec<&Process> = projection.processes.values().filter(|p| p.ended.is_none()).collect();
+    let open: Vec<&Process> = projection.processes().values().filter(|p| p.ended.is_none()).collect();
     let here = ledger.here();
     for p in open {
         if on_other_host(here, p) {

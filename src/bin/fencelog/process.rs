@@ -64,7 +64,7 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
 fn logs(at: &crate::cli::Dir, id: u64, stream: Stream, follow: bool) -> Printed {
     let dir = at.state_dir("process logs")?;
     let view = read_only(at)?;
-    let first = view.projection.processes.get(&id).cloned();
+    let first = view.projection.processes().get(&id).cloned();
     sup::show(&view.projection, id)?; // an unknown process is UNKNOWN_PROCESS, not an empty output
     let ledger = if follow { Some(Ledger::open_at(&at.location()?, ledger_options())?) } else { None };
     let mut out = std::io::stdout().lock();
@@ -75,7 +75,7 @@ fn logs(at: &crate::cli::Dir, id: u64, stream: Stream, follow: bool) -> Printed 
     let deadline = std::time::Instant::now() + Duration::from_millis(sup::WAIT_MS_MAX);
     loop {
         let p = match &ledger {
-            Some(l) => l.refresh_with(|p| p.processes.get(&id).cloned())?,
+            Some(l) => l.refresh_with(|p| p.processes().get(&id).cloned())?,
             None => first.clone(),
         };
         let Some(p) = p else { return Ok((serde_json::Value::Null, 0)) };

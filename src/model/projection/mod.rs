@@ -189,14 +189,14 @@ pub enum Checked {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Projection {
-    pub last_seq: u64,
-    pub subjects: BTreeMap<String, Subject>,
-    pub resources: BTreeMap<String, Resource>,
-    pub leases: BTreeMap<u64, Lease>,
-    pub last_lease_id: u64,
-    pub requests: BTreeMap<String, RequestEntry>,
-    pub processes: BTreeMap<u64, Process>,
-    pub last_process_id: u64,
+    last_seq: u64,
+    subjects: BTreeMap<String, Subject>,
+    resources: BTreeMap<String, Resource>,
+    leases: BTreeMap<u64, Lease>,
+    last_lease_id: u64,
+    requests: BTreeMap<String, RequestEntry>,
+    processes: BTreeMap<u64, Process>,
+    last_process_id: u64,
     /// Ended processes by the sequence that ended them, for bounded retention.
     terminal_processes: BTreeMap<u64, u64>,
     /// Request ids by commit sequence, for bounded retention.
@@ -206,9 +206,9 @@ pub struct Projection {
     terminal_leases: BTreeMap<u64, Vec<u64>>,
     terminal_lease_count: usize,
     /// Committed records that no longer validate on replay (should stay 0).
-    pub anomalies: u64,
+    anomalies: u64,
     /// Committed records whose payload did not decode.
-    pub undecodable: u64,
+    undecodable: u64,
     /// When the last `Refused` record of each (subject, code, operation, caller) was written
     /// (its `last_ms`), for coalescing across processes; entries older than
     /// [`REFUSAL_WINDOWS_RETAIN_MS`] go, and at most [`REFUSAL_WINDOWS_MAX`] stay.
@@ -217,7 +217,65 @@ pub struct Projection {
     refusal_windows: BTreeMap<String, u64>,
 }
 
+/// What the state holds, read-only: only applying a record changes it.
 impl Projection {
+    /// The sequence of the last record applied (0: none).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Every subject ever claimed, by name.
+    pub fn subjects(&self) -> &BTreeMap<String, Subject> {
+        &self.subjects
+    }
+
+    /// Resources under leases, by name.
+    pub fn resources(&self) -> &BTreeMap<String, Resource> {
+        &self.resources
+    }
+
+    /// Leases by id: the active ones and the terminal ones retained.
+    pub fn leases(&self) -> &BTreeMap<u64, Lease> {
+        &self.leases
+    }
+
+    /// The last lease id handed out.
+    pub fn last_lease_id(&self) -> u64 {
+        self.last_lease_id
+    }
+
+    /// Request ids remembered (for idempotent retries), by id.
+    pub fn requests(&self) -> &BTreeMap<String, RequestEntry> {
+        &self.requests
+    }
+
+    /// Supervised processes by id: the live ones and the ended ones retained.
+    pub fn processes(&self) -> &BTreeMap<u64, Process> {
+        &self.processes
+    }
+
+    /// The last process id handed out.
+    pub fn last_process_id(&self) -> u64 {
+        self.last_process_id
+    }
+
+    /// Committed records that no longer validate on replay (should stay 0).
+    pub fn anomalies(&self) -> u64 {
+        self.anomalies
+    }
+
+    /// Committed records whose payload did not decode.
+    pub fn undecodable(&self) -> u64 {
+        self.undecodable
+    }
+
+    /// A subject's state, writable: for tests that forge a state no log reaches
+    /// (a generation at its limit, a snapshot that lies). Feature `internals`.
+    #[cfg(feature = "internals")]
+    pub fn forge_subject(&mut self, name: &str) -> Option<&mut Subject> {
+        self.subjects.get_mut(name)
+    }
+
     /// Entries of the state a snapshot copies: subjects, resources, leases,
     /// requests remembered and processes.
     pub fn entries(&self) -> u64 {

@@ -94,6 +94,7 @@ impl Site {
 
     /// `--dir D` and, for a log in etcd, `--etcd ENDPOINTS --etcd-prefix P`: what
     /// a runner is started with after `__runner`.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_mut, unused_variables))]
     fn args(&self) -> Vec<std::ffi::OsString> {
         let mut a = vec!["--dir".into(), self.dir.clone().into_os_string()];
         #[cfg(feature = "etcd")]
@@ -169,7 +170,7 @@ fn start_on_record(
 /// else the runner's exit code: 2 if the log has no such process, 1 if it cannot
 /// be read, [`EXIT_ALREADY_STARTED`] (the start settled) if it was taken.
 fn unstarted_process(ledger: &Ledger, process: u64, notice: &mut StartNotice) -> Result<Process, i32> {
-    let p = match ledger.refresh_with(|p| p.processes.get(&process).cloned()) {
+    let p = match ledger.refresh_with(|p| p.processes().get(&process).cloned()) {
         Ok(Some(p)) => p,
         Ok(None) => {
             say(process, "no such process in the log");
@@ -327,7 +328,7 @@ fn run_started(
     // A cancel is recorded before its signal is sent: one on record when the
     // command ended is what ended it.
     let cancelled =
-        ledger.refresh_with(|x| x.processes.get(&process).is_some_and(|x| x.cancel_requested_seq.is_some()));
+        ledger.refresh_with(|x| x.processes().get(&process).is_some_and(|x| x.cancel_requested_seq.is_some()));
     // The process is its whole group: what the command left running is stopped
     // before its end (and its leases' end) is recorded.
     let leftovers = stop_group(pid, TERM_TO_KILL_GRACE_MS);

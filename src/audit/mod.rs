@@ -21,11 +21,12 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::format::RecordRef;
 use crate::model::{
-    CallerId, DeathReason, Event, Identity, LeaseState, Observed, Outcome, Projection, TenureEndHow, decode_txn,
-    flatten_tagged,
+    CallerId, DeathReason, Event, Identity, LeaseState, Observed, Outcome, Projection, TenureEnd, TenureEndHow, Txn,
+    decode_txn, flatten_tagged,
 };
-use crate::storage::{Error, ScanItem};
+use crate::storage::{Error, ReadSummary, ScanItem};
 pub use render::{html, text};
 
 #[derive(Debug, Clone, Serialize)]
@@ -394,35 +395,58 @@ impl Work {
 
 /// Replay the log and tell every subject's story (`only`: one subject).
 pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report, Error> {
-    let mut p = Projection::default();
-    let mut undecodable: Vec<u64> = Vec::new();
-    let mut work: BTreeMap<String, Work> = BTreeMap::new();
-    let mut daemon_cutovers = Vec::new();
+    let mut replay = Replay::new(only);
     let summary = src.scan(1, |item| {
-        let ScanItem::Record { rec, .. } = item else { return true };
-        if rec.seq <= p.last_seq() {
-            return true;
+        if let ScanItem::Record { rec, .. } = item {
+            replay.record(rec);
         }
-        let Ok(txn) = decode_txn(rec.payload) else {
-            p.skip_undecodable(rec.seq);
-            if undecodable.len() < FINDINGS_LISTED_MAX {
-                undecodable.push(rec.seq);
-            }
-            return true;
-        };
-        let writer = uuid::Uuid::from_bytes(rec.writer).to_string();
-        // What is live before this record, if it may be a cutover.
+        true
+    })?;
+    Ok(replay.report(&summary))
+}
+
+/// The audit's replay of the log: the model's state, and each subject's story as
+/// far as it has been told.
+struct Replay<'a> {
+    only: Option<&'a str>,
+    p: Projection,
+    undecodable: Vec<u64>,
+    work: BTreeMap<String, Work>,
+    daemon_cutovers: Vec<DaemonCutover>,
+}
+
+/// One record as replayed: what its events need to tell their part of a story.
+struct Replayed<'a> {
+    seq: u64,
+    ms: u64,
+    writer: String,
+    txn: &'a Txn,
+    /// Each subject's generation before this record.
+    pre_generation: BTreeMap<String, u64>,
+    live: LiveBefore,
+}
+
+/// What is live before a record that may be a cutover (a claim or a takeover; for
+/// any other record, nothing): the held leases with the subject each belongs to, and
+/// the processes not ended with their owner's subject and generation.
+struct LiveBefore {
+    leases: Vec<(u64, Option<String>)>,
+    processes: Vec<(u64, String, u64)>,
+}
+
+impl LiveBefore {
+    fn of(p: &Projection, txn: &Txn) -> LiveBefore {
         let may_cut = txn.events.iter().any(|e| matches!(e, Event::Claim { .. } | Event::Takeover { .. }));
-        let live_leases: Vec<(u64, Option<String>)> = if may_cut {
+        let leases: Vec<(u64, Option<String>)> = if may_cut {
             p.leases()
                 .values()
                 .filter(|l| matches!(l.state, LeaseState::Held | LeaseState::ReleasePending { .. }))
-                .map(|l| (l.id, lease_subject(&p, l)))
+                .map(|l| (l.id, lease_subject(p, l)))
                 .collect()
         } else {
             vec![]
         };
-        let open_processes: Vec<(u64, String, u64)> = if may_cut {
+        let processes: Vec<(u64, String, u64)> = if may_cut {
             p.processes()
                 .values()
                 .filter(|x| x.ended.is_none())
@@ -431,42 +455,111 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
         } else {
             vec![]
         };
-        let in_flight = |subject: &str| -> (Vec<u64>, Vec<(u64, u64)>) {
-            let leases = live_leases
-                .iter()
-                .filter(|(_, s)| s.as_deref().is_none_or(|s| s == subject))
-                .map(|(id, _)| *id)
-                .collect();
-            let procs = open_processes.iter().filter(|(_, s, _)| s == subject).map(|(id, _, g)| (*id, *g)).collect();
-            (leases, procs)
+        LiveBefore { leases, processes }
+    }
+
+    /// What is in flight for `subject` at a cutover: its leases (and every
+    /// free-text-holder lease), and its processes with their owner generation.
+    fn in_flight(&self, subject: &str) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let leases =
+            self.leases.iter().filter(|(_, s)| s.as_deref().is_none_or(|s| s == subject)).map(|(id, _)| *id).collect();
+        let procs = self.processes.iter().filter(|(_, s, _)| s == subject).map(|(id, _, g)| (*id, *g)).collect();
+        (leases, procs)
+    }
+}
+
+impl Replayed<'_> {
+    /// A tenure that begins at this record.
+    fn tenure(&self, generation: u64, owner: &Identity, began: Began) -> Tenure {
+        Tenure {
+            generation,
+            owner: owner.clone(),
+            began_seq: self.seq,
+            began_ms: self.ms,
+            began,
+            ended_seq: None,
+            ended_ms: None,
+            ended: Ended::StillActive,
+            heartbeats: 0,
+            last_heartbeat_seq: self.seq,
+            last_heartbeat_ms: self.ms,
+            refused_attempts: 0,
+            late_records: 0,
+        }
+    }
+}
+
+impl<'a> Replay<'a> {
+    fn new(only: Option<&'a str>) -> Replay<'a> {
+        Replay {
+            only,
+            p: Projection::default(),
+            undecodable: Vec::new(),
+            work: BTreeMap::new(),
+            daemon_cutovers: Vec::new(),
+        }
+    }
+
+    /// Apply one record, and give each of its events to its subject's story.
+    fn record(&mut self, rec: &RecordRef<'_>) {
+        if rec.seq <= self.p.last_seq() {
+            return;
+        }
+        let Ok(txn) = decode_txn(rec.payload) else {
+            self.p.skip_undecodable(rec.seq);
+            if self.undecodable.len() < FINDINGS_LISTED_MAX {
+                self.undecodable.push(rec.seq);
+            }
+            return;
         };
+        let writer = uuid::Uuid::from_bytes(rec.writer).to_string();
+        // What is live before this record, if it may be a cutover.
+        let live = LiveBefore::of(&self.p, &txn);
         let pre_generation: BTreeMap<String, u64> = txn
             .events
             .iter()
             .filter_map(Event::subject)
-            .map(|s| (s.to_owned(), p.subject(s).map_or(0, |x| x.generation)))
+            .map(|s| (s.to_owned(), self.p.subject(s).map_or(0, |x| x.generation)))
             .collect();
-        let outcomes = match p.apply(rec.seq, &txn) {
+        let outcomes = match self.p.apply(rec.seq, &txn) {
             Ok(o) => o,
             Err(r) => {
                 for s in txn.events.iter().filter_map(Event::subject) {
-                    work.entry(s.to_owned()).or_default().violations.push(format!(
+                    self.work.entry(s.to_owned()).or_default().violations.push(format!(
                         "record {} does not validate: {}",
                         rec.seq,
                         r.code()
                     ));
                 }
-                return true;
+                return;
             }
         };
-        let (seq, ms) = (rec.seq, txn.time_ms);
-        for e in &txn.events {
+        let at = Replayed { seq: rec.seq, ms: txn.time_ms, writer, txn: &txn, pre_generation, live };
+        self.keep_daemon_cutovers(&at);
+        for (e, o) in txn.events.iter().zip(&outcomes) {
+            let Some(subject) = e.subject() else { continue };
+            if self.only.is_some_and(|s| s != subject) {
+                continue;
+            }
+            let w = self.work.entry(subject.to_owned()).or_default();
+            if let Some(r) = &txn.request {
+                let authoritative = !matches!(o, Outcome::Noted { authoritative: false, .. });
+                w.tagged.push(Tagged { seq: at.seq, id: r.id.clone(), kinds: vec![e.kind().into()], authoritative });
+            }
+            w.event(&at, subject, e, o);
+        }
+    }
+
+    /// The record's daemon cutovers (`fencelog serve` handing over), of the
+    /// subject audited if there is one.
+    fn keep_daemon_cutovers(&mut self, at: &Replayed<'_>) {
+        for e in &at.txn.events {
             if let Event::Cutover { home, reason, settled, more } = e
-                && only.is_none_or(|s| s == home.subject)
+                && self.only.is_none_or(|s| s == home.subject)
             {
-                daemon_cutovers.push(DaemonCutover {
-                    seq,
-                    time_ms: ms,
+                self.daemon_cutovers.push(DaemonCutover {
+                    seq: at.seq,
+                    time_ms: at.ms,
                     home: home.subject.clone(),
                     generation: home.generation,
                     reason: reason.clone(),
@@ -475,266 +568,272 @@ pub fn audit(src: &crate::inspect::Source, only: Option<&str>) -> Result<Report,
                 });
             }
         }
-        for (e, o) in txn.events.iter().zip(&outcomes) {
-            let Some(subject) = e.subject() else { continue };
-            if only.is_some_and(|s| s != subject) {
-                continue;
-            }
-            let w = work.entry(subject.to_owned()).or_default();
-            if let Some(r) = &txn.request {
-                let authoritative = !matches!(o, Outcome::Noted { authoritative: false, .. });
-                w.tagged.push(Tagged { seq, id: r.id.clone(), kinds: vec![e.kind().into()], authoritative });
-            }
-            let tenure = |generation: u64, owner: &Identity, began: Began| Tenure {
-                generation,
-                owner: owner.clone(),
-                began_seq: seq,
-                began_ms: ms,
-                began,
-                ended_seq: None,
-                ended_ms: None,
-                ended: Ended::StillActive,
-                heartbeats: 0,
-                last_heartbeat_seq: seq,
-                last_heartbeat_ms: ms,
-                refused_attempts: 0,
-                late_records: 0,
-            };
-            match (e, o) {
-                (_, Outcome::Claimed { generation, owner, retired: Some(r), .. }) => {
-                    let TenureEndHow::DeadOwner(reason) = r.how else { continue };
-                    w.end(
-                        subject,
-                        seq,
-                        ms,
-                        Ended::Retired {
-                            cut_off_seq: r.cut_off_seq,
-                            by: format!("claim over dead owner ({})", reason.code()),
-                        },
-                    );
-                    w.cutover(
-                        seq,
-                        ms,
-                        r.generation,
-                        *generation,
-                        format!("dead owner claimed ({})", reason.code()),
-                        in_flight(subject),
-                    );
-                    w.begin(
-                        subject,
-                        tenure(
-                            *generation,
-                            owner,
-                            Began::ClaimOverDeadOwner {
-                                previous_generation: r.generation,
-                                evidence: reason,
-                                observed: txn.events.iter().find_map(|e| match e {
-                                    Event::DeathObserved { subject: s, observed, .. } if s == subject => {
-                                        Some(observed.clone())
-                                    }
-                                    _ => None,
-                                }),
-                            },
-                        ),
-                        true,
-                    );
-                }
-                (_, Outcome::Claimed { generation, owner, retired: None, .. }) => {
-                    w.begin(subject, tenure(*generation, owner, Began::ClaimOfFreeSubject), false);
-                }
-                (
-                    Event::Takeover { expect_heartbeat_ms, reason, .. },
-                    Outcome::TookOver { generation, owner, retired, .. },
-                ) => {
-                    w.end(
-                        subject,
-                        seq,
-                        ms,
-                        Ended::Retired { cut_off_seq: retired.cut_off_seq, by: "takeover of a stale owner".into() },
-                    );
-                    w.cutover(
-                        seq,
-                        ms,
-                        retired.generation,
-                        *generation,
-                        "stale owner taken over".into(),
-                        in_flight(subject),
-                    );
-                    let began = Began::TakeoverOfStaleOwner {
-                        previous_generation: retired.generation,
-                        expected_heartbeat_ms: *expect_heartbeat_ms,
-                        reason: reason.clone(),
-                        staleness_observed: txn.events.iter().find_map(|e| match e {
-                            Event::StalenessObserved { subject: s, watched_ms, heartbeat_ms, host, .. }
-                                if s == subject =>
-                            {
-                                Some(StalenessObserved {
-                                    watched_ms: *watched_ms,
-                                    heartbeat_ms: *heartbeat_ms,
-                                    host: host.clone(),
-                                })
-                            }
-                            _ => None,
-                        }),
-                    };
-                    w.begin(subject, tenure(*generation, owner, began), true);
-                }
-                (_, Outcome::Rotated { generation, .. }) => {
-                    let owner = w.open_tenure(subject).map(|t| t.owner.clone());
-                    w.end(subject, seq, ms, Ended::Rotated { new_generation: *generation });
-                    if let Some(owner) = owner {
-                        w.begin(
-                            subject,
-                            tenure(*generation, &owner, Began::FenceRotation { previous_generation: generation - 1 }),
-                            true,
-                        );
-                    }
-                }
-                (_, Outcome::Released { .. }) => w.end(subject, seq, ms, Ended::Released),
-                (_, Outcome::Heartbeat { .. }) => {
-                    if let Some(t) = w.open_tenure(subject) {
-                        t.heartbeats += 1;
-                        t.last_heartbeat_seq = seq;
-                        t.last_heartbeat_ms = ms;
-                    }
-                }
-                (_, Outcome::Noted { authoritative: false, generation, .. }) => {
-                    let current = pre_generation.get(subject).copied().unwrap_or(0);
-                    let late = Late {
-                        seq,
-                        time_ms: ms,
-                        writer: writer.clone(),
-                        kind: e.kind().into(),
-                        presented_generation: *generation,
-                        current_generation: current,
-                    };
-                    w.story(subject).late_records.push(late);
-                }
-                (Event::FencedAttempts { writer, op, presented, current, count, first_ms, last_ms, .. }, _) => {
-                    w.story(subject).fenced_attempts.push(Fenced {
-                        seq,
-                        code: "FENCED".into(),
-                        caller: None,
-                        writer: writer.to_string(),
-                        op: op.clone(),
-                        presented: Some(*presented),
-                        current: *current,
-                        generation: *presented,
-                        count: *count,
-                        first_ms: *first_ms,
-                        last_ms: *last_ms,
-                        refused_content: None,
-                    });
-                }
-                (
-                    Event::RefusedWrites {
-                        writer,
-                        op,
-                        presented,
-                        current,
-                        retired_cut_off_seq,
-                        count,
-                        first_ms,
-                        last_ms,
-                        content_blake3,
-                        content_bytes,
-                        content_head,
-                        ..
-                    },
-                    _,
-                ) => {
-                    w.story(subject).fenced_attempts.push(Fenced {
-                        seq,
-                        code: if presented == current { "NOT_ACTIVE" } else { "FENCED" }.into(),
-                        caller: None,
-                        writer: writer.to_string(),
-                        op: op.clone(),
-                        presented: Some(*presented),
-                        current: *current,
-                        generation: *presented,
-                        count: *count,
-                        first_ms: *first_ms,
-                        last_ms: *last_ms,
-                        refused_content: Some(RefusedContent {
-                            blake3: crate::format::hex(content_blake3),
-                            bytes: *content_bytes,
-                            first_bytes: content_head.clone(),
-                            retired_cut_off_seq: *retired_cut_off_seq,
-                        }),
-                    });
-                }
-                (
-                    Event::Refused {
-                        code,
-                        op,
-                        caller,
-                        writer,
-                        presented,
-                        current,
-                        retired_cut_off_seq,
-                        count,
-                        first_ms,
-                        last_ms,
-                        content,
-                        ..
-                    },
-                    _,
-                ) => {
-                    w.story(subject).fenced_attempts.push(Fenced {
-                        seq,
-                        code: code.clone(),
-                        caller: Some(caller.clone()),
-                        writer: writer.to_string(),
-                        op: op.clone(),
-                        presented: *presented,
-                        current: *current,
-                        generation: presented.unwrap_or(*current),
-                        count: *count,
-                        first_ms: *first_ms,
-                        last_ms: *last_ms,
-                        refused_content: content.as_ref().map(|c| RefusedContent {
-                            blake3: crate::format::hex(&c.blake3),
-                            bytes: c.bytes,
-                            first_bytes: c.first_bytes.clone(),
-                            retired_cut_off_seq: *retired_cut_off_seq,
-                        }),
-                    });
-                }
-                _ => {}
+    }
+
+    /// Every story finished against the end of the log, and the findings.
+    fn report(self, summary: &ReadSummary) -> Report {
+        let subjects: Vec<SubjectStory> = self.work.into_values().filter_map(|w| w.finish(&self.p)).collect();
+        let mut findings: Vec<String> = Vec::new();
+        if self.p.undecodable() > 0 {
+            findings.push(format!(
+                "{} record(s) do not decode (first: {}); their effect on the state is unknown",
+                self.p.undecodable(),
+                self.undecodable.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        for s in subjects.iter().filter(|s| s.verdict != "consistent") {
+            if findings.len() < FINDINGS_LISTED_MAX {
+                findings.push(format!("{}: {}", s.subject, s.verdict));
             }
         }
-        true
-    })?;
-    let subjects: Vec<SubjectStory> = work.into_values().filter_map(|w| w.finish(&p)).collect();
-    let mut findings: Vec<String> = Vec::new();
-    if p.undecodable() > 0 {
-        findings.push(format!(
-            "{} record(s) do not decode (first: {}); their effect on the state is unknown",
-            p.undecodable(),
-            undecodable.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
-        ));
-    }
-    for s in subjects.iter().filter(|s| s.verdict != "consistent") {
-        if findings.len() < FINDINGS_LISTED_MAX {
-            findings.push(format!("{}: {}", s.subject, s.verdict));
+        Report {
+            findings,
+            records: summary.records,
+            last_seq: summary.last_seq,
+            chain_head: summary.chain_head.clone(),
+            log_problems: summary
+                .problems
+                .iter()
+                .map(|pr| json!({"kind": pr.kind, "offset": pr.offset, "seq": pr.seq, "torn_tail": pr.torn_tail}))
+                .collect(),
+            subjects,
+            daemon_cutovers: self.daemon_cutovers,
         }
     }
-    Ok(Report {
-        findings,
-        records: summary.records,
-        last_seq: summary.last_seq,
-        chain_head: summary.chain_head.clone(),
-        log_problems: summary
-            .problems
-            .iter()
-            .map(|pr| json!({"kind": pr.kind, "offset": pr.offset, "seq": pr.seq, "torn_tail": pr.torn_tail}))
-            .collect(),
-        subjects,
-        daemon_cutovers,
+}
+
+/// What the claimant over `subject`'s dead owner saw of it, from the claim's own
+/// transaction.
+fn death_observed(txn: &Txn, subject: &str) -> Option<Observed> {
+    txn.events.iter().find_map(|e| match e {
+        Event::DeathObserved { subject: s, observed, .. } if s == subject => Some(observed.clone()),
+        _ => None,
     })
 }
 
+/// What the taker of `subject` watched on its own clock, from the takeover's own
+/// transaction.
+fn staleness_observed(txn: &Txn, subject: &str) -> Option<StalenessObserved> {
+    txn.events.iter().find_map(|e| match e {
+        Event::StalenessObserved { subject: s, watched_ms, heartbeat_ms, host, .. } if s == subject => {
+            Some(StalenessObserved { watched_ms: *watched_ms, heartbeat_ms: *heartbeat_ms, host: host.clone() })
+        }
+        _ => None,
+    })
+}
+
+impl Fenced {
+    /// A refusal record at `seq` as evidence (`None`: `e` is no refusal record).
+    fn of(seq: u64, e: &Event) -> Option<Fenced> {
+        Fenced::of_fenced_attempts(seq, e)
+            .or_else(|| Fenced::of_refused_writes(seq, e))
+            .or_else(|| Fenced::of_refused(seq, e))
+    }
+
+    fn of_fenced_attempts(seq: u64, e: &Event) -> Option<Fenced> {
+        let Event::FencedAttempts { writer, op, presented, current, count, first_ms, last_ms, .. } = e else {
+            return None;
+        };
+        Some(Fenced {
+            seq,
+            code: "FENCED".into(),
+            caller: None,
+            writer: writer.to_string(),
+            op: op.clone(),
+            presented: Some(*presented),
+            current: *current,
+            generation: *presented,
+            count: *count,
+            first_ms: *first_ms,
+            last_ms: *last_ms,
+            refused_content: None,
+        })
+    }
+
+    fn of_refused_writes(seq: u64, e: &Event) -> Option<Fenced> {
+        let Event::RefusedWrites {
+            writer,
+            op,
+            presented,
+            current,
+            retired_cut_off_seq,
+            count,
+            first_ms,
+            last_ms,
+            content_blake3,
+            content_bytes,
+            content_head,
+            ..
+        } = e
+        else {
+            return None;
+        };
+        Some(Fenced {
+            seq,
+            code: if presented == current { "NOT_ACTIVE" } else { "FENCED" }.into(),
+            caller: None,
+            writer: writer.to_string(),
+            op: op.clone(),
+            presented: Some(*presented),
+            current: *current,
+            generation: *presented,
+            count: *count,
+            first_ms: *first_ms,
+            last_ms: *last_ms,
+            refused_content: Some(RefusedContent {
+                blake3: crate::format::hex(content_blake3),
+                bytes: *content_bytes,
+                first_bytes: content_head.clone(),
+                retired_cut_off_seq: *retired_cut_off_seq,
+            }),
+        })
+    }
+
+    fn of_refused(seq: u64, e: &Event) -> Option<Fenced> {
+        let Event::Refused {
+            code,
+            op,
+            caller,
+            writer,
+            presented,
+            current,
+            retired_cut_off_seq,
+            count,
+            first_ms,
+            last_ms,
+            content,
+            ..
+        } = e
+        else {
+            return None;
+        };
+        Some(Fenced {
+            seq,
+            code: code.clone(),
+            caller: Some(caller.clone()),
+            writer: writer.to_string(),
+            op: op.clone(),
+            presented: *presented,
+            current: *current,
+            generation: presented.unwrap_or(*current),
+            count: *count,
+            first_ms: *first_ms,
+            last_ms: *last_ms,
+            refused_content: content.as_ref().map(|c| RefusedContent {
+                blake3: crate::format::hex(&c.blake3),
+                bytes: c.bytes,
+                first_bytes: c.first_bytes.clone(),
+                retired_cut_off_seq: *retired_cut_off_seq,
+            }),
+        })
+    }
+}
+
 impl Work {
+    /// One event's part in its subject's story, by what the model made of it.
+    fn event(&mut self, at: &Replayed<'_>, subject: &str, e: &Event, o: &Outcome) {
+        match (e, o) {
+            (_, Outcome::Claimed { generation, owner, retired: Some(r), .. }) => {
+                self.claimed_over_dead_owner(at, subject, *generation, owner, r);
+            }
+            (_, Outcome::Claimed { generation, owner, retired: None, .. }) => {
+                self.begin(subject, at.tenure(*generation, owner, Began::ClaimOfFreeSubject), false);
+            }
+            (
+                Event::Takeover { expect_heartbeat_ms, reason, .. },
+                Outcome::TookOver { generation, owner, retired, .. },
+            ) => {
+                let began = Began::TakeoverOfStaleOwner {
+                    previous_generation: retired.generation,
+                    expected_heartbeat_ms: *expect_heartbeat_ms,
+                    reason: reason.clone(),
+                    staleness_observed: staleness_observed(at.txn, subject),
+                };
+                let (by, how) = ("takeover of a stale owner".into(), "stale owner taken over".into());
+                self.hand_over(at, subject, retired, by, how, at.tenure(*generation, owner, began));
+            }
+            (_, Outcome::Rotated { generation, .. }) => self.rotated(at, subject, *generation),
+            (_, Outcome::Released { .. }) => self.end(subject, at.seq, at.ms, Ended::Released),
+            (_, Outcome::Heartbeat { .. }) => {
+                if let Some(t) = self.open_tenure(subject) {
+                    t.heartbeats += 1;
+                    t.last_heartbeat_seq = at.seq;
+                    t.last_heartbeat_ms = at.ms;
+                }
+            }
+            (_, Outcome::Noted { authoritative: false, generation, .. }) => self.late(at, subject, e, *generation),
+            (Event::FencedAttempts { .. } | Event::RefusedWrites { .. } | Event::Refused { .. }, _) => {
+                self.story(subject).fenced_attempts.extend(Fenced::of(at.seq, e));
+            }
+            _ => {}
+        }
+    }
+
+    /// A claim over a provably dead owner (a claim that retired a tenure any other
+    /// way is passed over).
+    fn claimed_over_dead_owner(
+        &mut self,
+        at: &Replayed<'_>,
+        subject: &str,
+        generation: u64,
+        owner: &Identity,
+        r: &TenureEnd,
+    ) {
+        let TenureEndHow::DeadOwner(reason) = r.how else { return };
+        let began = Began::ClaimOverDeadOwner {
+            previous_generation: r.generation,
+            evidence: reason,
+            observed: death_observed(at.txn, subject),
+        };
+        let by = format!("claim over dead owner ({})", reason.code());
+        let how = format!("dead owner claimed ({})", reason.code());
+        self.hand_over(at, subject, r, by, how, at.tenure(generation, owner, began));
+    }
+
+    /// A change of owner by retirement, in one record: the retired tenure ends at
+    /// its cut-off (`by`), the cutover (`how`) keeps what was in flight, and `next`
+    /// begins.
+    fn hand_over(
+        &mut self,
+        at: &Replayed<'_>,
+        subject: &str,
+        retired: &TenureEnd,
+        by: String,
+        how: String,
+        next: Tenure,
+    ) {
+        self.end(subject, at.seq, at.ms, Ended::Retired { cut_off_seq: retired.cut_off_seq, by });
+        self.cutover(at.seq, at.ms, retired.generation, next.generation, how, at.live.in_flight(subject));
+        self.begin(subject, next, true);
+    }
+
+    /// A fence rotation: the same owner's tenure ends and its next one begins.
+    fn rotated(&mut self, at: &Replayed<'_>, subject: &str, generation: u64) {
+        let owner = self.open_tenure(subject).map(|t| t.owner.clone());
+        self.end(subject, at.seq, at.ms, Ended::Rotated { new_generation: generation });
+        if let Some(owner) = owner {
+            self.begin(
+                subject,
+                at.tenure(generation, &owner, Began::FenceRotation { previous_generation: generation - 1 }),
+                true,
+            );
+        }
+    }
+
+    /// A note under a retired generation (kept, not authoritative).
+    fn late(&mut self, at: &Replayed<'_>, subject: &str, e: &Event, generation: u64) {
+        let current = at.pre_generation.get(subject).copied().unwrap_or(0);
+        let late = Late {
+            seq: at.seq,
+            time_ms: at.ms,
+            writer: at.writer.clone(),
+            kind: e.kind().into(),
+            presented_generation: generation,
+            current_generation: current,
+        };
+        self.story(subject).late_records.push(late);
+    }
+
     fn cutover(&mut self, seq: u64, ms: u64, from: u64, to: u64, how: String, live: (Vec<u64>, Vec<(u64, u64)>)) {
         let story = self.story.as_mut().expect("a cutover follows a tenure");
         story.cutovers.push(Cutover {
@@ -762,64 +861,15 @@ impl Work {
                 story.late_records.iter().filter(|l| l.presented_generation == t.generation).count() as u64;
         }
         for (c, leases) in story.cutovers.iter_mut().zip(&self.cutover_leases) {
-            c.leases_live = leases
-                .iter()
-                .map(|id| match end.leases().get(id) {
-                    Some(l) => LeaseFate {
-                        lease: *id,
-                        resource: l.resource.clone(),
-                        holder: l.holder.clone(),
-                        token: l.token,
-                        fate: flatten_tagged(&l.state),
-                    },
-                    None => LeaseFate {
-                        lease: *id,
-                        resource: String::new(),
-                        holder: String::new(),
-                        token: 0,
-                        fate: json!({"kind": "forgotten", "detail": "beyond the projection's retention"}),
-                    },
-                })
-                .collect();
+            c.leases_live = leases.iter().map(|id| lease_fate(end, *id)).collect();
         }
         for (c, procs) in story.cutovers.iter_mut().zip(&self.cutover_processes) {
-            c.processes_in_flight = procs
-                .iter()
-                .map(|(id, generation)| {
-                    let x = end.processes().get(id);
-                    ProcessFate {
-                        process: *id,
-                        argv: x.map(|x| x.command.argv.clone()).unwrap_or_default(),
-                        owner_generation: *generation,
-                        status: x.map_or("forgotten (beyond retention)", |x| x.status().as_str()).into(),
-                        ended_seq: x.and_then(|x| x.ended.as_ref().map(|e| e.seq)),
-                    }
-                })
-                .collect();
+            c.processes_in_flight = procs.iter().map(|(id, generation)| process_fate(end, *id, *generation)).collect();
         }
         for c in story.cutovers.iter_mut() {
             let retired = story.tenures.iter().find(|t| t.generation == c.from_generation);
             let since = retired.map_or(0, |t| t.last_heartbeat_seq);
-            c.requests_in_flight = self
-                .tagged
-                .iter()
-                .filter(|r| r.seq > since && r.seq != c.seq)
-                .filter(|r| r.seq < c.seq || !r.authoritative)
-                .map(|r| RequestFate {
-                    request: r.id.clone(),
-                    seq: r.seq,
-                    kinds: r.kinds.clone(),
-                    authoritative: r.authoritative && r.seq < c.seq,
-                    said: if r.seq < c.seq {
-                        format!("committed at {} before the cut-off: it counted", r.seq)
-                    } else {
-                        format!(
-                            "committed at {} after the cut-off under the retired generation: kept, not authoritative",
-                            r.seq
-                        )
-                    },
-                })
-                .collect();
+            c.requests_in_flight = requests_in_flight(&self.tagged, since, c.seq);
         }
         story.verdict = match self.violations.first() {
             None => "consistent".into(),
@@ -827,6 +877,63 @@ impl Work {
         };
         Some(story)
     }
+}
+
+/// What the end of the log says became of lease `id`, live at a cutover.
+fn lease_fate(end: &Projection, id: u64) -> LeaseFate {
+    match end.leases().get(&id) {
+        Some(l) => LeaseFate {
+            lease: id,
+            resource: l.resource.clone(),
+            holder: l.holder.clone(),
+            token: l.token,
+            fate: flatten_tagged(&l.state),
+        },
+        None => LeaseFate {
+            lease: id,
+            resource: String::new(),
+            holder: String::new(),
+            token: 0,
+            fate: json!({"kind": "forgotten", "detail": "beyond the projection's retention"}),
+        },
+    }
+}
+
+/// What the end of the log says became of process `id`, in flight at a cutover
+/// under its owner's `generation`.
+fn process_fate(end: &Projection, id: u64, generation: u64) -> ProcessFate {
+    let x = end.processes().get(&id);
+    ProcessFate {
+        process: id,
+        argv: x.map(|x| x.command.argv.clone()).unwrap_or_default(),
+        owner_generation: generation,
+        status: x.map_or("forgotten (beyond retention)", |x| x.status().as_str()).into(),
+        ended_seq: x.and_then(|x| x.ended.as_ref().map(|e| e.seq)),
+    }
+}
+
+/// The request-tagged records in flight at the cutover at sequence `cut`: those
+/// after the retired owner's last heartbeat (`since`), and whether each counted.
+fn requests_in_flight(tagged: &[Tagged], since: u64, cut: u64) -> Vec<RequestFate> {
+    tagged
+        .iter()
+        .filter(|r| r.seq > since && r.seq != cut)
+        .filter(|r| r.seq < cut || !r.authoritative)
+        .map(|r| RequestFate {
+            request: r.id.clone(),
+            seq: r.seq,
+            kinds: r.kinds.clone(),
+            authoritative: r.authoritative && r.seq < cut,
+            said: if r.seq < cut {
+                format!("committed at {} before the cut-off: it counted", r.seq)
+            } else {
+                format!(
+                    "committed at {} after the cut-off under the retired generation: kept, not authoritative",
+                    r.seq
+                )
+            },
+        })
+        .collect()
 }
 
 /// A report is never written into the log directory (it could replace a segment or

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use super::{Began, Ended, Fenced, Report, SubjectStory, Tenure};
+use super::{Began, Cutover, Ended, Fenced, Gap, Report, SubjectStory, Tenure};
 use crate::view::time::format_ms;
 
 fn began(b: &Began) -> String {
@@ -76,84 +76,104 @@ fn story_text(s: &SubjectStory, out: &mut String) {
         if i > 0
             && let Some(g) = s.gaps.get(i - 1)
         {
-            let who = match g.authoritative_during.as_str() {
-                "none" => "no owner meanwhile (the subject was free)",
-                "handed_over_in_one_record" => "no ownerless instant (replaced in one record)",
-                other => other,
-            };
-            let _ = crate::text_line!(
-                out,
-                "  gap {} ms between generation {} and {}: {who}",
-                g.gap_ms,
-                g.after_generation,
-                g.before_generation
-            );
+            gap_text(g, out);
         }
-        let _ = crate::text_line!(
-            out,
-            "  tenure generation {}: instance {} pid {} (start {} boot {} exe {})",
-            t.generation,
-            t.owner.instance,
-            t.owner.pid,
-            t.owner.start_ticks,
-            t.owner.boot_id,
-            t.owner.exe
-        );
-        let _ =
-            crate::text_line!(out, "    began seq {} at {}: {}", t.began_seq, format_ms(t.began_ms), began(&t.began));
-        let _ = crate::text_line!(out, "    heartbeats {}, last {}", t.heartbeats, format_ms(t.last_heartbeat_ms));
-        let _ = crate::text_line!(out, "    ended: {}", ended(t));
-        if t.refused_attempts + t.late_records > 0 {
-            let _ = crate::text_line!(
-                out,
-                "    against this tenure: {} refused attempt(s) recorded, {} late record(s)",
-                t.refused_attempts,
-                t.late_records
-            );
-        }
+        tenure_text(t, out);
     }
     for c in &s.cutovers {
+        cutover_text(c, out);
+    }
+    attempts_text(s, out);
+    let _ = crate::text_line!(out, "verdict {:?}: {}", s.subject, s.verdict);
+}
+
+/// The gap before a tenure: how long, and who was authoritative meanwhile.
+fn gap_text(g: &Gap, out: &mut String) {
+    let who = match g.authoritative_during.as_str() {
+        "none" => "no owner meanwhile (the subject was free)",
+        "handed_over_in_one_record" => "no ownerless instant (replaced in one record)",
+        other => other,
+    };
+    let _ = crate::text_line!(
+        out,
+        "  gap {} ms between generation {} and {}: {who}",
+        g.gap_ms,
+        g.after_generation,
+        g.before_generation
+    );
+}
+
+/// A tenure: its owner, how it began and ended, what was attempted against it.
+fn tenure_text(t: &Tenure, out: &mut String) {
+    let _ = crate::text_line!(
+        out,
+        "  tenure generation {}: instance {} pid {} (start {} boot {} exe {})",
+        t.generation,
+        t.owner.instance,
+        t.owner.pid,
+        t.owner.start_ticks,
+        t.owner.boot_id,
+        t.owner.exe
+    );
+    let _ = crate::text_line!(out, "    began seq {} at {}: {}", t.began_seq, format_ms(t.began_ms), began(&t.began));
+    let _ = crate::text_line!(out, "    heartbeats {}, last {}", t.heartbeats, format_ms(t.last_heartbeat_ms));
+    let _ = crate::text_line!(out, "    ended: {}", ended(t));
+    if t.refused_attempts + t.late_records > 0 {
         let _ = crate::text_line!(
             out,
-            "  cutover at seq {} ({}): generation {} -> {}: {}",
-            c.seq,
-            format_ms(c.time_ms),
-            c.from_generation,
-            c.to_generation,
-            c.how
+            "    against this tenure: {} refused attempt(s) recorded, {} late record(s)",
+            t.refused_attempts,
+            t.late_records
         );
-        if c.leases_live.is_empty() {
-            let _ = crate::text_line!(out, "    leases held across it: none");
-        }
-        for l in &c.leases_live {
-            let _ = crate::text_line!(
-                out,
-                "    lease {} on {} (holder {:?}, token {}): {}",
-                l.lease,
-                l.resource,
-                l.holder,
-                l.token,
-                l.fate
-            );
-        }
-        for x in &c.processes_in_flight {
-            let ended = x.ended_seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
-            let _ = crate::text_line!(
-                out,
-                "    process {} {:?} (owner generation {}): {}{ended}",
-                x.process,
-                x.argv,
-                x.owner_generation,
-                x.status
-            );
-        }
-        if c.requests_in_flight.is_empty() {
-            let _ = crate::text_line!(out, "    requests in flight: none");
-        }
-        for r in &c.requests_in_flight {
-            let _ = crate::text_line!(out, "    request {:?} ({}): {}", r.request, r.kinds.join(","), r.said);
-        }
     }
+}
+
+/// A cutover and what was in flight across it: leases, processes, requests.
+fn cutover_text(c: &Cutover, out: &mut String) {
+    let _ = crate::text_line!(
+        out,
+        "  cutover at seq {} ({}): generation {} -> {}: {}",
+        c.seq,
+        format_ms(c.time_ms),
+        c.from_generation,
+        c.to_generation,
+        c.how
+    );
+    if c.leases_live.is_empty() {
+        let _ = crate::text_line!(out, "    leases held across it: none");
+    }
+    for l in &c.leases_live {
+        let _ = crate::text_line!(
+            out,
+            "    lease {} on {} (holder {:?}, token {}): {}",
+            l.lease,
+            l.resource,
+            l.holder,
+            l.token,
+            l.fate
+        );
+    }
+    for x in &c.processes_in_flight {
+        let ended = x.ended_seq.map(|s| format!(" at seq {s}")).unwrap_or_default();
+        let _ = crate::text_line!(
+            out,
+            "    process {} {:?} (owner generation {}): {}{ended}",
+            x.process,
+            x.argv,
+            x.owner_generation,
+            x.status
+        );
+    }
+    if c.requests_in_flight.is_empty() {
+        let _ = crate::text_line!(out, "    requests in flight: none");
+    }
+    for r in &c.requests_in_flight {
+        let _ = crate::text_line!(out, "    request {:?} ({}): {}", r.request, r.kinds.join(","), r.said);
+    }
+}
+
+/// The refused attempts (each record, then by caller) and the late records.
+fn attempts_text(s: &SubjectStory, out: &mut String) {
     for f in &s.fenced_attempts {
         let _ = crate::text_line!(out, "  {}", refusal_text(f));
         if let Some(c) = &f.refused_content {
@@ -193,7 +213,6 @@ fn story_text(s: &SubjectStory, out: &mut String) {
             l.current_generation
         );
     }
-    let _ = crate::text_line!(out, "verdict {:?}: {}", s.subject, s.verdict);
 }
 
 pub fn text(r: &Report) -> String {
@@ -292,6 +311,20 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
         r##"<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{SVG_W}" height="150" viewBox="0 0 {SVG_W} 150" role="img" aria-label="timeline of {}">"##,
         esc(&s.subject)
     );
+    axis_marks(axis, &mut g);
+    tenure_bars(s, axis, &mut g);
+    cutover_marks(s, axis, &mut g);
+    refusal_marks(s, axis, &mut g);
+    late_marks(s, axis, &mut g);
+    g.push_str(
+        r##"<g class="legend" font-size="11" fill="#333"><rect x="12" y="120" width="14" height="10" fill="#4e79a7"/><text x="30" y="129">tenure (one colour per generation)</text><path d="M250 119 l6 6 l-6 6 l-6 -6 z" fill="#222"/><text x="262" y="129">cutover</text><rect x="330" y="120" width="14" height="10" fill="#e15759"/><text x="348" y="129">refused attempts (first..last)</text><circle cx="545" cy="125" r="5" fill="#f28e2b"/><text x="555" y="129">late record (kept, not authoritative)</text><text x="790" y="129">x: time (UTC)</text></g>"##,
+    );
+    g.push_str("</svg>");
+    g
+}
+
+/// The time axis: a line and five ticks with their times.
+fn axis_marks(axis: &Axis, g: &mut String) {
     g.push_str(r##"<g class="axis">"##);
     let _ = write!(g, r##"<line x1="{SVG_LEFT}" y1="86" x2="{SVG_RIGHT}" y2="86" stroke="#888"/>"##);
     for i in 0..5u64 {
@@ -309,6 +342,10 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
         );
     }
     g.push_str("</g>");
+}
+
+/// One bar per tenure, from its beginning to its end (or the axis's end).
+fn tenure_bars(s: &SubjectStory, axis: &Axis, g: &mut String) {
     for (i, t) in s.tenures.iter().enumerate() {
         let (x0, x1) = (axis.x(t.began_ms), axis.x(t.ended_ms.unwrap_or(axis.to_ms)));
         let title = format!(
@@ -335,6 +372,10 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
             t.generation
         );
     }
+}
+
+/// A diamond per cutover.
+fn cutover_marks(s: &SubjectStory, axis: &Axis, g: &mut String) {
     for c in &s.cutovers {
         let x = axis.x(c.time_ms);
         let title = format!(
@@ -351,6 +392,10 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
             esc(&title)
         );
     }
+}
+
+/// A red tick per refusal record, from its first attempt to its last.
+fn refusal_marks(s: &SubjectStory, axis: &Axis, g: &mut String) {
     for f in &s.fenced_attempts {
         let (x0, x1) = (axis.x(f.first_ms), axis.x(f.last_ms));
         let _ = write!(
@@ -361,6 +406,10 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
             esc(&refusal_text(f))
         );
     }
+}
+
+/// An orange dot per late record.
+fn late_marks(s: &SubjectStory, axis: &Axis, g: &mut String) {
     for l in &s.late_records {
         let title = format!(
             "seq {} at {}: late {} by writer {} under retired generation {} (current {})",
@@ -378,11 +427,6 @@ fn svg(s: &SubjectStory, axis: &Axis) -> String {
             esc(&title)
         );
     }
-    g.push_str(
-        r##"<g class="legend" font-size="11" fill="#333"><rect x="12" y="120" width="14" height="10" fill="#4e79a7"/><text x="30" y="129">tenure (one colour per generation)</text><path d="M250 119 l6 6 l-6 6 l-6 -6 z" fill="#222"/><text x="262" y="129">cutover</text><rect x="330" y="120" width="14" height="10" fill="#e15759"/><text x="348" y="129">refused attempts (first..last)</text><circle cx="545" cy="125" r="5" fill="#f28e2b"/><text x="555" y="129">late record (kept, not authoritative)</text><text x="790" y="129">x: time (UTC)</text></g>"##,
-    );
-    g.push_str("</svg>");
-    g
 }
 
 /// `s` as one shell word: as it is when it is plain, else in single quotes.
@@ -581,6 +625,21 @@ pub fn html(r: &Report, dir: &str) -> String {
         r.subjects.len(),
         r.records
     );
+    summary_table(r, dir, &mut h);
+    findings_list(r, &mut h);
+    subjects_table(r, &mut h);
+    for (i, s) in r.subjects.iter().enumerate() {
+        subject_section(i, s, &mut h);
+    }
+    daemon_cutovers_section(r, &mut h);
+    let _ = writeln!(h, "<section class=\"text-report\"><h2>Text report</h2><pre>{}</pre></section>", esc(&text(r)));
+    h.push_str("</body></html>\n");
+    h
+}
+
+/// The page's header, and the summary section's first table: the log, its records,
+/// its chain head and the command that pins it, the verdicts.
+fn summary_table(r: &Report, dir: &str, h: &mut String) {
     let last = r.last_seq.map_or("none".into(), |s| s.to_string());
     let verdicts_ok = r.subjects.iter().filter(|s| s.verdict == "consistent").count();
     h.push_str("<header><h1>fencelog audit</h1></header>\n<section id=\"summary\" class=\"summary\"><h2>Summary</h2>\n<table class=\"summary\"><tbody>\n");
@@ -609,6 +668,10 @@ pub fn html(r: &Report, dir: &str) -> String {
         r.log_problems.len()
     );
     h.push_str("</tbody></table>\n");
+}
+
+/// The findings and log problems, when there are any.
+fn findings_list(r: &Report, h: &mut String) {
     if !r.findings.is_empty() || !r.log_problems.is_empty() {
         h.push_str("<ul class=\"findings\">\n");
         for p in &r.log_problems {
@@ -619,6 +682,11 @@ pub fn html(r: &Report, dir: &str) -> String {
         }
         h.push_str("</ul>\n");
     }
+}
+
+/// The summary section's last table: one row per subject, linking to its section;
+/// it closes the summary section.
+fn subjects_table(r: &Report, h: &mut String) {
     h.push_str("<table class=\"subjects\"><thead><tr><th>subject</th><th>verdict</th><th>tenures</th><th>cutovers</th><th>refused attempts</th><th>late records</th></tr></thead><tbody>\n");
     for (i, s) in r.subjects.iter().enumerate() {
         let class = if s.verdict == "consistent" { "ok" } else { "bad" };
@@ -634,20 +702,28 @@ pub fn html(r: &Report, dir: &str) -> String {
         );
     }
     h.push_str("</tbody></table></section>\n");
-    for (i, s) in r.subjects.iter().enumerate() {
-        let class = if s.verdict == "consistent" { "ok" } else { "bad" };
-        let _ = writeln!(
-            h,
-            "<section class=\"subject\" id=\"subject-{i}\"><h2>{} <span class=\"{class}\">{}</span></h2>",
-            esc(&format!("{:?}", s.subject)),
-            esc(&s.verdict)
-        );
-        let _ = writeln!(h, "<figure>{}</figure>", svg(s, &Axis::of(s)));
-        tenures_table(s, &mut h);
-        cutover_panels(s, &mut h);
-        attempts_tables(s, &mut h);
-        h.push_str("</section>\n");
-    }
+}
+
+/// A subject's section: its timeline, tenures, cutovers and refused and late
+/// attempts.
+fn subject_section(i: usize, s: &SubjectStory, h: &mut String) {
+    let class = if s.verdict == "consistent" { "ok" } else { "bad" };
+    let _ = writeln!(
+        h,
+        "<section class=\"subject\" id=\"subject-{i}\"><h2>{} <span class=\"{class}\">{}</span></h2>",
+        esc(&format!("{:?}", s.subject)),
+        esc(&s.verdict)
+    );
+    let _ = writeln!(h, "<figure>{}</figure>", svg(s, &Axis::of(s)));
+    tenures_table(s, h);
+    cutover_panels(s, h);
+    attempts_tables(s, h);
+    h.push_str("</section>\n");
+}
+
+/// Daemon cutovers, when there are any: each with how every request it had
+/// admitted was settled.
+fn daemon_cutovers_section(r: &Report, h: &mut String) {
     if !r.daemon_cutovers.is_empty() {
         h.push_str("<section class=\"daemon-cutovers\"><h2>Daemon cutovers</h2>\n");
         for c in &r.daemon_cutovers {
@@ -671,7 +747,4 @@ pub fn html(r: &Report, dir: &str) -> String {
         }
         h.push_str("</section>\n");
     }
-    let _ = writeln!(h, "<section class=\"text-report\"><h2>Text report</h2><pre>{}</pre></section>", esc(&text(r)));
-    h.push_str("</body></html>\n");
-    h
 }

@@ -124,13 +124,29 @@ fn extra_problem(kind: ProblemKind, segment: PathBuf, seq: u64, detail: String) 
     Problem { kind, segment, offset: 0, seq, torn_tail: false, damaged_bytes: 0, detail }
 }
 
+/// Every snapshot and pinned head against the log (read once, as far as the last
+/// of them): each mismatch is a problem in `s`.
 fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> Result<(), Error> {
-    use crate::ledger::snapshot;
     // An archived history that was not given cannot be replayed: no snapshot or
     // pin before its end can be checked (the `history_archived` problem says so).
     if s.problems.iter().any(|p| p.kind == ProblemKind::HistoryArchived) {
         return Ok(());
     }
+    let (snaps, wanted) = snapshots_to_compare(src, s);
+    let (links, replayed_to) = replay_comparing_snapshots(src, pins, &snaps, &wanted, s)?;
+    snapshots_beyond_the_log(&snaps, &wanted, replayed_to, s);
+    check_pins(src, pins, links, s);
+    Ok(())
+}
+
+/// A stored snapshot: what it says of itself (or why it cannot be read), and where
+/// it is.
+type StoredMeta = (Result<crate::storage::SnapshotMeta, String>, PathBuf);
+
+/// The stored snapshots, and those to compare with a replay by the sequence they
+/// cover (indexes into the first); one that cannot be read is a problem.
+fn snapshots_to_compare(src: &Source, s: &mut ReadSummary) -> (Vec<StoredMeta>, BTreeMap<u64, Vec<usize>>) {
+    use crate::ledger::snapshot;
     // Streamed (digest only): a snapshot file is never held whole to be checked.
     let stored = src.snapshots();
     let snaps: Vec<_> = stored.iter().map(|x| (x.meta.clone(), x.place.clone())).collect();
@@ -146,6 +162,21 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
             Err(e) => s.problems.push(extra_problem(ProblemKind::SnapshotDamaged, path.clone(), 0, e.clone())),
         }
     }
+    (snaps, wanted)
+}
+
+/// Read the log up to the last pinned or wanted sequence, replaying it up to the
+/// last wanted snapshot: a snapshot that is not the state the replay gives at its
+/// sequence is a problem. Returns the chain links at the pinned sequences read, and
+/// the replay's last sequence.
+fn replay_comparing_snapshots(
+    src: &Source,
+    pins: &[Pin],
+    snaps: &[StoredMeta],
+    wanted: &BTreeMap<u64, Vec<usize>>,
+    s: &mut ReadSummary,
+) -> Result<(BTreeMap<u64, String>, u64), Error> {
+    use crate::ledger::snapshot;
     let replay_to = wanted.keys().next_back().copied().unwrap_or(0);
     let read_to = pins.iter().map(|p| p.seq).max().unwrap_or(0).max(replay_to);
     let mut links = std::collections::BTreeMap::new();
@@ -186,15 +217,29 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
             rec.seq < read_to
         })?;
     }
-    for (seq, idx) in &wanted {
-        if *seq > p.last_seq() {
+    Ok((links, p.last_seq()))
+}
+
+/// A wanted snapshot beyond the replay's last sequence: the log ends before it.
+fn snapshots_beyond_the_log(
+    snaps: &[StoredMeta],
+    wanted: &BTreeMap<u64, Vec<usize>>,
+    replayed_to: u64,
+    s: &mut ReadSummary,
+) {
+    for (seq, idx) in wanted {
+        if *seq > replayed_to {
             for &i in idx {
                 let path = snaps[i].1.clone();
-                let d = format!("the snapshot covers sequence {seq} but the log ends at {}", p.last_seq());
+                let d = format!("the snapshot covers sequence {seq} but the log ends at {replayed_to}");
                 s.problems.push(extra_problem(ProblemKind::SnapshotMismatch, path, *seq, d));
             }
         }
     }
+}
+
+/// Each pin against the chain link the log holds at its sequence.
+fn check_pins(src: &Source, pins: &[Pin], mut links: BTreeMap<u64, String>, s: &mut ReadSummary) {
     links.insert(0, hex(&crate::format::GENESIS_LINK)); // the head of the empty log
     for pin in pins {
         match links.get(&pin.seq) {
@@ -218,7 +263,6 @@ fn check_pins_and_snapshots(src: &Source, pins: &[Pin], s: &mut ReadSummary) -> 
             )),
         }
     }
-    Ok(())
 }
 
 /// A chain head to keep elsewhere (`inspect head`).
@@ -369,7 +413,35 @@ pub fn verify_text(s: &ReadSummary, out: &mut dyn Write) -> std::io::Result<()> 
     crate::text_line!(out, "status: {status}")
 }
 
+/// One event as text, by family: a subject's ownership, the evidence behind an
+/// owner, refused attempts, leases, processes, the log's own records.
 fn event_text(e: &Event) -> String {
+    match e {
+        Event::Claim { .. }
+        | Event::Heartbeat { .. }
+        | Event::Release { .. }
+        | Event::Takeover { .. }
+        | Event::RotateFence { .. }
+        | Event::Note { .. } => ownership_event_text(e),
+        Event::OwnerPidNamespace { .. }
+        | Event::OwnerHost { .. }
+        | Event::StalenessObserved { .. }
+        | Event::DeathObserved { .. } => owner_evidence_text(e),
+        Event::FencedAttempts { .. } | Event::RefusedWrites { .. } | Event::Refused { .. } => refusal_event_text(e),
+        Event::LeaseAcquire { .. } | Event::LeaseRelease { .. } | Event::OwnerLeaseAcquire { .. } => {
+            lease_event_text(e)
+        }
+        Event::SpawnRequested { .. }
+        | Event::ProcessStarted { .. }
+        | Event::ProcessCancelRequested { .. }
+        | Event::ProcessEnded { .. }
+        | Event::ProcessHost { .. } => process_event_text(e),
+        Event::Checkpoint { .. } | Event::Cutover { .. } => log_event_text(e),
+    }
+}
+
+/// A subject's ownership: claims, heartbeats, releases, takeovers, rotations, notes.
+fn ownership_event_text(e: &Event) -> String {
     match e {
         Event::Claim { subject, owner, lock, previous, .. } => {
             let mut s = format!("claim {subject:?} by {} pid {}", owner.instance, owner.pid);
@@ -391,6 +463,40 @@ fn event_text(e: &Event) -> String {
         ),
         Event::RotateFence { subject, generation } => format!("rotate-fence {subject:?} gen {generation}"),
         Event::Note { subject, generation, text } => format!("note {subject:?} gen {generation}: {text:?}"),
+        _ => unreachable!("dispatched in event_text"),
+    }
+}
+
+/// The evidence behind an owner or its end: its pid namespace and host, the
+/// staleness a taker watched, the death a claimant saw.
+fn owner_evidence_text(e: &Event) -> String {
+    match e {
+        Event::OwnerPidNamespace { subject, pid_ns } => format!("owner-pid-namespace {subject:?} {pid_ns}"),
+        Event::OwnerHost { subject, host } => format!("owner-host {subject:?} {host:?}"),
+        Event::StalenessObserved { subject, generation, heartbeat_ms, watched_ms, host } => format!(
+            "staleness-observed {subject:?} gen {generation} heartbeat {} unchanged for {watched_ms} ms watched on {host:?}",
+            format_ms(*heartbeat_ms)
+        ),
+        Event::DeathObserved { subject, generation, pid, reason, observed } => {
+            let seen = match (observed.start_ticks, &observed.exe) {
+                (None, _) => "no such process".to_owned(),
+                (Some(t), Some(exe)) => format!("start ticks {t}, exe {exe}"),
+                (Some(t), None) => format!("start ticks {t}"),
+            };
+            format!(
+                "death-observed {subject:?} gen {generation} pid {pid} ({}): {seen}; boot {} pid ns {}",
+                reason.code(),
+                observed.boot_id,
+                observed.pid_ns
+            )
+        }
+        _ => unreachable!("dispatched in event_text"),
+    }
+}
+
+/// Refused attempts kept as evidence.
+fn refusal_event_text(e: &Event) -> String {
+    match e {
         Event::FencedAttempts { subject, writer, op, presented, current, count, .. } => {
             format!("fenced {subject:?}: {count}x {op} by writer {} presented {presented} current {current}", writer)
         }
@@ -409,13 +515,6 @@ fn event_text(e: &Event) -> String {
             "refused {subject:?}: {count}x {op} by writer {writer} presented {presented} current {current}, first: {content_bytes} bytes blake3 {} {content_head:?}",
             crate::format::hex(content_blake3)
         ),
-        Event::OwnerPidNamespace { subject, pid_ns } => format!("owner-pid-namespace {subject:?} {pid_ns}"),
-        Event::OwnerHost { subject, host } => format!("owner-host {subject:?} {host:?}"),
-        Event::ProcessHost { host } => format!("process-host {host:?}"),
-        Event::StalenessObserved { subject, generation, heartbeat_ms, watched_ms, host } => format!(
-            "staleness-observed {subject:?} gen {generation} heartbeat {} unchanged for {watched_ms} ms watched on {host:?}",
-            format_ms(*heartbeat_ms)
-        ),
         Event::Refused { subject, code, op, caller, presented, current, count, content, .. } => {
             let presented = presented.map(|g| format!(" presented {g}")).unwrap_or_default();
             let mut s = format!(
@@ -428,26 +527,32 @@ fn event_text(e: &Event) -> String {
             }
             s
         }
-        Event::DeathObserved { subject, generation, pid, reason, observed } => {
-            let seen = match (observed.start_ticks, &observed.exe) {
-                (None, _) => "no such process".to_owned(),
-                (Some(t), Some(exe)) => format!("start ticks {t}, exe {exe}"),
-                (Some(t), None) => format!("start ticks {t}"),
-            };
-            format!(
-                "death-observed {subject:?} gen {generation} pid {pid} ({}): {seen}; boot {} pid ns {}",
-                reason.code(),
-                observed.boot_id,
-                observed.pid_ns
-            )
-        }
+        _ => unreachable!("dispatched in event_text"),
+    }
+}
+
+/// Leases: acquired by a holder or an owner tenure, released.
+fn lease_event_text(e: &Event) -> String {
+    match e {
         Event::LeaseAcquire { resource, mode, holder, ttl_ms } => {
             format!("lease-acquire {resource} {} holder {holder:?} ttl {ttl_ms} ms", mode.as_str())
         }
         Event::LeaseRelease { lease, token } => format!("lease-release {lease} token {token}"),
-        Event::Checkpoint { snapshot_seq, digest } => {
-            format!("checkpoint of snapshot at {snapshot_seq} blake3 {}", crate::format::hex(digest))
+        Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
+            format!(
+                "lease-acquire {resource} {} owner {:?}@{} ttl {ttl_ms} ms",
+                mode.as_str(),
+                owner.subject,
+                owner.generation
+            )
         }
+        _ => unreachable!("dispatched in event_text"),
+    }
+}
+
+/// Processes: spawned, started, cancelled, ended, and the host they run on.
+fn process_event_text(e: &Event) -> String {
+    match e {
         Event::SpawnRequested { command, owner, leases, .. } => {
             let mut s = format!("spawn-requested {:?} in {}", command.argv, command.cwd);
             if let Some(o) = owner {
@@ -466,13 +571,16 @@ fn event_text(e: &Event) -> String {
             None => format!("process-cancel {process}"),
         },
         Event::ProcessEnded { process, end } => format!("process-ended {process} {}", end.status().as_str()),
-        Event::OwnerLeaseAcquire { resource, mode, owner, ttl_ms } => {
-            format!(
-                "lease-acquire {resource} {} owner {:?}@{} ttl {ttl_ms} ms",
-                mode.as_str(),
-                owner.subject,
-                owner.generation
-            )
+        Event::ProcessHost { host } => format!("process-host {host:?}"),
+        _ => unreachable!("dispatched in event_text"),
+    }
+}
+
+/// The log's own records: a snapshot's checkpoint, a daemon's cutover.
+fn log_event_text(e: &Event) -> String {
+    match e {
+        Event::Checkpoint { snapshot_seq, digest } => {
+            format!("checkpoint of snapshot at {snapshot_seq} blake3 {}", crate::format::hex(digest))
         }
         Event::Cutover { home, reason, settled, more } => {
             let mut s = format!(
@@ -486,6 +594,7 @@ fn event_text(e: &Event) -> String {
             }
             s
         }
+        _ => unreachable!("dispatched in event_text"),
     }
 }
 

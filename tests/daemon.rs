@@ -315,6 +315,12 @@ fn a_cutover_settles_admitted_requests_and_the_successor_agrees() {
     let audit = Command::new(FENCELOG).args(["audit", dir.to_str().unwrap(), "--format", "json"]).output().unwrap();
     let audit: Value = serde_json::from_slice(&audit.stdout).unwrap();
     assert_eq!(audit["daemon_cutovers"][0]["settled"][0]["request"], "slow-1", "the audit shows the cutover: {audit}");
+    // As text: a blank line, then the cutover on a line of its own (an escaped
+    // "\n" was once printed before it).
+    let text = Command::new(FENCELOG).args(["audit", dir.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("\n\ndaemon cutover at seq ") && !text.contains("\\n"), "{text}");
+    assert!(text.contains("  request \"slow-1\" (") && text.contains("): committed at seq "), "{text}");
     let d2 = Daemon::start(&dir, &[]);
     let (s, r) = d2.get("/v1/requests/slow-1");
     assert_eq!((s, r["status"].as_str()), (200, Some("committed")), "{r}");

@@ -230,9 +230,12 @@ pub fn text(r: &Report) -> String {
         story_text(s, &mut out);
     }
     for c in &r.daemon_cutovers {
+        // A blank line before each, as before each subject's story (`text_line!`
+        // escapes a newline inside its text: it must not start the format).
+        out.push('\n');
         let _ = crate::text_line!(
             out,
-            "\ndaemon cutover at seq {} ({}): {}@{} ({}), {} request(s) settled",
+            "daemon cutover at seq {} ({}): {}@{} ({}), {} request(s) settled",
             c.seq,
             format_ms(c.time_ms),
             c.home,

@@ -493,6 +493,52 @@ fn populate_for_reads(dir: &Path, subjects: u64, records: u64) {
     });
 }
 
+/// A file log of `records` transactions in `dir` (created), written through the
+/// embedded ledger as the load generator (`examples/demo.rs`) writes one: 8 threads
+/// each claim `fill/<pid>/appender-T`, then write 200-byte notes under its
+/// generation (the ledger adds its own checkpoint records besides).
+fn fill_log(dir: &Path, records: u64) {
+    use fencelog::ledger::{Ledger, LedgerOptions};
+    use fencelog::model::Outcome;
+    use fencelog::ops::{Caller, ClaimRequest, NoteRequest, claim, note};
+    const THREADS: u64 = 8;
+    let mut opts = LedgerOptions::default();
+    opts.log.create = true;
+    let ledger = Ledger::open(dir, opts).expect("ledger");
+    let pid = std::process::id();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let ledger = &ledger;
+            let count = records / THREADS + u64::from(t < records % THREADS);
+            s.spawn(move || {
+                if count == 0 {
+                    return;
+                }
+                let subject = format!("fill/{pid}/appender-{t}");
+                let req = ClaimRequest {
+                    subject: subject.clone(),
+                    pid: Some(pid),
+                    instance: None,
+                    stale_after_ms: 60_000,
+                    action: None,
+                    request_id: None,
+                };
+                let claimed = claim(ledger, &req, Caller::default()).expect("claim");
+                let Outcome::Claimed { generation, .. } = claimed.outcome.0 else {
+                    unreachable!("a committed claim reports Claimed")
+                };
+                for i in 1..count {
+                    let mut text = format!("fill appender {t} record {i} ");
+                    text.extend(std::iter::repeat_n('.', 200usize.saturating_sub(text.len())));
+                    let req =
+                        NoteRequest { subject: subject.clone(), generation, text, request_id: None, instance: None };
+                    note(ledger, &req, Caller::default()).expect("note");
+                }
+            });
+        }
+    });
+}
+
 /// p50 (µs) of `n` sequential GETs of `path`.
 fn get_p50_us(d: &Daemon, path: &str, n: usize) -> f64 {
     let a = agent();
@@ -650,7 +696,7 @@ fn etcd_bench(root: &Path, quick: bool) -> Value {
     let tmp = tempfile::Builder::new().prefix("etcd-boot").tempdir_in(root).unwrap();
     let (_cluster, endpoints) = start_cluster(&tmp.path().join("etcd"), 1).expect("an etcd cluster");
     let src = tmp.path().join("src");
-    fl_cli(&["demo", "--dir", src.to_str().unwrap(), "--records", &records.to_string(), "--appenders", "8"]);
+    fill_log(&src, records);
     let t = Instant::now();
     fl_cli(&["import", "--dir", src.to_str().unwrap(), "--etcd", &endpoints, "--etcd-prefix", "/boot/"]);
     let import_s = t.elapsed().as_secs_f64();

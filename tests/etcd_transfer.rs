@@ -34,12 +34,14 @@ fn plain(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A file log of `records` records written through the embedded ledger (`demo`:
-/// claims and notes from 8 threads).
+/// A file log of `records` records written through the embedded ledger (the
+/// example `examples/demo.rs`: claims and notes from 8 threads).
 fn file_log(dir: &Path, records: u64) {
-    let (code, out) =
-        plain(&["demo", "--dir", dir.to_str().unwrap(), "--records", &records.to_string(), "--appenders", "8"]);
-    assert_eq!(code, 0, "{out}");
+    let out = Command::new(common::demo_bin())
+        .args(["--dir", dir.to_str().unwrap(), "--records", &records.to_string(), "--appenders", "8"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 /// Proves: a file log imported into an empty prefix is the same log in etcd — the

@@ -79,8 +79,8 @@ fn two_writer_processes_with_lock_deleted_repeatedly_keep_one_intact_chain() {
     let dir_s = dir.to_str().unwrap();
     init(&dir);
     let spawn = || {
-        Command::new(FENCELOG)
-            .args(["demo", "--dir", dir_s, "--records", "3000", "--appenders", "4"])
+        Command::new(common::demo_bin())
+            .args(["--dir", dir_s, "--records", "3000", "--appenders", "4"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

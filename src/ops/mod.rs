@@ -7,7 +7,6 @@
 //! The decisions the CLI binary used to make live here: the dead-owner probe a
 //! claim records as evidence, and the status verdict of `state`.
 
-pub mod demo;
 mod error;
 pub mod liveness;
 #[cfg(feature = "etcd")]

@@ -12,9 +12,20 @@ use fencelog::storage::{LogOptions, read_records};
 /// The `fencelog-torture` test helper (an example: `cargo test` builds it beside
 /// the test binaries, in `target/<profile>/examples/`).
 pub fn torture_bin() -> PathBuf {
+    example_bin("fencelog-torture")
+}
+
+/// The load generator `examples/demo.rs` (`demo --dir DIR [--records N]
+/// [--appenders K] [--payload-bytes B]`), built as `torture_bin`'s helper is.
+pub fn demo_bin() -> PathBuf {
+    example_bin("demo")
+}
+
+/// The example `name`, as `cargo test` builds it (`target/<profile>/examples/`).
+fn example_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-    let p = profile_dir.join("examples").join("fencelog-torture");
+    let p = profile_dir.join("examples").join(name);
     assert!(
         p.exists(),
         "{} is missing: `cargo test` builds it; a filtered run needs `cargo test --examples --test ...`",

@@ -321,22 +321,6 @@ pub(crate) enum Cmd {
         #[arg(long)]
         subject: Option<String>,
     },
-    /// Commit transactions from concurrent appenders through the ledger (each claims
-    /// `demo/<pid>/appender-N`, then writes notes), then verify the log. Creates DIR if it
-    /// is missing or empty.
-    Demo {
-        #[command(flatten)]
-        dir: Dir,
-        /// Transactions to commit in all.
-        #[arg(long, default_value_t = 10_000)]
-        records: u64,
-        /// Concurrent appender threads.
-        #[arg(long, default_value_t = 8)]
-        appenders: u64,
-        /// Bytes of each note.
-        #[arg(long, default_value_t = 200)]
-        payload_bytes: usize,
-    },
     /// The daemon: open (creating the log in a missing or empty directory), claim
     /// the home subject, recover processes, serve HTTP; print one JSON line when
     /// ready. SIGTERM/SIGINT cut over (every admitted request settled from the log).

@@ -23,7 +23,6 @@ pub(crate) fn dir_of(cmd: &Cmd) -> Option<&Dir> {
         | Cmd::Note { dir, .. }
         | Cmd::Takeover { dir, .. }
         | Cmd::State { dir, .. }
-        | Cmd::Demo { dir, .. }
         | Cmd::Run { dir, .. }
         | Cmd::Recover { dir, .. }
         | Cmd::Runner { dir, .. } => Some(dir),

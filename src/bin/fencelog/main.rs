@@ -12,7 +12,6 @@
 
 mod cli;
 mod client;
-mod demo;
 mod inspect;
 mod man;
 mod mutate;
@@ -147,13 +146,6 @@ fn run(cmd: cli::Cmd) -> Printed {
                 );
                 Ok((serde_json::Value::Null, 0))
             }
-        }
-        Cmd::Demo { dir, .. } if dir.etcd.is_some() => Err(OpError::Usage {
-            code: "USAGE",
-            message: "demo runs on a log directory (--dir DIR), not on --etcd".into(),
-        }),
-        Cmd::Demo { dir, records, appenders, payload_bytes } => {
-            demo::demo(dir.path(), records, appenders, payload_bytes)
         }
         cmd @ (Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
         Cmd::Export { etcd, archive, to } => {

@@ -214,7 +214,6 @@ pub(crate) fn run(cmd: Cmd) -> Printed {
         | Cmd::Note { .. }
         | Cmd::Takeover { .. }
         | Cmd::Lease { .. }
-        | Cmd::Demo { .. }
         | Cmd::Inspect { .. }
         | Cmd::Audit { .. }
         | Cmd::Run { .. }

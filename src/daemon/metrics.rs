@@ -61,8 +61,6 @@ fn histogram() -> Histogram {
 
 impl Metrics {
     pub(crate) fn new() -> Metrics {
-        let mut r = Registry::with_prefix("fencelog");
-        let mut p = Registry::default();
         let m = Metrics {
             registry: Registry::default(),
             process: Registry::default(),
@@ -87,38 +85,49 @@ impl Metrics {
             start_time_seconds: Gauge::default(),
             scraping: std::sync::Mutex::new(()),
         };
-        r.register("http_requests", "HTTP requests answered, by route template and status", m.requests.clone());
+        let (registry, process) = (m.fencelog_registry(), m.process_registry());
+        Metrics { registry, process, ..m }
+    }
+
+    /// The `fencelog_*` families, in the order they are written out.
+    fn fencelog_registry(&self) -> Registry {
+        let mut r = Registry::with_prefix("fencelog");
+        r.register("http_requests", "HTTP requests answered, by route template and status", self.requests.clone());
         r.register(
             "refusals",
             "Problems answered, by code (operations' refusals and the front door's)",
-            m.refusals.clone(),
+            self.refusals.clone(),
         );
         r.register_with_unit(
             "commit",
             "Mutation latency from admission to answer, by operation",
             Unit::Seconds,
-            m.commit_seconds.clone(),
+            self.commit_seconds.clone(),
         );
-        r.register("appends", "Records appended to the log by this daemon's writer", m.appends.clone());
-        r.register("syncs", "Syncs (or etcd transactions) made: records per sync = appends / syncs", m.syncs.clone());
-        r.register("head_seq", "Last sequence of the log", m.head_seq.clone());
-        r.register_with_unit("log", "Bytes of the log's segment files", Unit::Bytes, m.log_bytes.clone());
-        r.register("subjects", "Subjects by owner status", m.subjects.clone());
-        r.register("processes", "Supervised processes by status", m.processes.clone());
-        r.register("leases", "Leases by state", m.leases.clone());
-        r.register("requests_in_flight", "Requests holding a slot now", m.requests_in_flight.clone());
+        r.register("appends", "Records appended to the log by this daemon's writer", self.appends.clone());
+        r.register(
+            "syncs",
+            "Syncs (or etcd transactions) made: records per sync = appends / syncs",
+            self.syncs.clone(),
+        );
+        r.register("head_seq", "Last sequence of the log", self.head_seq.clone());
+        r.register_with_unit("log", "Bytes of the log's segment files", Unit::Bytes, self.log_bytes.clone());
+        r.register("subjects", "Subjects by owner status", self.subjects.clone());
+        r.register("processes", "Supervised processes by status", self.processes.clone());
+        r.register("leases", "Leases by state", self.leases.clone());
+        r.register("requests_in_flight", "Requests holding a slot now", self.requests_in_flight.clone());
         r.register(
             "requests_in_flight_limit",
             "Requests that may hold a slot at once (more are answered 503 OVERLOADED)",
             Gauge::<i64>::default().tap(CONCURRENT_REQUESTS_MAX as i64),
         );
-        r.register("connections_open", "Open HTTP connections (TCP and Unix)", m.connections_open.clone());
+        r.register("connections_open", "Open HTTP connections (TCP and Unix)", self.connections_open.clone());
         r.register(
             "connections_limit",
             "Connections that may be open at once",
             Gauge::<i64>::default().tap(CONNECTIONS_MAX as i64),
         );
-        r.register("watch_streams", "Open /v1/watch streams", m.watch_streams.clone());
+        r.register("watch_streams", "Open /v1/watch streams", self.watch_streams.clone());
         r.register(
             "watch_streams_limit",
             "Watch streams that may be open at once",
@@ -128,9 +137,9 @@ impl Metrics {
             "home_heartbeat_age",
             "Time since the daemon's home heartbeat last landed in the log",
             Unit::Seconds,
-            m.home_heartbeat_age_seconds.clone(),
+            self.home_heartbeat_age_seconds.clone(),
         );
-        r.register("ready", "1 while the daemon admits requests (as /readyz answers 200), else 0", m.ready.clone());
+        r.register("ready", "1 while the daemon admits requests (as /readyz answers 200), else 0", self.ready.clone());
         r.register(
             "build",
             "This build (1, with its version and the log format it writes)",
@@ -139,21 +148,27 @@ impl Metrics {
                 ("format_version".to_owned(), crate::format::FORMAT_VERSION.to_string()),
             ]),
         );
-        p.register_with_unit("process_cpu", "User and system CPU time spent", Unit::Seconds, m.cpu_seconds.clone());
+        r
+    }
+
+    /// The `process_*` families (no prefix), in the order they are written out.
+    fn process_registry(&self) -> Registry {
+        let mut p = Registry::default();
+        p.register_with_unit("process_cpu", "User and system CPU time spent", Unit::Seconds, self.cpu_seconds.clone());
         p.register_with_unit(
             "process_resident_memory",
             "Resident memory size",
             Unit::Bytes,
-            m.resident_memory_bytes.clone(),
+            self.resident_memory_bytes.clone(),
         );
-        p.register("process_open_fds", "Open file descriptors", m.open_fds.clone());
+        p.register("process_open_fds", "Open file descriptors", self.open_fds.clone());
         p.register_with_unit(
             "process_start_time",
             "Start time of the process since the Unix epoch",
             Unit::Seconds,
-            m.start_time_seconds.clone(),
+            self.start_time_seconds.clone(),
         );
-        Metrics { registry: r, process: p, ..m }
+        p
     }
 
     /// Bring the gauges that are read rather than counted up to date (the ledger's

@@ -543,16 +543,66 @@ pub fn serve(o: ServeOptions) -> Result<u8, ServeFailure> {
     // SIGTERM from the moment the ready line (or READY=1) is out — or earlier,
     // during boot — is a cutover, never the default action that kills the daemon
     // with its home held.
-    let stop_signals = {
-        use tokio::signal::unix::{SignalKind, signal};
-        let _in_runtime = runtime.enter();
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            (Ok(term), Ok(int)) => (term, int),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(ServeFailure::new(exit::IO, io("installing the signal handlers", e)));
-            }
-        }
-    };
+    let stop_signals = install_stop_signals(&runtime)?;
+    let Booted { dir, log, ledger, warnings, replayed, tokens, token_path, generation, home } = boot(&o)?;
+
+    runtime.block_on(async move {
+        let Bound { listener, addr, unix, unix_id } = bind(&o, &dir).await?;
+        let (shutdown, _) = tokio::sync::watch::channel(false);
+        let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<CutoverAsked>(4);
+        let app = Arc::new(App::new(&o, Arc::clone(&ledger), dir.clone(), tokens, home, shutdown, cut_tx.clone()));
+        let ready = Ready {
+            listening: addr.to_string(),
+            home_generation: generation,
+            replayed,
+            open_ms: t0.elapsed().as_millis() as u64,
+            token_file: token_path.display().to_string(),
+            read_token_file: dir.join(crate::storage::SERVE_READ_TOKEN_FILE).display().to_string(),
+            admin_token_file: dir.join(crate::storage::SERVE_ADMIN_TOKEN_FILE).display().to_string(),
+            log: log.describe(),
+            warnings,
+            unix: o.unix.as_ref().map(|p| p.display().to_string()),
+        };
+        announce(&app, &ready);
+        let code = serve_until_cutover(&app, &o, (listener, unix), stop_signals, cut_tx, &mut cut_rx).await;
+        remove_own_files(&dir, addr, o.unix.as_deref(), unix_id);
+        Ok(code)
+    })
+}
+
+/// SIGTERM and SIGINT, caught from now on (in `runtime`); see [`signals`].
+fn install_stop_signals(
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(tokio::signal::unix::Signal, tokio::signal::unix::Signal), ServeFailure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let _in_runtime = runtime.enter();
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(term), Ok(int)) => Ok((term, int)),
+        (Err(e), _) | (_, Err(e)) => Err(ServeFailure::new(exit::IO, io("installing the signal handlers", e))),
+    }
+}
+
+/// What the boot opened, claimed and recovered: what the daemon then serves.
+struct Booted {
+    /// The daemon's directory, canonical.
+    dir: PathBuf,
+    log: crate::storage::Location,
+    ledger: Arc<Ledger>,
+    /// The boot check's warnings about the service under the log.
+    warnings: Vec<String>,
+    replayed: u64,
+    tokens: Tokens,
+    /// The `write` token's file.
+    token_path: PathBuf,
+    /// The generation of the home claimed.
+    generation: u64,
+    home: OwnerRef,
+}
+
+/// The boot, before anything is bound: the directory, the log opened (recovered,
+/// replayed) and its service checked, the tokens, the home claimed, the processes
+/// recovered as the home's owner.
+fn boot(o: &ServeOptions) -> Result<Booted, ServeFailure> {
     let fail = |code: u8| move |e: OpError| ServeFailure::new(code, e);
     // A --unix path that is not a socket is refused before anything is claimed.
     if let Some(path) = &o.unix {
@@ -589,7 +639,7 @@ pub fn serve(o: ServeOptions) -> Result<u8, ServeFailure> {
     let replayed = ledger.open_report().replayed_records;
     let (tokens, token_path) = load_tokens(&dir, o.token_file.as_deref()).map_err(ServeFailure::of)?;
     // A handover asks the daemon before with the admin token (a cutover is admin).
-    let generation = claim_home(&ledger, &o, &tokens)?;
+    let generation = claim_home(&ledger, o, &tokens)?;
     let home = OwnerRef { subject: o.home.clone(), generation };
     let now_ms = crate::storage::LogOptions::default().now_ms();
     let recovered =
@@ -600,31 +650,54 @@ pub fn serve(o: ServeOptions) -> Result<u8, ServeFailure> {
             tracing::info!(decision, process, "process recovery");
         }
     }
+    Ok(Booted { dir, log, ledger, warnings, replayed, tokens, token_path, generation, home })
+}
 
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(o.listen)
-            .await
-            .map_err(|e| ServeFailure::new(exit::IO, io(&format!("binding {}", o.listen), e)))?;
-        let addr = listener.local_addr().map_err(|e| ServeFailure::new(exit::IO, io("local address", e)))?;
-        let unix = match &o.unix {
-            Some(path) => Some(
-                bind_unix(path)
-                    .map_err(|e| ServeFailure::new(if e.exit_code() == 2 { exit::HOME_HELD } else { exit::IO }, e))?,
-            ),
-            None => None,
-        };
-        let unix_id = o.unix.as_deref().and_then(file_id);
-        std::fs::write(dir.join(ADDR_FILE), addr.to_string())
-            .map_err(|e| ServeFailure::new(exit::IO, io(ADDR_FILE, e)))?;
-        let (shutdown, _) = tokio::sync::watch::channel(false);
-        let (cut_tx, mut cut_rx) = tokio::sync::mpsc::channel::<CutoverAsked>(4);
-        let app = Arc::new(App {
-            ledger: Arc::clone(&ledger),
-            dir: dir.clone(),
+/// The listeners bound: TCP (its address written to `DIR/serve.addr`), and the
+/// Unix socket with its file's identity when `--unix` was given.
+struct Bound {
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    unix: Option<tokio::net::UnixListener>,
+    unix_id: Option<(u64, u64)>,
+}
+
+/// Bind the listeners, then name the TCP address in `DIR/serve.addr`.
+async fn bind(o: &ServeOptions, dir: &Path) -> Result<Bound, ServeFailure> {
+    let listener = tokio::net::TcpListener::bind(o.listen)
+        .await
+        .map_err(|e| ServeFailure::new(exit::IO, io(&format!("binding {}", o.listen), e)))?;
+    let addr = listener.local_addr().map_err(|e| ServeFailure::new(exit::IO, io("local address", e)))?;
+    let unix = match &o.unix {
+        Some(path) => Some(
+            bind_unix(path)
+                .map_err(|e| ServeFailure::new(if e.exit_code() == 2 { exit::HOME_HELD } else { exit::IO }, e))?,
+        ),
+        None => None,
+    };
+    let unix_id = o.unix.as_deref().and_then(file_id);
+    std::fs::write(dir.join(ADDR_FILE), addr.to_string()).map_err(|e| ServeFailure::new(exit::IO, io(ADDR_FILE, e)))?;
+    Ok(Bound { listener, addr, unix, unix_id })
+}
+
+impl App {
+    /// A daemon's state as it starts serving: admitting, nothing admitted yet.
+    fn new(
+        o: &ServeOptions,
+        ledger: Arc<Ledger>,
+        dir: PathBuf,
+        tokens: Tokens,
+        home: OwnerRef,
+        shutdown: tokio::sync::watch::Sender<bool>,
+        cutover_tx: tokio::sync::mpsc::Sender<CutoverAsked>,
+    ) -> App {
+        App {
+            ledger,
+            dir,
             self_exe: o.self_exe.clone(),
             spares: crate::supervisor::Spares::new(),
             tokens,
-            home: home.clone(),
+            home,
             phase: std::sync::atomic::AtomicU8::new(Phase::Admitting as u8),
             broken: AtomicBool::new(false),
             log_unavailable: Mutex::new(None),
@@ -639,69 +712,79 @@ pub fn serve(o: ServeOptions) -> Result<u8, ServeFailure> {
             next_ticket: AtomicU64::new(1),
             settled: Mutex::new(Vec::new()),
             shutdown,
-            cutover_tx: cut_tx.clone(),
+            cutover_tx,
             watch_close: tokio::sync::watch::channel(false).0,
             metrics: metrics::Metrics::new(),
             access_log: o.access_log,
             drain_grace_ms: o.drain_grace_ms,
-        });
-        let ready = Ready {
-            listening: addr.to_string(),
-            home_generation: generation,
-            replayed,
-            open_ms: t0.elapsed().as_millis() as u64,
-            token_file: token_path.display().to_string(),
-            read_token_file: dir.join(crate::storage::SERVE_READ_TOKEN_FILE).display().to_string(),
-            admin_token_file: dir.join(crate::storage::SERVE_ADMIN_TOKEN_FILE).display().to_string(),
-            log: log.describe(),
-            warnings,
-            unix: o.unix.as_ref().map(|p| p.display().to_string()),
-        };
-        {
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{}", serde_json::to_string(&ready).expect("ready line")).and_then(|_| out.flush());
         }
-        let report = ledger_report(&app.ledger);
-        tracing::info!(
-            log = %ready.log,
-            replayed = ready.replayed,
-            snapshot_seq = report.0,
-            head_seq = report.1,
-            home = %app.home.subject,
-            generation = app.home.generation,
-            listening = %ready.listening,
-            open_ms = ready.open_ms,
-            "ready"
-        );
-        sd_notify("READY=1");
-        // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
-        tokio::spawn(signals(stop_signals, cut_tx.clone()));
-        tokio::spawn(heartbeat(Arc::clone(&app), cut_tx, o.home_stale_after_ms));
-        let router = http::router(Arc::clone(&app));
-        let slots = Arc::clone(&app.connections);
-        let tcp = http::CappedListener { inner: listener, slots: Arc::clone(&slots) };
-        let unix = unix.map(|inner| http::UnixCapped { inner, slots });
-        let header_read = Duration::from_millis(o.header_read_timeout_ms);
-        let done = app.shutdown.subscribe();
-        let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done, o.access_log));
-        let CutoverAsked { reason, home_lost } =
-            cut_rx.recv().await.unwrap_or_else(|| CutoverAsked::because("channel closed"));
-        let code = cutover(&app, &reason, home_lost).await;
-        let _ = app.shutdown.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        // Only if it still names this daemon (a successor may have written its own).
-        if std::fs::read_to_string(dir.join(ADDR_FILE)).is_ok_and(|a| a.trim() == addr.to_string()) {
-            let _ = std::fs::remove_file(dir.join(ADDR_FILE));
-        }
-        if let Some(path) = &o.unix
-            && unix_id.is_some()
-            && file_id(path) == unix_id
-        {
-            let _ = std::fs::remove_file(path);
-        }
-        Ok(code)
-    })
+    }
+}
+
+/// Say the daemon is ready: the ready line on stdout, the `ready` log line, and
+/// `READY=1` to systemd.
+fn announce(app: &App, ready: &Ready) {
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", serde_json::to_string(ready).expect("ready line")).and_then(|_| out.flush());
+    }
+    let report = ledger_report(&app.ledger);
+    tracing::info!(
+        log = %ready.log,
+        replayed = ready.replayed,
+        snapshot_seq = report.0,
+        head_seq = report.1,
+        home = %app.home.subject,
+        generation = app.home.generation,
+        listening = %ready.listening,
+        open_ms = ready.open_ms,
+        "ready"
+    );
+    sd_notify("READY=1");
+}
+
+/// Serve on the listeners until a cutover is asked for, cut over, and stop the
+/// server (waiting up to 5 s for it); returns the exit code.
+async fn serve_until_cutover(
+    app: &Arc<App>,
+    o: &ServeOptions,
+    (listener, unix): (tokio::net::TcpListener, Option<tokio::net::UnixListener>),
+    stop_signals: (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    cut_tx: tokio::sync::mpsc::Sender<CutoverAsked>,
+    cut_rx: &mut tokio::sync::mpsc::Receiver<CutoverAsked>,
+) -> u8 {
+    // Signals and a lost home start the cutover; so does POST /v1/admin/cutover.
+    tokio::spawn(signals(stop_signals, cut_tx.clone()));
+    tokio::spawn(heartbeat(Arc::clone(app), cut_tx, o.home_stale_after_ms));
+    let router = http::router(Arc::clone(app));
+    let slots = Arc::clone(&app.connections);
+    let tcp = http::CappedListener { inner: listener, slots: Arc::clone(&slots) };
+    let unix = unix.map(|inner| http::UnixCapped { inner, slots });
+    let header_read = Duration::from_millis(o.header_read_timeout_ms);
+    let done = app.shutdown.subscribe();
+    let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done, o.access_log));
+    let CutoverAsked { reason, home_lost } =
+        cut_rx.recv().await.unwrap_or_else(|| CutoverAsked::because("channel closed"));
+    let code = cutover(app, &reason, home_lost).await;
+    let _ = app.shutdown.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    code
+}
+
+/// At exit: `DIR/serve.addr` and the Unix socket are removed, each only if it is
+/// still this daemon's.
+fn remove_own_files(dir: &Path, addr: SocketAddr, unix: Option<&Path>, unix_id: Option<(u64, u64)>) {
+    // Only if it still names this daemon (a successor may have written its own).
+    if std::fs::read_to_string(dir.join(ADDR_FILE)).is_ok_and(|a| a.trim() == addr.to_string()) {
+        let _ = std::fs::remove_file(dir.join(ADDR_FILE));
+    }
+    if let Some(path) = unix
+        && unix_id.is_some()
+        && file_id(path) == unix_id
+    {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// For a daemon embedded in a program that allocates with glibc's malloc (the

@@ -458,79 +458,96 @@ struct Security;
 impl Modify for Security {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         let components = doc.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some(
-                        "The contents of a token file in the daemon's directory: `serve.read.token` (scope `read`: \
-                         every GET, the watch, metrics), `serve.token` (`write`: and mutations and runs) or \
-                         `serve.admin.token` (`admin`: and `/v1/admin/*`). Each scope includes the one before.",
-                    ))
-                    .build(),
-            ),
-        );
-        // What the front door answers, one place for every operation: 413 for a
-        // body announced too large (any route), 401 without a valid token (all but
-        // the probes), 403 for a token without the scope (only where more than
-        // `read` is needed: every POST).
-        for (path, item) in doc.paths.paths.iter_mut() {
-            let probe = path == "/healthz" || path == "/readyz";
-            if let Some(op) = item.get.as_mut() {
+        components.add_security_scheme("bearer", bearer_scheme());
+        front_door_answers(&mut doc.paths);
+        front_door_responses(components);
+    }
+}
+
+/// The bearer tokens, one per scope.
+fn bearer_scheme() -> SecurityScheme {
+    SecurityScheme::Http(
+        HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "The contents of a token file in the daemon's directory: `serve.read.token` (scope `read`: \
+                 every GET, the watch, metrics), `serve.token` (`write`: and mutations and runs) or \
+                 `serve.admin.token` (`admin`: and `/v1/admin/*`). Each scope includes the one before.",
+            ))
+            .build(),
+    )
+}
+
+/// Each operation's answers from the front door, by reference to
+/// [`front_door_responses`].
+fn front_door_answers(paths: &mut utoipa::openapi::Paths) {
+    // What the front door answers, one place for every operation: 413 for a
+    // body announced too large (any route), 401 without a valid token (all but
+    // the probes), 403 for a token without the scope (only where more than
+    // `read` is needed: every POST).
+    for (path, item) in paths.paths.iter_mut() {
+        let probe = path == "/healthz" || path == "/readyz";
+        if let Some(op) = item.get.as_mut() {
+            op.responses
+                .responses
+                .insert("413".into(), RefOr::Ref(utoipa::openapi::Ref::from_response_name("BodyTooLarge")));
+            if !probe {
                 op.responses
                     .responses
-                    .insert("413".into(), RefOr::Ref(utoipa::openapi::Ref::from_response_name("BodyTooLarge")));
-                if !probe {
-                    op.responses
-                        .responses
-                        .insert("401".into(), RefOr::Ref(utoipa::openapi::Ref::from_response_name("Unauthenticated")));
-                }
-            }
-            if let Some(op) = item.post.as_mut() {
-                for (status, name) in
-                    [("401", "Unauthenticated"), ("403", "InsufficientScope"), ("413", "BodyTooLarge")]
-                {
-                    op.responses
-                        .responses
-                        .insert(status.into(), RefOr::Ref(utoipa::openapi::Ref::from_response_name(name)));
-                }
+                    .insert("401".into(), RefOr::Ref(utoipa::openapi::Ref::from_response_name("Unauthenticated")));
             }
         }
-        let problem = |description: &str| {
-            utoipa::openapi::ResponseBuilder::new()
-                .description(description)
-                .content("application/problem+json", utoipa::openapi::ContentBuilder::new().schema(Some(component("Problem"))).build())
-                .header(
-                    "WWW-Authenticate",
-                    utoipa::openapi::HeaderBuilder::new()
-                        .schema(ObjectBuilder::new().schema_type(Type::String))
-                        .description(Some("`Bearer`, `Bearer error=\"invalid_token\"` or `Bearer error=\"insufficient_scope\", scope=…`"))
-                        .build(),
-                )
-                .build()
-        };
-        components.responses.insert(
-            "BodyTooLarge".into(),
-            RefOr::T(
-                utoipa::openapi::ResponseBuilder::new()
-                    .description("`BODY_TOO_LARGE`: a body (or its `Content-Length`) over 65536 bytes.")
-                    .content(
-                        "application/problem+json",
-                        utoipa::openapi::ContentBuilder::new().schema(Some(component("Problem"))).build(),
-                    )
-                    .build(),
-            ),
-        );
-        components.responses.insert(
-            "Unauthenticated".into(),
-            RefOr::T(problem("`UNAUTHENTICATED`: no bearer token, or not one of this daemon's.")),
-        );
-        components.responses.insert(
-            "InsufficientScope".into(),
-            RefOr::T(problem("`INSUFFICIENT_SCOPE`: the token's scope does not cover this route.")),
-        );
+        if let Some(op) = item.post.as_mut() {
+            for (status, name) in [("401", "Unauthenticated"), ("403", "InsufficientScope"), ("413", "BodyTooLarge")] {
+                op.responses
+                    .responses
+                    .insert(status.into(), RefOr::Ref(utoipa::openapi::Ref::from_response_name(name)));
+            }
+        }
     }
+}
+
+/// The front door's answers as shared responses: `BodyTooLarge`,
+/// `Unauthenticated`, `InsufficientScope`.
+fn front_door_responses(components: &mut utoipa::openapi::Components) {
+    let problem = |description: &str| {
+        utoipa::openapi::ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/problem+json",
+                utoipa::openapi::ContentBuilder::new().schema(Some(component("Problem"))).build(),
+            )
+            .header(
+                "WWW-Authenticate",
+                utoipa::openapi::HeaderBuilder::new()
+                    .schema(ObjectBuilder::new().schema_type(Type::String))
+                    .description(Some(
+                        "`Bearer`, `Bearer error=\"invalid_token\"` or `Bearer error=\"insufficient_scope\", scope=…`",
+                    ))
+                    .build(),
+            )
+            .build()
+    };
+    components.responses.insert(
+        "BodyTooLarge".into(),
+        RefOr::T(
+            utoipa::openapi::ResponseBuilder::new()
+                .description("`BODY_TOO_LARGE`: a body (or its `Content-Length`) over 65536 bytes.")
+                .content(
+                    "application/problem+json",
+                    utoipa::openapi::ContentBuilder::new().schema(Some(component("Problem"))).build(),
+                )
+                .build(),
+        ),
+    );
+    components.responses.insert(
+        "Unauthenticated".into(),
+        RefOr::T(problem("`UNAUTHENTICATED`: no bearer token, or not one of this daemon's.")),
+    );
+    components.responses.insert(
+        "InsufficientScope".into(),
+        RefOr::T(problem("`INSUFFICIENT_SCOPE`: the token's scope does not cover this route.")),
+    );
 }
 
 fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {

@@ -170,7 +170,23 @@ pub fn archive(etcd: &EtcdOptions, to: &Path) -> Result<ArchiveReport, OpError> 
     if below <= first {
         return Ok(report(first, first, 0, 0));
     }
-    let mut sink = if first == 1 {
+    let mut sink = archive_sink(&log, to, first)?;
+    let prev = copy_frames(&log, etcd, &mut sink, first, below)?;
+    let records = sink.finish()?;
+    let held = verify_dir(to, LogOptions::default().body_max())?;
+    if !held.is_intact() || held.last_seq != Some(below - 1) || held.chain_head != hex(&prev) {
+        return Err(OpError::Io {
+            message: format!("the archive in {} does not verify up to {}: nothing deleted", to.display(), below - 1),
+        });
+    }
+    let keys_deleted = log.set_archived(below, &prev)?;
+    Ok(report(first, below, records, keys_deleted))
+}
+
+/// Where the archive goes on from record `first`: a new one in `to` when nothing
+/// was archived yet, else the one there, checked to end right before `first`.
+fn archive_sink(log: &EtcdBackend, to: &Path, first: u64) -> Result<SegmentSink, OpError> {
+    Ok(if first == 1 {
         SegmentSink::create(to, 1, GENESIS_LINK)?
     } else {
         // The archive there must end right where etcd's records begin.
@@ -191,7 +207,18 @@ pub fn archive(etcd: &EtcdOptions, to: &Path) -> Result<ArchiveReport, OpError> 
             });
         }
         SegmentSink::continuing(to, first, marker.link)
-    };
+    })
+}
+
+/// Push the frames `first..below` of the etcd log into `sink`, each checked whole
+/// and following the one before; the chain link of the last.
+fn copy_frames(
+    log: &EtcdBackend,
+    etcd: &EtcdOptions,
+    sink: &mut SegmentSink,
+    first: u64,
+    below: u64,
+) -> Result<ChainLink, OpError> {
     let mut prev: ChainLink = sink.next().1;
     log.frames(first, below - 1, |seq, frame| {
         let (rec, used) = decode_frame(frame, crate::format::BODY_BYTES_HARD_MAX).map_err(|e| Error::Corruption {
@@ -214,15 +241,7 @@ pub fn archive(etcd: &EtcdOptions, to: &Path) -> Result<ArchiveReport, OpError> 
         prev = rec.link;
         sink.push(seq, frame, &rec.link)
     })?;
-    let records = sink.finish()?;
-    let held = verify_dir(to, LogOptions::default().body_max())?;
-    if !held.is_intact() || held.last_seq != Some(below - 1) || held.chain_head != hex(&prev) {
-        return Err(OpError::Io {
-            message: format!("the archive in {} does not verify up to {}: nothing deleted", to.display(), below - 1),
-        });
-    }
-    let keys_deleted = log.set_archived(below, &prev)?;
-    Ok(report(first, below, records, keys_deleted))
+    Ok(prev)
 }
 
 fn log_key(etcd: &EtcdOptions, seq: u64) -> PathBuf {

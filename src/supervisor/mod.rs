@@ -445,30 +445,69 @@ pub fn run_until(
     crate::ops::valid_request_id(req.request_id.as_deref())?;
     // Its runner works in `dir` on the ledger's log (a directory, or etcd).
     let site = runner::Site::of(dir, ledger);
-    if req.wait_ms > WAIT_MS_MAX || req.lease_wait_ms > LEASE_WAIT_MS_MAX || req.timeout_ms > TIMEOUT_MS_MAX {
-        return Err(invalid(format!(
-            "wait_ms is at most {WAIT_MS_MAX}, lease_wait_ms at most {LEASE_WAIT_MS_MAX}, timeout_ms at most \
-             {TIMEOUT_MS_MAX}"
-        )));
+    let intent = SpawnIntent::of(dir, req)?;
+    let (process, deduplicated) = record_intent(ledger, req, &intent)?;
+    let runner = start_runner_if_requested(ledger, &site, process, self_exe, &intent.env, spares)?;
+    let done = |p: &Process| p.status().is_terminal() || abort.load(Ordering::Relaxed);
+    let p = wait_for_runner(ledger, process, req.wait_ms, runner, done);
+    // The next run's spare starts once this one is answered: its start-up (an exec
+    // and the log's replay) never competes with this run for the machine.
+    if let Some(s) = spares {
+        s.refill(&site, self_exe);
     }
-    if req.output_bytes_max == 0 || req.output_bytes_max > OUTPUT_BYTES_MAX_LIMIT {
-        return Err(invalid(format!("output_bytes_max is 1..={OUTPUT_BYTES_MAX_LIMIT}")));
+    Ok(ProcessView::of(&p?, deduplicated))
+}
+
+/// A run request checked and resolved: what its spawn intent records, and the
+/// environment its command gets.
+struct SpawnIntent {
+    leases: Vec<LeaseWant>,
+    env: Vec<(String, String)>,
+    owner: Option<OwnerRef>,
+    spec: CommandSpec,
+    fingerprint: [u8; 32],
+    tag: Option<crate::model::RequestTag>,
+}
+
+impl SpawnIntent {
+    /// `req` checked against the bounds, its leases, environment and owner parsed,
+    /// its command resolved (in `dir`'s environment key, when it has `--env`).
+    fn of(dir: &Path, req: &RunRequest) -> Result<SpawnIntent, OpError> {
+        if req.wait_ms > WAIT_MS_MAX || req.lease_wait_ms > LEASE_WAIT_MS_MAX || req.timeout_ms > TIMEOUT_MS_MAX {
+            return Err(invalid(format!(
+                "wait_ms is at most {WAIT_MS_MAX}, lease_wait_ms at most {LEASE_WAIT_MS_MAX}, timeout_ms at most \
+                 {TIMEOUT_MS_MAX}"
+            )));
+        }
+        if req.output_bytes_max == 0 || req.output_bytes_max > OUTPUT_BYTES_MAX_LIMIT {
+            return Err(invalid(format!("output_bytes_max is 1..={OUTPUT_BYTES_MAX_LIMIT}")));
+        }
+        let leases = parse_leases(&req.leases)?;
+        let env = parse_env(&req.env)?;
+        let owner = owner_ref(&req.owner, req.generation)?;
+        // The key of the environment digests: made on the first run that has --env.
+        let key = if env.is_empty() {
+            None
+        } else {
+            Some(
+                secrets::env_key(dir)
+                    .map_err(|e| OpError::Io { message: format!("{}: {e}", secrets::ENV_KEY_FILE) })?,
+            )
+        };
+        let spec = command::resolve(&req.command, req.cwd.as_deref(), &env, key.as_ref())?;
+        let fingerprint = command::fingerprint(&spec);
+        let tag = req.request_id.clone().map(|id| crate::model::RequestTag {
+            id,
+            digest: run_digest(&fingerprint, &leases, &owner, req.timeout_ms, req.output_bytes_max),
+        });
+        Ok(SpawnIntent { leases, env, owner, spec, fingerprint, tag })
     }
-    let leases = parse_leases(&req.leases)?;
-    let env = parse_env(&req.env)?;
-    let owner = owner_ref(&req.owner, req.generation)?;
-    // The key of the environment digests: made on the first run that has --env.
-    let key = if env.is_empty() {
-        None
-    } else {
-        Some(secrets::env_key(dir).map_err(|e| OpError::Io { message: format!("{}: {e}", secrets::ENV_KEY_FILE) })?)
-    };
-    let spec = command::resolve(&req.command, req.cwd.as_deref(), &env, key.as_ref())?;
-    let fingerprint = command::fingerprint(&spec);
-    let tag = req.request_id.clone().map(|id| crate::model::RequestTag {
-        id,
-        digest: run_digest(&fingerprint, &leases, &owner, req.timeout_ms, req.output_bytes_max),
-    });
+}
+
+/// Record the spawn intent (waiting up to `lease_wait_ms` while its leases
+/// conflict); the process's id, and whether the request id had it recorded before.
+fn record_intent(ledger: &Ledger, req: &RunRequest, intent: &SpawnIntent) -> Result<(u64, bool), OpError> {
+    let SpawnIntent { leases, owner, spec, fingerprint, tag, .. } = intent;
     let deadline = Instant::now() + Duration::from_millis(req.lease_wait_ms);
     // On a log shared by hosts: the process runs (and is recovered) on this host.
     let here = ledger.here();
@@ -479,7 +518,7 @@ pub fn run_until(
                 now_ms,
                 writer,
                 std::iter::once(Event::SpawnRequested {
-                    fingerprint,
+                    fingerprint: *fingerprint,
                     command: spec.clone(),
                     owner: owner.clone(),
                     leases: leases.clone(),
@@ -500,7 +539,20 @@ pub fn run_until(
     let Some(Outcome::SpawnRecorded { process, .. }) = committed.outcomes.first() else {
         return Err(OpError::Io { message: "the spawn intent was recorded without a process id".into() });
     };
-    let (process, deduplicated) = (*process, committed.deduplicated);
+    Ok((*process, committed.deduplicated))
+}
+
+/// Start the runner of `process` unless one was started for it already: a spare
+/// from `spares` if one takes it, else a new runner. The read end of its stdout
+/// (see [`wait_for_runner`]), or `None` when no runner was started here.
+fn start_runner_if_requested(
+    ledger: &Ledger,
+    site: &runner::Site,
+    process: u64,
+    self_exe: &Path,
+    env: &[(String, String)],
+    spares: Option<&Spares>,
+) -> Result<Option<std::os::fd::OwnedFd>, OpError> {
     // A retried request whose first caller never started a runner (it was killed,
     // say) starts one now. Runners race safely: only one `started` record lands.
     let p = find(ledger, process)?;
@@ -508,10 +560,10 @@ pub fn run_until(
     if p.status() == ProcessStatus::Requested {
         // A spare that is gone, or does not take the run, is passed over; one that
         // dies holding it is followed by a fresh runner (see `SpareRunner::assign`).
-        let spare = spares.and_then(|s| s.take(&site, self_exe)).and_then(|s| s.assign(process, &env).ok());
+        let spare = spares.and_then(|s| s.take(site, self_exe)).and_then(|s| s.assign(process, env).ok());
         let settled = match spare {
             Some(settled) => Ok(settled),
-            None => runner::start_runner(&site, process, self_exe, &env),
+            None => runner::start_runner(site, process, self_exe, env),
         };
         match settled {
             Ok(settled) => runner = Some(settled),
@@ -527,14 +579,7 @@ pub fn run_until(
             }
         }
     }
-    let done = |p: &Process| p.status().is_terminal() || abort.load(Ordering::Relaxed);
-    let p = wait_for_runner(ledger, process, req.wait_ms, runner, done);
-    // The next run's spare starts once this one is answered: its start-up (an exec
-    // and the log's replay) never competes with this run for the machine.
-    if let Some(s) = spares {
-        s.refill(&site, self_exe);
-    }
-    Ok(ProcessView::of(&p?, deduplicated))
+    Ok(runner)
 }
 
 /// A process from the ledger (caught up with the log), or `UNKNOWN_PROCESS`.
@@ -964,43 +1009,26 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
     if let Some(o) = &by {
         crate::ops::valid(&o.subject)?;
     }
-    let answer = |p: &Process, signalled: bool, why: Option<&str>| CancelResponse {
-        process: ProcessView::of(p, false),
-        signalled,
-        not_signalled_because: why.map(str::to_owned),
-    };
     let p = find(ledger, process)?;
     ledger.refresh_with(|x| x.cancel_allowed(&p, by.as_ref()))?.map_err(OpError::Refused)?;
     if p.ended.is_some() {
-        return Ok(answer(&p, false, Some("already terminal: the first outcome stands")));
+        return Ok(cancel_answer(&p, false, Some("already terminal: the first outcome stands")));
     }
-    if p.started.is_none() {
-        let end = ProcessEnd::never_ran(
-            crate::model::EndCode::CancelledBeforeStart,
-            "cancelled before any runner started it; it never ran",
-        );
-        let r = ledger.submit(None, |x, t, w| {
-            if let Some(q) = x.processes().get(&process) {
-                x.cancel_allowed(q, by.as_ref())?;
-            }
-            Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
-        });
-        match r {
-            Ok(_) => return Ok(answer(&find(ledger, process)?, false, Some("it had not started: nothing to signal"))),
-            // A runner started it meanwhile: cancel it running.
-            Err(LedgerError::Refused(Refusal::AlreadyStarted { .. })) => {}
-            Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. })) => {
-                return Ok(answer(&find(ledger, process)?, false, Some("already terminal: the first outcome stands")));
-            }
-            Err(e) => return Err(e.into()),
-        }
+    if p.started.is_none()
+        && let Some(answer) = cancel_before_start(ledger, process, by.as_ref())?
+    {
+        return Ok(answer);
     }
     let recorded = ledger
         .submit(None, |_, t, w| Ok(Txn::new(t, w, vec![Event::ProcessCancelRequested { process, by: by.clone() }])));
     match recorded {
         Ok(_) => {}
         Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. })) => {
-            return Ok(answer(&find(ledger, process)?, false, Some("already terminal: the first outcome stands")));
+            return Ok(cancel_answer(
+                &find(ledger, process)?,
+                false,
+                Some("already terminal: the first outcome stands"),
+            ));
         }
         Err(e) => return Err(e.into()),
     }
@@ -1011,10 +1039,51 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
             "it runs on host {}: the cancel is recorded; only its own host signals it",
             p.host.as_deref().unwrap_or("(not recorded)")
         );
-        return Ok(answer(&p, false, Some(&why)));
+        return Ok(cancel_answer(&p, false, Some(&why)));
     }
+    signal_until_ended(ledger, process, &p, grace_ms)
+}
+
+/// What `cancel` answers: the process as it is, and whether (or why not) it was
+/// signalled.
+fn cancel_answer(p: &Process, signalled: bool, why: Option<&str>) -> CancelResponse {
+    CancelResponse { process: ProcessView::of(p, false), signalled, not_signalled_because: why.map(str::to_owned) }
+}
+
+/// Cancel a process no runner has started: it ends at once, never run. `None`
+/// when a runner started it meanwhile (then it is cancelled running).
+fn cancel_before_start(
+    ledger: &Ledger,
+    process: u64,
+    by: Option<&OwnerRef>,
+) -> Result<Option<CancelResponse>, OpError> {
+    let end = ProcessEnd::never_ran(
+        crate::model::EndCode::CancelledBeforeStart,
+        "cancelled before any runner started it; it never ran",
+    );
+    let r = ledger.submit(None, |x, t, w| {
+        if let Some(q) = x.processes().get(&process) {
+            x.cancel_allowed(q, by)?;
+        }
+        Ok(Txn::new(t, w, vec![Event::ProcessEnded { process, end: end.clone() }]))
+    });
+    match r {
+        Ok(_) => Ok(Some(cancel_answer(&find(ledger, process)?, false, Some("it had not started: nothing to signal")))),
+        // A runner started it meanwhile: cancel it running.
+        Err(LedgerError::Refused(Refusal::AlreadyStarted { .. })) => Ok(None),
+        Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. })) => {
+            Ok(Some(cancel_answer(&find(ledger, process)?, false, Some("already terminal: the first outcome stands"))))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The cancel recorded, signal the command of `process` (`p`, on this host): TERM to its
+/// process group if anything of it runs, KILL after `grace_ms` if it still does;
+/// its end recorded here (`completed_unknown`) if its runner is gone too.
+fn signal_until_ended(ledger: &Ledger, process: u64, p: &Process, grace_ms: u64) -> Result<CancelResponse, OpError> {
     let pgid = p.started.as_ref().map_or(0, |s| s.command_pid);
-    let signalled = command_group_alive(&p) && runner::signal_group(pgid, libc::SIGTERM);
+    let signalled = command_group_alive(p) && runner::signal_group(pgid, libc::SIGTERM);
     let mut p = wait_for(ledger, process, grace_ms, |p| p.ended.is_some())?;
     if p.ended.is_none() && command_group_alive(&p) {
         runner::signal_group(pgid, libc::SIGKILL);
@@ -1028,7 +1097,7 @@ pub fn cancel(ledger: &Ledger, process: u64, by: Option<OwnerRef>, grace_ms: u64
         p = find(ledger, process)?;
     }
     let why = (!signalled).then_some("nothing of the recorded command (pid and start time, or its group) was running");
-    Ok(answer(&p, signalled, why))
+    Ok(cancel_answer(&p, signalled, why))
 }
 
 /// What one recovery pass did, by process id.
@@ -1098,60 +1167,80 @@ pub fn recover(
     let open: Vec<&Process> = projection.processes().values().filter(|p| p.ended.is_none()).collect();
     let here = ledger.here();
     for p in open {
-        if on_other_host(here, p) {
-            report.other_host_untouched.push(p.id);
-            continue;
-        }
-        if let Some(o) = &p.owner
-            && as_owner.is_none_or(|me| me.subject != o.subject)
-            && let Some(s) = projection.subject(&o.subject)
-            && s.generation != o.generation
-            && s.owner
-                .as_ref()
-                .is_some_and(|cur| crate::ops::liveness::death_of(here, &cur.identity, cur.host.as_deref()).is_none())
-        {
-            report.other_owner_untouched.push(p.id);
-            continue;
-        }
-        let end = match &p.started {
-            Some(s) => match crate::ops::liveness::death_of(here, &s.runner, p.host.as_deref()) {
-                None => {
-                    report.left_running.push(p.id);
-                    continue;
-                }
-                Some(_) if command_group_alive(p) => {
-                    report.runner_gone_command_alive.push(p.id);
-                    continue;
-                }
-                Some(reason) => ProcessEnd::CompletedUnknown { runner: reason.code().into(), command_alive: false },
-            },
-            None if now_ms.saturating_sub(p.requested_ms) < prespawn_grace_ms => {
-                report.young_untouched.push(p.id);
-                continue;
-            }
-            None => ProcessEnd::never_ran(
-                crate::model::EndCode::PrespawnAbandoned,
-                format!(
-                    "no runner started it within {prespawn_grace_ms} ms of its request (at sequence {})",
-                    p.requested_seq
-                ),
-            ),
-        };
-        let id = p.id;
-        let unknown = matches!(end, ProcessEnd::CompletedUnknown { .. });
-        // Judged again by the state machine against the state it will follow: if
-        // the runner recorded its exit meanwhile, this is refused ALREADY_TERMINAL.
-        let r = ledger.submit(None, |_, t_ms, writer| {
-            Ok(Txn::new(t_ms, writer, vec![Event::ProcessEnded { process: id, end: end.clone() }]))
-        });
-        match r {
-            Ok(_) if unknown => report.completed_unknown.push(id),
-            Ok(_) => report.prespawn_abandoned.push(id),
-            Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. } | Refusal::AlreadyStarted { .. })) => {
-                report.ended_meanwhile.push(id)
-            }
-            Err(e) => return Err(e.into()),
-        }
+        let Some(end) = recovery_end(here, &projection, p, as_owner, now_ms, &mut report) else { continue };
+        record_recovery_end(ledger, p.id, end, &mut report)?;
     }
     Ok(report)
+}
+
+/// How recovery settles the open process `p`: the end to record, or `None` when
+/// it is left as it is (which of `report`'s lists it went to says why).
+fn recovery_end(
+    here: &identity::Here,
+    projection: &Projection,
+    p: &Process,
+    as_owner: Option<&OwnerRef>,
+    now_ms: u64,
+    report: &mut RecoverReport,
+) -> Option<ProcessEnd> {
+    let prespawn_grace_ms = report.prespawn_grace_ms;
+    if on_other_host(here, p) {
+        report.other_host_untouched.push(p.id);
+        return None;
+    }
+    if let Some(o) = &p.owner
+        && as_owner.is_none_or(|me| me.subject != o.subject)
+        && let Some(s) = projection.subject(&o.subject)
+        && s.generation != o.generation
+        && s.owner
+            .as_ref()
+            .is_some_and(|cur| crate::ops::liveness::death_of(here, &cur.identity, cur.host.as_deref()).is_none())
+    {
+        report.other_owner_untouched.push(p.id);
+        return None;
+    }
+    let end = match &p.started {
+        Some(s) => match crate::ops::liveness::death_of(here, &s.runner, p.host.as_deref()) {
+            None => {
+                report.left_running.push(p.id);
+                return None;
+            }
+            Some(_) if command_group_alive(p) => {
+                report.runner_gone_command_alive.push(p.id);
+                return None;
+            }
+            Some(reason) => ProcessEnd::CompletedUnknown { runner: reason.code().into(), command_alive: false },
+        },
+        None if now_ms.saturating_sub(p.requested_ms) < prespawn_grace_ms => {
+            report.young_untouched.push(p.id);
+            return None;
+        }
+        None => ProcessEnd::never_ran(
+            crate::model::EndCode::PrespawnAbandoned,
+            format!(
+                "no runner started it within {prespawn_grace_ms} ms of its request (at sequence {})",
+                p.requested_seq
+            ),
+        ),
+    };
+    Some(end)
+}
+
+/// Record the end recovery found for process `id`, and where it went in `report`.
+fn record_recovery_end(ledger: &Ledger, id: u64, end: ProcessEnd, report: &mut RecoverReport) -> Result<(), OpError> {
+    let unknown = matches!(end, ProcessEnd::CompletedUnknown { .. });
+    // Judged again by the state machine against the state it will follow: if
+    // the runner recorded its exit meanwhile, this is refused ALREADY_TERMINAL.
+    let r = ledger.submit(None, |_, t_ms, writer| {
+        Ok(Txn::new(t_ms, writer, vec![Event::ProcessEnded { process: id, end: end.clone() }]))
+    });
+    match r {
+        Ok(_) if unknown => report.completed_unknown.push(id),
+        Ok(_) => report.prespawn_abandoned.push(id),
+        Err(LedgerError::Refused(Refusal::AlreadyTerminal { .. } | Refusal::AlreadyStarted { .. })) => {
+            report.ended_meanwhile.push(id)
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
 }

@@ -180,7 +180,6 @@ impl Redactor {
     /// length and blake3, or `None` when no secret was in it (the file is then
     /// left as it was).
     pub fn redact_file(&self, path: &Path, cut_after: bool, bytes_max: u64) -> std::io::Result<Option<Redacted>> {
-        const PIECE_BYTES: usize = 64 << 10;
         fail::fail_point!("redact::file", |_| Err(std::io::Error::other("injected")));
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut src = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
@@ -195,55 +194,13 @@ impl Redactor {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
-        let (mut pending, mut piece) = (Vec::new(), vec![0u8; PIECE_BYTES]);
-        let (mut hasher, mut len, mut changed, mut cut_at_bound) = (blake3::Hasher::new(), 0u64, false, false);
-        let result = (|| -> std::io::Result<()> {
-            loop {
-                let n = src.read(&mut piece)?;
-                let eof = n == 0;
-                pending.extend_from_slice(&piece[..n]);
-                // Only up to where a secret could still run on into the next piece.
-                let safe = if eof { pending.len() } else { pending.len().saturating_sub(self.longest - 1) };
-                let (mut i, mut out) = (0, Vec::with_capacity(safe + 64));
-                while i < safe {
-                    if let Some(s) = self.at(&pending, i) {
-                        out.extend(Self::marker(s));
-                        i += s.value.len();
-                        changed = true;
-                    } else {
-                        out.push(pending[i]);
-                        i += 1;
-                    }
-                }
-                pending.drain(..i.min(pending.len()));
-                if eof
-                    && cut_after
-                    && let Some((s, n)) = self.prefix_at_end(&out)
-                {
-                    // The kept bytes end where the stream was cut: a secret begun there.
-                    out.truncate(out.len() - n);
-                    out.extend(Self::marker(s));
-                    changed = true;
-                }
-                // Markers can be longer than what they replace: what is kept stays
-                // within the stream's bound (cut there, marked truncated).
-                let room = bytes_max.saturating_sub(len) as usize;
-                if out.len() > room {
-                    out.truncate(room);
-                    cut_at_bound = true;
-                }
-                hasher.update(&out);
-                len += out.len() as u64;
-                dst.write_all(&out)?;
-                if eof || cut_at_bound {
-                    return Ok(());
-                }
+        let redacted = match self.redact_stream(&mut src, &mut dst, cut_after, bytes_max) {
+            Ok(Some(redacted)) => redacted,
+            result => {
+                let _ = std::fs::remove_file(&tmp);
+                return result;
             }
-        })();
-        if result.is_err() || !changed {
-            let _ = std::fs::remove_file(&tmp);
-            return result.map(|()| None);
-        }
+        };
         dst.sync_all()?;
         std::fs::rename(&tmp, path)?;
         // Renamed: the redacted file is the one to name in the record from here on,
@@ -251,7 +208,64 @@ impl Redactor {
         if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
             eprintln!("fencelog runner: syncing {} after redacting: {e}", dir.display());
         }
-        Ok(Some(Redacted { bytes: len, blake3: *hasher.finalize().as_bytes(), truncated: cut_at_bound }))
+        Ok(Some(redacted))
+    }
+
+    /// Copy `src` into `dst` redacted, in pieces (of [`redact_file`](Self::redact_file),
+    /// which see), and within `bytes_max`. Returns the copy's length and blake3, or
+    /// `None` when no secret was in it.
+    fn redact_stream(
+        &self,
+        src: &mut impl Read,
+        dst: &mut impl Write,
+        cut_after: bool,
+        bytes_max: u64,
+    ) -> std::io::Result<Option<Redacted>> {
+        const PIECE_BYTES: usize = 64 << 10;
+        let (mut pending, mut piece) = (Vec::new(), vec![0u8; PIECE_BYTES]);
+        let (mut hasher, mut len, mut changed, mut cut_at_bound) = (blake3::Hasher::new(), 0u64, false, false);
+        loop {
+            let n = src.read(&mut piece)?;
+            let eof = n == 0;
+            pending.extend_from_slice(&piece[..n]);
+            // Only up to where a secret could still run on into the next piece.
+            let safe = if eof { pending.len() } else { pending.len().saturating_sub(self.longest - 1) };
+            let (mut i, mut out) = (0, Vec::with_capacity(safe + 64));
+            while i < safe {
+                if let Some(s) = self.at(&pending, i) {
+                    out.extend(Self::marker(s));
+                    i += s.value.len();
+                    changed = true;
+                } else {
+                    out.push(pending[i]);
+                    i += 1;
+                }
+            }
+            pending.drain(..i.min(pending.len()));
+            if eof
+                && cut_after
+                && let Some((s, n)) = self.prefix_at_end(&out)
+            {
+                // The kept bytes end where the stream was cut: a secret begun there.
+                out.truncate(out.len() - n);
+                out.extend(Self::marker(s));
+                changed = true;
+            }
+            // Markers can be longer than what they replace: what is kept stays
+            // within the stream's bound (cut there, marked truncated).
+            let room = bytes_max.saturating_sub(len) as usize;
+            if out.len() > room {
+                out.truncate(room);
+                cut_at_bound = true;
+            }
+            hasher.update(&out);
+            len += out.len() as u64;
+            dst.write_all(&out)?;
+            if eof || cut_at_bound {
+                break;
+            }
+        }
+        Ok(changed.then(|| Redacted { bytes: len, blake3: *hasher.finalize().as_bytes(), truncated: cut_at_bound }))
     }
 }
 

@@ -115,38 +115,13 @@ fn run(cmd: cli::Cmd) -> Printed {
     match cmd {
         Cmd::Inspect { cmd } => inspect::inspect(cmd),
         Cmd::Audit { log, subject, format, out } => inspect::audit(&log, subject.as_deref(), format, out),
-        Cmd::Completions { shell } => {
-            use clap::CommandFactory;
-            use std::io::Write;
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut cli::Cli::command(), "fencelog", &mut script);
-            match std::io::stdout().lock().write_all(&script) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                    Err(OpError::Io { message: format!("stdout: {e}") })
-                }
-                _ => Ok((serde_json::Value::Null, 0)),
-            }
-        }
+        Cmd::Completions { shell } => completions(shell),
         Cmd::Man { out } => {
             let pages =
                 man::write_pages(&out).map_err(|e| OpError::Io { message: format!("{}: {e}", out.display()) })?;
             Ok((serde_json::json!({"out": out, "pages": pages}), 0))
         }
-        Cmd::Version { json } => {
-            let v = fencelog::ops::version::version_info();
-            if json {
-                printed(&v)
-            } else {
-                println!(
-                    "fencelog {} (writes format {}, reads {:?}; features: {})",
-                    v.version,
-                    v.format_version_written,
-                    v.format_versions_read,
-                    v.features.join(", ")
-                );
-                Ok((serde_json::Value::Null, 0))
-            }
-        }
+        Cmd::Version { json } => version(json),
         cmd @ (Cmd::Process { .. } | Cmd::Recover { .. }) => process::run(cmd),
         Cmd::Export { etcd, archive, to } => {
             let loc = fencelog::storage::Location::Etcd(etcd.options()?);
@@ -155,58 +130,7 @@ fn run(cmd: cli::Cmd) -> Printed {
         }
         Cmd::Import { dir, etcd } => printed(&fencelog::ops::transfer::import(&dir, &etcd.options()?)?),
         Cmd::Archive { etcd, to } => printed(&fencelog::ops::transfer::archive(&etcd.options()?, &to)?),
-        Cmd::Serve {
-            dir,
-            listen,
-            home,
-            drain_grace_ms,
-            handover,
-            home_stale_after_ms,
-            unix,
-            header_read_timeout_ms,
-            access_log,
-        } => {
-            let dir = dir.as_dir();
-            use fencelog::daemon::{HEADER_READ_TIMEOUT_MS_MAX, HEADER_READ_TIMEOUT_MS_MIN};
-            if !(HEADER_READ_TIMEOUT_MS_MIN..=HEADER_READ_TIMEOUT_MS_MAX).contains(&header_read_timeout_ms) {
-                return Err(OpError::Usage {
-                    code: "INVALID_INPUT",
-                    message: format!(
-                        "--header-read-timeout-ms is {HEADER_READ_TIMEOUT_MS_MIN}..={HEADER_READ_TIMEOUT_MS_MAX}"
-                    ),
-                });
-            }
-            let token_file = dir.token_file.clone();
-            let log = dir.location()?;
-            if dir.etcd.is_some() {
-                dir.state_dir("serve")?;
-            }
-            let home = home.unwrap_or_else(|| fencelog::daemon::home_default(&log));
-            fencelog::ops::valid(&home)?;
-            let self_exe =
-                std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
-            let o = fencelog::daemon::ServeOptions {
-                dir: dir.path().to_path_buf(),
-                log,
-                listen,
-                token_file,
-                home,
-                drain_grace_ms,
-                handover,
-                self_exe,
-                home_stale_after_ms,
-                unix,
-                header_read_timeout_ms,
-                access_log,
-            };
-            match fencelog::daemon::serve(o) {
-                Ok(code) => Ok((Value::Null, code)),
-                Err(fencelog::daemon::ServeFailure { exit, error }) => {
-                    eprintln!("fencelog: {error}");
-                    Ok((serde_json::to_value(error.body()).expect("error body serializes"), exit))
-                }
-            }
-        }
+        cmd @ Cmd::Serve { .. } => serve(cmd),
         Cmd::Runner { dir, process, .. } => {
             let site = fencelog::supervisor::runner::Site { dir: dir.path().to_path_buf(), log: dir.location()? };
             std::process::exit(match process {
@@ -215,6 +139,90 @@ fn run(cmd: cli::Cmd) -> Printed {
             })
         }
         other => mutate::run(other),
+    }
+}
+
+/// `fencelog completions SHELL`: the script on stdout.
+fn completions(shell: clap_complete::Shell) -> Printed {
+    use clap::CommandFactory;
+    use std::io::Write;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cli::Cli::command(), "fencelog", &mut script);
+    match std::io::stdout().lock().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(OpError::Io { message: format!("stdout: {e}") }),
+        _ => Ok((serde_json::Value::Null, 0)),
+    }
+}
+
+/// `fencelog version`: one line, or with `--json` the version's report.
+fn version(json: bool) -> Printed {
+    let v = fencelog::ops::version::version_info();
+    if json {
+        printed(&v)
+    } else {
+        println!(
+            "fencelog {} (writes format {}, reads {:?}; features: {})",
+            v.version,
+            v.format_version_written,
+            v.format_versions_read,
+            v.features.join(", ")
+        );
+        Ok((serde_json::Value::Null, 0))
+    }
+}
+
+/// `fencelog serve`: its options checked, then the daemon run until it cuts over.
+fn serve(cmd: cli::Cmd) -> Printed {
+    let cli::Cmd::Serve {
+        dir,
+        listen,
+        home,
+        drain_grace_ms,
+        handover,
+        home_stale_after_ms,
+        unix,
+        header_read_timeout_ms,
+        access_log,
+    } = cmd
+    else {
+        unreachable!("dispatched in run")
+    };
+    let dir = dir.as_dir();
+    use fencelog::daemon::{HEADER_READ_TIMEOUT_MS_MAX, HEADER_READ_TIMEOUT_MS_MIN};
+    if !(HEADER_READ_TIMEOUT_MS_MIN..=HEADER_READ_TIMEOUT_MS_MAX).contains(&header_read_timeout_ms) {
+        return Err(OpError::Usage {
+            code: "INVALID_INPUT",
+            message: format!("--header-read-timeout-ms is {HEADER_READ_TIMEOUT_MS_MIN}..={HEADER_READ_TIMEOUT_MS_MAX}"),
+        });
+    }
+    let token_file = dir.token_file.clone();
+    let log = dir.location()?;
+    if dir.etcd.is_some() {
+        dir.state_dir("serve")?;
+    }
+    let home = home.unwrap_or_else(|| fencelog::daemon::home_default(&log));
+    fencelog::ops::valid(&home)?;
+    let self_exe = std::env::current_exe().map_err(|e| OpError::Io { message: format!("own executable: {e}") })?;
+    let o = fencelog::daemon::ServeOptions {
+        dir: dir.path().to_path_buf(),
+        log,
+        listen,
+        token_file,
+        home,
+        drain_grace_ms,
+        handover,
+        self_exe,
+        home_stale_after_ms,
+        unix,
+        header_read_timeout_ms,
+        access_log,
+    };
+    match fencelog::daemon::serve(o) {
+        Ok(code) => Ok((Value::Null, code)),
+        Err(fencelog::daemon::ServeFailure { exit, error }) => {
+            eprintln!("fencelog: {error}");
+            Ok((serde_json::to_value(error.body()).expect("error body serializes"), exit))
+        }
     }
 }
 

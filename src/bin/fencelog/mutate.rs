@@ -42,6 +42,10 @@ pub(crate) enum Op {
     Run(fencelog::supervisor::RunRequest),
 }
 
+// Long on purpose: a flat dispatcher, one arm per mutation, each arm a field-for-
+// field move of the command's arguments into its typed request (rustfmt gives each
+// field its own line). Cut up, the mapping from commands to requests would only be
+// scattered over functions that each hold one arm.
 /// The mutation a command is, with its directory arguments; any other command
 /// is given back.
 pub(crate) fn op_of(cmd: Cmd) -> Result<(Dir, Op), Box<Cmd>> {

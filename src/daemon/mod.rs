@@ -11,6 +11,7 @@
 //! is settled from the log, a `cutover` record lists how, and the home is released
 //! last. See `docs/DAEMON.md`.
 
+mod cutover;
 mod http;
 mod metrics;
 pub mod openapi;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::ledger::{Ledger, LedgerOptions};
-use crate::model::{Event, OwnerRef, SettledRequest, Txn};
+use crate::model::{OwnerRef, SettledRequest};
 use crate::ops::{self, Caller, ClaimRequest, GenerationOp, GenerationRequest, OpError};
 
 pub use http::{ROUTES, problem_status};
@@ -766,7 +767,7 @@ async fn serve_until_cutover(
     let server = tokio::spawn(http::serve(tcp, unix, router, header_read, done, o.access_log));
     let CutoverAsked { reason, home_lost } =
         cut_rx.recv().await.unwrap_or_else(|| CutoverAsked::because("channel closed"));
-    let code = cutover(app, &reason, home_lost).await;
+    let code = cutover::cutover(app, &reason, home_lost).await;
     let _ = app.shutdown.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     code
@@ -924,100 +925,4 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<CutoverAsked>, 
 fn ledger_report(ledger: &Ledger) -> (u64, u64) {
     let r = ledger.open_report();
     (r.snapshot_seq.unwrap_or(0), ledger.head().map(|h| h.seq).unwrap_or(0))
-}
-
-/// Requests listed by name in a cutover's log line (all are in its record).
-const SETTLED_LOGGED_MAX: usize = 50;
-
-/// One line per cutover: how many admitted requests were settled each way, and
-/// the first [`SETTLED_LOGGED_MAX`] of them (`request op how[@seq]`).
-fn log_settlement(reason: &str, settled: &[SettledRequest]) {
-    let count = |how: &str| settled.iter().filter(|s| s.how == how).count();
-    let listed: Vec<String> = settled
-        .iter()
-        .take(SETTLED_LOGGED_MAX)
-        .map(|s| {
-            let at = s.seq.map(|q| format!("@{q}")).unwrap_or_default();
-            format!("{} {} {}{at}", crate::view::escape_controls(&s.request), s.op, s.how)
-        })
-        .collect();
-    tracing::info!(
-        reason,
-        admitted = settled.len(),
-        committed = count("committed"),
-        not_committed = count("not_committed"),
-        outcome_unknown = count("outcome_unknown"),
-        settled = %listed.join(", "),
-        "cutover"
-    );
-}
-
-/// The cutover: stop admitting, give admitted requests the grace, drain the
-/// ledger so each is settled from the log, record how, release the home last.
-async fn cutover(app: &Arc<App>, reason: &str, home_lost: bool) -> u8 {
-    tracing::debug!(reason, "cutover begins");
-    sd_notify("STOPPING=1");
-    app.advance(Phase::Settling);
-    // Watch streams get their final event now; they never consume the grace.
-    http::close_watches(app);
-    let grace_end = Instant::now() + Duration::from_millis(app.drain_grace_ms);
-    while !app.admitted.lock().expect("admitted").is_empty() && Instant::now() < grace_end {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // Whatever is still waiting: its wait ends; the ledger judges nothing new, and
-    // what it already judged becomes durable (or failed): every answer is known.
-    app.advance(Phase::Draining);
-    let ledger = Arc::clone(&app.ledger);
-    let drained = tokio::task::spawn_blocking(move || ledger.drain(DRAIN_SETTLE_MS)).await;
-    match &drained {
-        Ok(Ok(d)) => tracing::debug!(settled = d.settled, "drained"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "drain"),
-        Err(e) => tracing::warn!(error = %e, "drain"),
-    }
-    let settle_end = Instant::now() + Duration::from_millis(DRAIN_SETTLE_MS);
-    while !app.admitted.lock().expect("admitted").is_empty() && Instant::now() < settle_end {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let mut settled = std::mem::take(&mut *app.settled.lock().expect("settled"));
-    // Any handler that has still not answered: its request is settled from the log.
-    for (_, (request, op)) in std::mem::take(&mut *app.admitted.lock().expect("admitted")) {
-        let how = match app.ledger.request_status(&request) {
-            Ok(crate::ledger::RequestStatus::Committed { seq, .. }) => ("committed", Some(seq)),
-            _ => ("not_committed", None),
-        };
-        settled.push(SettledRequest { request, op, how: how.0.into(), seq: how.1 });
-    }
-    log_settlement(reason, &settled);
-    let more = settled.len().saturating_sub(crate::model::CUTOVER_SETTLED_MAX) as u64;
-    settled.truncate(crate::model::CUTOVER_SETTLED_MAX);
-    let (ledger, home, reason) = (Arc::clone(&app.ledger), app.home.clone(), reason.to_owned());
-    let worker = Arc::clone(app);
-    tokio::task::spawn_blocking(move || {
-        let event = Event::Cutover { home: home.clone(), reason, settled, more };
-        let recorded = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![event.clone()])));
-        if let Err(e) = &recorded {
-            tracing::error!("cannot record the cutover: {e}");
-        }
-        if home_lost || worker.home_lost.load(Ordering::SeqCst) {
-            return exit::HOME_LOST;
-        }
-        // The home last: a successor claims it only once everything above is durable.
-        let release = Event::Release { subject: home.subject, generation: home.generation };
-        let released = ledger.submit_internal(None, |_, t, w| Ok(Txn::new(t, w, vec![release.clone()])));
-        worker.advance(Phase::Released);
-        match released {
-            Err(crate::ledger::LedgerError::Refused(r)) => {
-                tracing::error!("the home was taken during the cutover: {r}");
-                exit::HOME_LOST
-            }
-            Err(e) => {
-                tracing::error!("cannot release the home: {e}");
-                exit::IO
-            }
-            Ok(_) if recorded.is_err() || worker.broken.load(Ordering::SeqCst) => exit::IO,
-            Ok(_) => exit::CUT_OVER,
-        }
-    })
-    .await
-    .unwrap_or(exit::IO)
 }

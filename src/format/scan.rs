@@ -215,94 +215,113 @@ pub fn scan_segment_frames_ahead(
             Err(FrameError::Checksum { .. }) => DamageKind::Checksum,
             Err(FrameError::Malformed) => DamageKind::Malformed,
         };
-        let kind = if kind == DamageKind::Incomplete && whole_body_after_rotten_length(&buf[at..]) {
-            DamageKind::LengthMismatch
-        } else {
-            kind
-        };
-        // Fewer bytes than the smallest frame cannot hold a complete (possibly
-        // acknowledged) record, whatever their length field says: incomplete.
-        let kind = if buf.len() - at < FRAME_HEADER_BYTES + BODY_FIXED_BYTES
-            && matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
-        {
-            DamageKind::Incomplete
-        } else {
-            kind
-        };
-        // A frame that checks out to no sum, followed by zeros where the end mark
-        // of its group would be, was never written whole: its write stopped part
-        // way (a process killed while copying it, or a reader looking while it is
-        // copied). With the mark after it, it was written whole: damage is rot.
-        let kind = match (layout, claimed_end(buf, at, body_max)) {
-            _ if after_mark => DamageKind::AfterEndMark,
-            (Layout::Preallocated, Some(end))
-                if kind == DamageKind::Checksum && end < buf.len() && all_zero(&buf[end..]) =>
-            {
-                DamageKind::Incomplete
-            }
-            _ => kind,
-        };
-        // At most 8 written bytes, with no possible length and only zeros after
-        // them: a write that stopped in the first bytes of a frame (a page boundary
-        // can fall anywhere), or in the old end mark it was overwriting —
-        // `B[..k] ‖ mark[k..]` — never a complete record (its sequence, bytes
-        // 8..16, is not zero).
-        let kind = match layout {
-            Layout::Preallocated
-                if matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
-                    && claimed_end(buf, at, body_max).is_none()
-                    && stopped_in_length_field(&buf[at..written_end(buf, at)]) =>
-            {
-                DamageKind::Incomplete
-            }
-            _ => kind,
-        };
-        // An impossible length before a whole body that checks out, followed by a
-        // real end mark: the length field rotted (R4), whatever zeros the body holds.
-        let kind = match layout {
-            Layout::Preallocated if kind == DamageKind::LengthOutOfRange && whole_body_before_end_mark(&buf[at..]) => {
-                DamageKind::LengthMismatch
-            }
-            _ => kind,
-        };
-        // A length field that grew past the end mark, with a whole body that checks
-        // out before the mark: the length field rotted (as `LengthMismatch` in v1).
-        let kind = match layout {
-            Layout::Preallocated if kind == DamageKind::Incomplete && whole_body_before_end_mark(&buf[at..]) => {
-                DamageKind::LengthMismatch
-            }
-            _ => kind,
-        };
-        let region_end = match layout {
-            Layout::Appended => buf.len(),
-            Layout::Preallocated => damaged_region_end(buf, at, body_max),
-        };
-        // No frame starts in the zeros after the region (its length would be 0).
-        // The cheap checks first (length, payload length, sequence), the CRC only
-        // for what passes them: a resync is linear in the damaged bytes, whatever
-        // they hold (with the hard bound, four bytes at most offsets read as a
-        // possible length, and a CRC at each would cost up to a largest frame).
-        let resync_at = (at + 1..region_end)
-            .find(|&o| {
-                plausible_frame_at(&buf[o..], body_max, cursor.next_seq)
-                    && matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= cursor.next_seq)
-            })
-            .map(|o| o as u64);
-        // A frame followed by its group's end mark was written whole: a zero run
-        // inside it is its own content, never a sector that did not persist (R4).
-        let mark_follows = layout == Layout::Preallocated
-            && claimed_end(buf, at, body_max).is_some_and(|end| buf[end..].starts_with(&FRAMES_END_MARK));
-        let zeroed_sector =
-            resync_at.is_none() && !mark_follows && has_zeroed_sector(&buf[at..region_end], file_offset + at as u64);
-        return ScanOutcome::Damaged(Damage {
-            kind,
-            offset: at as u64,
-            expected_seq: cursor.next_seq,
-            resync_at,
-            zeroed_sector,
-        });
+        // Damage ends the scan: what it is, and where intact frames follow it, are
+        // judged once, out of the frame loop (`damage_kind`, `damage_at`).
+        let kind = damage_kind(buf, at, kind, after_mark, body_max, layout);
+        return ScanOutcome::Damaged(damage_at(buf, at, file_offset, kind, cursor.next_seq, body_max, layout));
     }
     ScanOutcome::Clean
+}
+
+/// What the damage at `at` is, from what decoding the frame there said (`kind`):
+/// the first answer refined, in this order, by what the bytes around it show (a
+/// length that rotted, too few bytes for any frame, a write that stopped part way,
+/// the end mark). Only where a scan stops at damage: never on its hot path.
+fn damage_kind(buf: &[u8], at: usize, kind: DamageKind, after_mark: bool, body_max: u32, layout: Layout) -> DamageKind {
+    let kind = if kind == DamageKind::Incomplete && whole_body_after_rotten_length(&buf[at..]) {
+        DamageKind::LengthMismatch
+    } else {
+        kind
+    };
+    // Fewer bytes than the smallest frame cannot hold a complete (possibly
+    // acknowledged) record, whatever their length field says: incomplete.
+    let kind = if buf.len() - at < FRAME_HEADER_BYTES + BODY_FIXED_BYTES
+        && matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
+    {
+        DamageKind::Incomplete
+    } else {
+        kind
+    };
+    // A frame that checks out to no sum, followed by zeros where the end mark
+    // of its group would be, was never written whole: its write stopped part
+    // way (a process killed while copying it, or a reader looking while it is
+    // copied). With the mark after it, it was written whole: damage is rot.
+    let kind = match (layout, claimed_end(buf, at, body_max)) {
+        _ if after_mark => DamageKind::AfterEndMark,
+        (Layout::Preallocated, Some(end))
+            if kind == DamageKind::Checksum && end < buf.len() && all_zero(&buf[end..]) =>
+        {
+            DamageKind::Incomplete
+        }
+        _ => kind,
+    };
+    // At most 8 written bytes, with no possible length and only zeros after
+    // them: a write that stopped in the first bytes of a frame (a page boundary
+    // can fall anywhere), or in the old end mark it was overwriting —
+    // `B[..k] ‖ mark[k..]` — never a complete record (its sequence, bytes
+    // 8..16, is not zero).
+    let kind = match layout {
+        Layout::Preallocated
+            if matches!(kind, DamageKind::LengthOutOfRange | DamageKind::Checksum)
+                && claimed_end(buf, at, body_max).is_none()
+                && stopped_in_length_field(&buf[at..written_end(buf, at)]) =>
+        {
+            DamageKind::Incomplete
+        }
+        _ => kind,
+    };
+    // An impossible length before a whole body that checks out, followed by a
+    // real end mark: the length field rotted (R4), whatever zeros the body holds.
+    let kind = match layout {
+        Layout::Preallocated if kind == DamageKind::LengthOutOfRange && whole_body_before_end_mark(&buf[at..]) => {
+            DamageKind::LengthMismatch
+        }
+        _ => kind,
+    };
+    // A length field that grew past the end mark, with a whole body that checks
+    // out before the mark: the length field rotted (as `LengthMismatch` in v1).
+    match layout {
+        Layout::Preallocated if kind == DamageKind::Incomplete && whole_body_before_end_mark(&buf[at..]) => {
+            DamageKind::LengthMismatch
+        }
+        _ => kind,
+    }
+}
+
+/// The damage of kind `kind` at `at`, where sequence `next_seq` was expected: the
+/// damaged region, the next intact frame in it (a resync) and whether it holds a
+/// zeroed sector (judged at file offsets, from `file_offset`).
+fn damage_at(
+    buf: &[u8],
+    at: usize,
+    file_offset: u64,
+    kind: DamageKind,
+    next_seq: u64,
+    body_max: u32,
+    layout: Layout,
+) -> Damage {
+    let region_end = match layout {
+        Layout::Appended => buf.len(),
+        Layout::Preallocated => damaged_region_end(buf, at, body_max),
+    };
+    // No frame starts in the zeros after the region (its length would be 0).
+    // The cheap checks first (length, payload length, sequence), the CRC only
+    // for what passes them: a resync is linear in the damaged bytes, whatever
+    // they hold (with the hard bound, four bytes at most offsets read as a
+    // possible length, and a CRC at each would cost up to a largest frame).
+    let resync_at = (at + 1..region_end)
+        .find(|&o| {
+            plausible_frame_at(&buf[o..], body_max, next_seq)
+                && matches!(decode_frame(&buf[o..], body_max), Ok((rec, _)) if rec.seq >= next_seq)
+        })
+        .map(|o| o as u64);
+    // A frame followed by its group's end mark was written whole: a zero run
+    // inside it is its own content, never a sector that did not persist (R4).
+    let mark_follows = layout == Layout::Preallocated
+        && claimed_end(buf, at, body_max).is_some_and(|end| buf[end..].starts_with(&FRAMES_END_MARK));
+    let zeroed_sector =
+        resync_at.is_none() && !mark_follows && has_zeroed_sector(&buf[at..region_end], file_offset + at as u64);
+    Damage { kind, offset: at as u64, expected_seq: next_seq, resync_at, zeroed_sector }
 }
 
 /// In a preallocated segment, do these bytes — from a frame boundary on — end the

@@ -36,7 +36,7 @@ use super::backend::{
 };
 use super::error::{Error, Result};
 use super::options::LogOptions;
-use super::problem::ProblemKind;
+use super::problem::{ProblemKind, problem};
 use crate::format::DamageKind;
 use crate::format::{
     BODY_BYTES_HARD_MAX, ChainLink, Cursor, FORMAT_VERSION, GENESIS_LINK, RecordRef, SUPPORTED_VERSIONS, chain_link,
@@ -1145,28 +1145,10 @@ impl EtcdBackend {
     /// decodes as much as it can; it never writes. A history archived before
     /// `from_seq` is a problem (`history_archived`): what is not there is never
     /// called intact. `on` returns `false` to stop.
-    pub fn scan(&self, from_seq: u64, mut on: impl FnMut(super::ScanItem<'_>) -> bool) -> Result<super::ReadSummary> {
-        use super::ScanItem;
-        use super::problem::problem;
+    pub fn scan(&self, from_seq: u64, on: impl FnMut(super::ScanItem<'_>) -> bool) -> Result<super::ReadSummary> {
         let mut sum = super::ReadSummary::default();
         sum.chain_head = hex(&GENESIS_LINK);
-        let mut stopped = false;
-        fn report_to(
-            on: &mut impl FnMut(super::ScanItem<'_>) -> bool,
-            sum: &mut super::ReadSummary,
-            p: super::Problem,
-            stopped: &mut bool,
-        ) {
-            sum.problems.push(p);
-            if !on(super::ScanItem::Damage(sum.problems.last().expect("pushed"))) {
-                *stopped = true;
-            }
-        }
-        macro_rules! report {
-            ($sum:expr, $p:expr, $stopped:expr) => {
-                report_to(&mut on, $sum, $p, $stopped)
-            };
-        }
+        let mut scan = KeyScan { on, sum, stopped: false, next: 0, prev: None };
         // The head and the archive marker at one revision, and at that revision
         // whether any record key lies after the head. The pages are then read at
         // the newest revision, up to the head only: a record key never changes
@@ -1190,11 +1172,11 @@ impl EtcdBackend {
                  verified; give the archive (--archive DIR) to read the whole history"
             );
             let p = problem(ProblemKind::HistoryArchived, &self.key_path(from_seq), 0, from_seq, false, 0, detail);
-            report!(&mut sum, p, &mut stopped);
+            scan.report(p);
         }
-        let mut next = from_seq.max(first);
+        let next = from_seq.max(first);
         // The link the next record must follow, when it is known.
-        let mut prev: Option<ChainLink> = if next == first {
+        let prev: Option<ChainLink> = if next == first {
             Some(if first == 1 { GENESIS_LINK } else { archived.map_or(GENESIS_LINK, |a| a.link) })
         } else {
             let r = self.conn.get(keys::record(&self.prefix, next - 1), Some(Self::at(revision)))?;
@@ -1204,99 +1186,22 @@ impl EtcdBackend {
                 .filter(|(rec, _)| rec.seq == next - 1)
                 .map(|(rec, _)| rec.link)
         };
+        (scan.next, scan.prev) = (next, prev);
+        self.scan_pages(&head, &mut scan)?;
+        self.scan_head_end(&head, first, after_head, &mut scan);
+        scan.sum.finish();
+        Ok(scan.sum)
+    }
+
+    /// The page walk of [`EtcdBackend::scan`]: the record keys from `scan.next`
+    /// up to the head's, page by page, each checked by [`EtcdBackend::scan_key`].
+    fn scan_pages<F: FnMut(super::ScanItem<'_>) -> bool>(&self, head: &Head, scan: &mut KeyScan<F>) -> Result<()> {
         let end = keys::record(&self.prefix, head.seq + 1);
         let mut pager = Pager::new();
-        'pages: while !stopped && next <= head.seq {
-            let r = self.conn.get_page(keys::record(&self.prefix, next), end.clone(), &mut pager)?;
+        'pages: while !scan.stopped && scan.next <= head.seq {
+            let r = self.conn.get_page(keys::record(&self.prefix, scan.next), end.clone(), &mut pager)?;
             for kv in r.kvs() {
-                let path = std::path::PathBuf::from(format!(
-                    "{}{}",
-                    self.opts.describe(),
-                    String::from_utf8_lossy(kv.key().strip_prefix(self.prefix.as_slice()).unwrap_or(kv.key()))
-                ));
-                let bytes = kv.value().len() as u64;
-                sum.bytes += bytes;
-                let Some(seq) = keys::record_seq(&self.prefix, kv.key()) else {
-                    let detail = "a key among the records that names no record (20 decimal digits)".into();
-                    report!(
-                        &mut sum,
-                        problem(ProblemKind::OddRecordKey, &path, 0, next, false, bytes, detail),
-                        &mut stopped
-                    );
-                    continue;
-                };
-                if seq > next {
-                    let detail = format!("records {next}..={} are missing", seq - 1);
-                    report!(
-                        &mut sum,
-                        problem(ProblemKind::RecordsMissing, &path, 0, next, false, 0, detail),
-                        &mut stopped
-                    );
-                    prev = None;
-                }
-                let rec = match decode_frame(kv.value(), BODY_BYTES_HARD_MAX) {
-                    Ok((rec, used)) if used == kv.value().len() => rec,
-                    Ok(_) => {
-                        let detail = format!("record {seq}'s key holds bytes after its frame");
-                        report!(
-                            &mut sum,
-                            problem(
-                                ProblemKind::Frame(DamageKind::LengthMismatch),
-                                &path,
-                                0,
-                                seq,
-                                false,
-                                bytes,
-                                detail
-                            ),
-                            &mut stopped
-                        );
-                        (next, prev) = (seq + 1, None);
-                        continue;
-                    }
-                    Err(e) => {
-                        let detail = format!("damaged frame where sequence {seq} was expected: {e:?}");
-                        report!(&mut sum, problem(frame_damage(&e), &path, 0, seq, false, bytes, detail), &mut stopped);
-                        (next, prev) = (seq + 1, None);
-                        continue;
-                    }
-                };
-                if rec.seq != seq {
-                    let detail = format!("expected sequence {seq} but found {}", rec.seq);
-                    report!(
-                        &mut sum,
-                        problem(
-                            ProblemKind::Frame(DamageKind::SequenceMismatch { found: rec.seq }),
-                            &path,
-                            0,
-                            seq,
-                            false,
-                            bytes,
-                            detail
-                        ),
-                        &mut stopped
-                    );
-                    (next, prev) = (seq + 1, None);
-                    continue;
-                }
-                if let Some(p) = prev
-                    && chain_link(&p, rec.seq, &rec.writer, rec.time_ms, rec.payload) != rec.link
-                {
-                    let detail = format!("record {seq}'s chain link does not follow record {}", seq - 1);
-                    report!(
-                        &mut sum,
-                        problem(ProblemKind::Frame(DamageKind::ChainMismatch), &path, 0, seq, false, bytes, detail),
-                        &mut stopped
-                    );
-                    (next, prev) = (seq + 1, Some(rec.link));
-                    continue;
-                }
-                sum.note_record(&rec);
-                (next, prev) = (seq + 1, Some(rec.link));
-                if !on(ScanItem::Record { rec: &rec, segment: &path, offset: 0 }) {
-                    stopped = true;
-                }
-                if stopped {
+                if self.scan_key(kv, scan) {
                     break 'pages;
                 }
             }
@@ -1304,30 +1209,141 @@ impl EtcdBackend {
                 break;
             }
         }
-        if !stopped && next.saturating_sub(1) == head.seq && head.seq >= first && prev.is_some_and(|l| l != head.link) {
+        Ok(())
+    }
+
+    /// One record key of the walk: its name against the sequence expected, then
+    /// its frame ([`KeyScan::intact_frame`]) and its chain link. Damage is reported
+    /// and the walk goes on past it; an intact record is noted and visited.
+    /// `true`: the walk stops here (`on` said so, at or before this record).
+    fn scan_key<F: FnMut(super::ScanItem<'_>) -> bool>(
+        &self,
+        kv: &etcd_client::KeyValue,
+        scan: &mut KeyScan<F>,
+    ) -> bool {
+        let next = scan.next;
+        let path = std::path::PathBuf::from(format!(
+            "{}{}",
+            self.opts.describe(),
+            String::from_utf8_lossy(kv.key().strip_prefix(self.prefix.as_slice()).unwrap_or(kv.key()))
+        ));
+        let bytes = kv.value().len() as u64;
+        scan.sum.bytes += bytes;
+        let Some(seq) = keys::record_seq(&self.prefix, kv.key()) else {
+            let detail = "a key among the records that names no record (20 decimal digits)".into();
+            scan.report(problem(ProblemKind::OddRecordKey, &path, 0, next, false, bytes, detail));
+            return false;
+        };
+        if seq > next {
+            let detail = format!("records {next}..={} are missing", seq - 1);
+            scan.report(problem(ProblemKind::RecordsMissing, &path, 0, next, false, 0, detail));
+            scan.prev = None;
+        }
+        let Some(rec) = scan.intact_frame(kv.value(), seq, &path, bytes) else { return false };
+        if let Some(p) = scan.prev
+            && chain_link(&p, rec.seq, &rec.writer, rec.time_ms, rec.payload) != rec.link
+        {
+            let detail = format!("record {seq}'s chain link does not follow record {}", seq - 1);
+            let kind = ProblemKind::Frame(DamageKind::ChainMismatch);
+            scan.report(problem(kind, &path, 0, seq, false, bytes, detail));
+            (scan.next, scan.prev) = (seq + 1, Some(rec.link));
+            return false;
+        }
+        scan.sum.note_record(&rec);
+        (scan.next, scan.prev) = (seq + 1, Some(rec.link));
+        if !(scan.on)(super::ScanItem::Record { rec: &rec, segment: &path, offset: 0 }) {
+            scan.stopped = true;
+        }
+        scan.stopped
+    }
+
+    /// The head checks of [`EtcdBackend::scan`], once its walk has ended: the
+    /// records end at the head, whose link is the last record's, and no record key
+    /// lies after it (`after_head` of them were counted).
+    fn scan_head_end<F: FnMut(super::ScanItem<'_>) -> bool>(
+        &self,
+        head: &Head,
+        first: u64,
+        after_head: u64,
+        scan: &mut KeyScan<F>,
+    ) {
+        let next = scan.next;
+        if !scan.stopped
+            && next.saturating_sub(1) == head.seq
+            && head.seq >= first
+            && scan.prev.is_some_and(|l| l != head.link)
+        {
             let detail = format!("the head names record {}'s chain link as another than the record's", head.seq);
-            report!(
-                &mut sum,
-                problem(ProblemKind::HeadMismatch, &self.key_path(head.seq), 0, head.seq, false, 0, detail),
-                &mut stopped
-            );
+            scan.report(problem(ProblemKind::HeadMismatch, &self.key_path(head.seq), 0, head.seq, false, 0, detail));
         }
-        if !stopped && next.saturating_sub(1) < head.seq && head.seq >= first {
+        if !scan.stopped && next.saturating_sub(1) < head.seq && head.seq >= first {
             let detail = format!("the head names sequence {} but the records end at {}", head.seq, next - 1);
-            report!(
-                &mut sum,
-                problem(ProblemKind::RecordsMissing, &self.key_path(next), 0, next, false, 0, detail),
-                &mut stopped
-            );
+            scan.report(problem(ProblemKind::RecordsMissing, &self.key_path(next), 0, next, false, 0, detail));
         }
-        if !stopped && after_head > 0 {
+        if !scan.stopped && after_head > 0 {
             let detail = format!("{after_head} record keys lie after the head (sequence {})", head.seq);
             let p =
                 problem(ProblemKind::RecordsAfterHead, &self.key_path(head.seq + 1), 0, head.seq + 1, false, 0, detail);
-            report!(&mut sum, p, &mut stopped);
+            scan.report(p);
         }
-        sum.finish();
-        Ok(sum)
+    }
+}
+
+/// A scan of the record keys under way ([`EtcdBackend::scan`]): what it reports
+/// to, what it has found, and where it stands.
+struct KeyScan<F> {
+    on: F,
+    sum: super::ReadSummary,
+    /// `on` said to stop.
+    stopped: bool,
+    /// The sequence the next record key should name.
+    next: u64,
+    /// The link the next record must follow, when it is known.
+    prev: Option<ChainLink>,
+}
+
+impl<F: FnMut(super::ScanItem<'_>) -> bool> KeyScan<F> {
+    fn report(&mut self, p: super::Problem) {
+        self.sum.problems.push(p);
+        if !(self.on)(super::ScanItem::Damage(self.sum.problems.last().expect("pushed"))) {
+            self.stopped = true;
+        }
+    }
+
+    /// The record in the bytes of the key of record `seq`, if they are one whole
+    /// frame carrying `seq`; else the damage is reported, and the walk goes on
+    /// after it with no link to follow.
+    fn intact_frame<'v>(
+        &mut self,
+        value: &'v [u8],
+        seq: u64,
+        path: &std::path::Path,
+        bytes: u64,
+    ) -> Option<RecordRef<'v>> {
+        let rec = match decode_frame(value, BODY_BYTES_HARD_MAX) {
+            Ok((rec, used)) if used == value.len() => rec,
+            Ok(_) => {
+                let detail = format!("record {seq}'s key holds bytes after its frame");
+                let kind = ProblemKind::Frame(DamageKind::LengthMismatch);
+                self.report(problem(kind, path, 0, seq, false, bytes, detail));
+                (self.next, self.prev) = (seq + 1, None);
+                return None;
+            }
+            Err(e) => {
+                let detail = format!("damaged frame where sequence {seq} was expected: {e:?}");
+                self.report(problem(frame_damage(&e), path, 0, seq, false, bytes, detail));
+                (self.next, self.prev) = (seq + 1, None);
+                return None;
+            }
+        };
+        if rec.seq != seq {
+            let detail = format!("expected sequence {seq} but found {}", rec.seq);
+            let kind = ProblemKind::Frame(DamageKind::SequenceMismatch { found: rec.seq });
+            self.report(problem(kind, path, 0, seq, false, bytes, detail));
+            (self.next, self.prev) = (seq + 1, None);
+            return None;
+        }
+        Some(rec)
     }
 }
 

@@ -12,7 +12,7 @@ use super::ahead::with_links_ahead;
 use super::dir::{list_segments, listing, open_regular, read_regular};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
-    Action, BODY_FIXED_BYTES, Cursor, FRAME_HEADER_BYTES, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef,
+    Action, BODY_FIXED_BYTES, Cursor, Damage, FRAME_HEADER_BYTES, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef,
     SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError, classify, decode_frame, hex,
     scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
 };
@@ -99,12 +99,7 @@ pub fn read_records(
 /// The reader's core: every intact record and every damaged region, in log order.
 /// Past damage it resynchronises on the next intact frame (or the next segment), so
 /// it decodes as much as it can; it never writes.
-pub fn scan_dir(
-    dir: &Path,
-    from_seq: u64,
-    body_max: u32,
-    mut on: impl FnMut(ScanItem<'_>) -> bool,
-) -> Result<ReadSummary> {
+pub fn scan_dir(dir: &Path, from_seq: u64, body_max: u32, on: impl FnMut(ScanItem<'_>) -> bool) -> Result<ReadSummary> {
     if !dir.is_dir() {
         return Err(Error::NotALogDirectory {
             path: dir.into(),
@@ -118,9 +113,9 @@ pub fn scan_dir(
         return Err(Error::NotALogDirectory { path: dir.into(), detail: "it holds no segment file".into() });
     }
     let start = segments.iter().rposition(|(s, _)| *s <= from_seq).unwrap_or(0);
-    let mut sum = ReadSummary { segments: segments.len(), chain_head: hex(&GENESIS_LINK), ..Default::default() };
+    let sum = ReadSummary { segments: segments.len(), chain_head: hex(&GENESIS_LINK), ..Default::default() };
+    let mut scan = DirScan { on, sum, stopped: false, from_seq, body_max };
     let mut cursor: Option<Cursor> = None;
-    let mut stopped = false;
     if let Some((segment, offset, seq)) = super::halt::halted_at(dir) {
         let detail = format!(
             "{}: the sync of the commit group from sequence {seq} failed and it could not be cut back; the records \
@@ -128,53 +123,110 @@ pub fn scan_dir(
             super::halt::SYNC_FAILED_FILE
         );
         let p = problem(ProblemKind::SyncFailed, &segment, offset, seq, false, 0, detail);
-        report(&mut on, &mut sum, p, &mut stopped);
+        scan.report(p);
     }
     for name in &found.odd_segment_names {
         let detail = "named like a segment but not a valid segment name (20 decimal digits of a u64, then .seg): \
                       a renamed or planted segment; not read"
             .to_string();
         let p = problem(ProblemKind::OddSegmentName, &dir.join(name), 0, 0, false, 0, detail);
-        report(&mut on, &mut sum, p, &mut stopped);
+        scan.report(p);
     }
-    let bytes_max = segment_file_bytes_max(body_max);
     for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
-        if stopped {
+        if scan.stopped {
             break;
         }
         let is_last = i + 1 == segments.len();
+        cursor = scan.segment(path, *name_seq, i == 0, is_last, cursor)?;
+    }
+    let mut sum = scan.sum;
+    if let Some(link) = sum.head_link {
+        sum.chain_head = hex(&link);
+    }
+    Ok(sum)
+}
+
+/// A scan of a log directory under way ([`scan_dir`]): what it reports to, what
+/// it has found, and what it reads.
+struct DirScan<F> {
+    on: F,
+    sum: ReadSummary,
+    /// `on` said to stop.
+    stopped: bool,
+    from_seq: u64,
+    body_max: u32,
+}
+
+impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
+    fn report(&mut self, p: Problem) {
+        report(&mut self.on, &mut self.sum, p, &mut self.stopped);
+    }
+
+    /// One segment, after the segments that leave the chain at `cursor`: its
+    /// header, then its frames. Where the chain stands after it (`None`: the
+    /// segment could not be read, or its header is damaged).
+    fn segment(
+        &mut self,
+        path: &Path,
+        name_seq: u64,
+        is_first: bool,
+        is_last: bool,
+        cursor: Option<Cursor>,
+    ) -> Result<Option<Cursor>> {
+        let bytes_max = segment_file_bytes_max(self.body_max);
         // The last segment (which a recovering writer may truncate) is read into
         // memory; sealed ones are mapped.
         let held = if is_last {
             // What is there: a writer sealing it may have cut it to its last
             // record since it was measured.
-            read_regular(path, bytes_max, *name_seq).map(Held::Owned)
+            read_regular(path, bytes_max, name_seq).map(Held::Owned)
         } else {
-            Mapped::open(path, bytes_max, *name_seq).map(Held::Mapped)
+            Mapped::open(path, bytes_max, name_seq).map(Held::Mapped)
         };
         let held = match held {
             Ok(h) => h,
             Err(Error::Corruption { detail, .. }) => {
                 // Not a regular file, or too long to be a segment: reported, not read.
-                let p = problem(ProblemKind::UnsafeSegment, path, 0, *name_seq, false, 0, detail);
-                report(&mut on, &mut sum, p, &mut stopped);
-                cursor = None;
-                continue;
+                let p = problem(ProblemKind::UnsafeSegment, path, 0, name_seq, false, 0, detail);
+                self.report(p);
+                return Ok(None);
             }
             Err(e) => return Err(e),
         };
         let bytes = held.bytes();
-        sum.bytes += bytes.len() as u64;
-        let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
-        let header = match SegmentHeader::decode(bytes) {
-            Ok(h) => h,
+        self.sum.bytes += bytes.len() as u64;
+        let Some(header) = self.header(path, name_seq, bytes, is_last, cursor)? else { return Ok(None) };
+        if let Err(Error::Corruption { detail, .. }) =
+            check_header_continuity(path, name_seq, &header, cursor.as_ref(), is_first)
+        {
+            let p = problem(ProblemKind::SegmentDiscontinuity, path, 0, header.first_seq, false, 0, detail);
+            self.report(p);
+        }
+        let c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
+        Ok(Some(self.frames(path, bytes, header.layout(), c, is_last)))
+    }
+
+    /// The header of the segment at `path` (its `bytes`); `None` where it does not
+    /// decode, the damage reported (a later segment torn while being created, where
+    /// the history before it ends right at its name, as a torn tail).
+    fn header(
+        &mut self,
+        path: &Path,
+        name_seq: u64,
+        bytes: &[u8],
+        is_last: bool,
+        cursor: Option<Cursor>,
+    ) -> Result<Option<SegmentHeader>> {
+        let expected_seq = cursor.map_or(name_seq, |c| c.next_seq);
+        match SegmentHeader::decode(bytes) {
+            Ok(h) => Ok(Some(h)),
             Err(e @ SegmentHeaderError::UnsupportedVersion { .. }) => {
-                return Err(Error::UnsupportedFormat { segment: path.clone(), detail: e.to_string() });
+                Err(Error::UnsupportedFormat { segment: path.to_path_buf(), detail: e.to_string() })
             }
             Err(e) => {
                 // A segment torn while being created is harmless only where the
                 // history before it ends right at its name.
-                let continues = cursor.is_none_or(|c| c.next_seq == *name_seq);
+                let continues = cursor.is_none_or(|c| c.next_seq == name_seq);
                 if !continues {
                     let detail = format!(
                         "records {}..{} are missing before this segment",
@@ -182,35 +234,36 @@ pub fn scan_dir(
                         name_seq
                     );
                     let p = problem(ProblemKind::SegmentDiscontinuity, path, 0, expected_seq, false, 0, detail);
-                    report(&mut on, &mut sum, p, &mut stopped);
+                    self.report(p);
                 }
-                let torn = continues && is_last && is_torn_creation(bytes, &e, body_max, *name_seq);
+                let torn = continues && is_last && is_torn_creation(bytes, &e, self.body_max, name_seq);
                 let kind = if torn { ProblemKind::TornSegmentCreation } else { ProblemKind::SegmentHeader };
                 let p = problem(kind, path, 0, expected_seq, torn, bytes.len() as u64, e.to_string());
-                report(&mut on, &mut sum, p, &mut stopped);
-                cursor = None;
-                continue;
+                self.report(p);
+                Ok(None)
             }
-        };
-        if let Err(Error::Corruption { detail, .. }) =
-            check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)
-        {
-            let p = problem(ProblemKind::SegmentDiscontinuity, path, 0, header.first_seq, false, 0, detail);
-            report(&mut on, &mut sum, p, &mut stopped);
         }
-        let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
+    }
+
+    /// The frame loop of one segment: its frames from the header on, from the chain
+    /// at `c`; each intact record from `from_seq` on visited, each damaged region
+    /// reported and the scan resynchronised on the intact frame after it. Where the
+    /// chain stands at the segment's end.
+    fn frames(&mut self, path: &Path, bytes: &[u8], layout: Layout, mut c: Cursor, is_last: bool) -> Cursor {
+        let (from_seq, body_max) = (self.from_seq, self.body_max);
         let mut at = SEGMENT_HEADER_BYTES;
         loop {
             let mut local = ReadSummary::default();
+            let (on, stopped) = (&mut self.on, &mut self.stopped);
             let outcome = with_links_ahead(bytes, at, c.prev_link, body_max, |ahead| {
-                scan_segment_frames_ahead(bytes, at, 0, &mut c, body_max, header.layout(), 0, ahead, |offset, rec| {
-                    if rec.seq >= from_seq && !stopped {
+                scan_segment_frames_ahead(bytes, at, 0, &mut c, body_max, layout, 0, ahead, |offset, rec| {
+                    if rec.seq >= from_seq && !*stopped {
                         count(&mut local, rec);
-                        stopped = !on(ScanItem::Record { rec, segment: path, offset });
+                        *stopped = !on(ScanItem::Record { rec, segment: path, offset });
                     }
                 })
             });
-            merge(&mut sum, local);
+            merge(&mut self.sum, local);
             let d = match outcome {
                 ScanOutcome::Clean => break,
                 ScanOutcome::ZeroTail { .. } if is_last => break,
@@ -225,53 +278,55 @@ pub fn scan_dir(
                         bytes.len() as u64 - offset,
                         e.to_string(),
                     );
-                    report(&mut on, &mut sum, p, &mut stopped);
+                    self.report(p);
                     break;
                 }
                 ScanOutcome::Damaged(d) => d,
             };
-            if stopped {
+            if self.stopped {
                 break;
             }
-            let end = d.resync_at.unwrap_or(bytes.len() as u64);
-            let detail = match d.kind {
-                crate::format::DamageKind::SequenceMismatch { found } => {
-                    format!("expected sequence {} but found {found}", d.expected_seq)
-                }
-                _ => format!("damaged frame where sequence {} was expected", d.expected_seq),
-            };
-            let action = classify(d.evidence(!is_last));
-            let torn = action == Action::CutTornTail;
-            let detail = if action == Action::RefuseRotten {
-                format!(
-                    "{detail}: a complete record fails its checksum with no sign of a torn write; refused, not cut \
-                     (fencelog repair --cut-from {} cuts it explicitly)",
-                    d.expected_seq
-                )
-            } else {
-                detail
-            };
-            let p = problem(d.kind.into(), path, d.offset, d.expected_seq, torn, end - d.offset, detail);
-            report(&mut on, &mut sum, p, &mut stopped);
-            let Some(resync) = d.resync_at.filter(|_| !stopped) else { break };
+            self.report(damage_problem(path, &d, is_last, bytes.len() as u64));
+            let Some(resync) = d.resync_at.filter(|_| !self.stopped) else { break };
             // Anchor on the intact frame after the damage; its own link cannot be
             // checked against a lost predecessor, so start the chain from it.
             let (rec, used) = decode_frame(&bytes[resync as usize..], body_max).expect("resync found an intact frame");
             if rec.seq >= from_seq {
                 let mut local = ReadSummary::default();
                 count(&mut local, &rec);
-                merge(&mut sum, local);
-                stopped = !on(ScanItem::Record { rec: &rec, segment: path, offset: resync });
+                merge(&mut self.sum, local);
+                self.stopped = !(self.on)(ScanItem::Record { rec: &rec, segment: path, offset: resync });
             }
             c = Cursor { next_seq: rec.seq + 1, prev_link: rec.link };
             at = resync as usize + used;
         }
-        cursor = Some(c);
+        c
     }
-    if let Some(link) = sum.head_link {
-        sum.chain_head = hex(&link);
-    }
-    Ok(sum)
+}
+
+/// The problem a scan reports for damage `d` in the segment at `path` (`len`
+/// bytes; the last segment if `is_last`): its kind and region, whether it is a
+/// torn tail recovery would cut, and what a rotten record needs to be cut.
+fn damage_problem(path: &Path, d: &Damage, is_last: bool, len: u64) -> Problem {
+    let end = d.resync_at.unwrap_or(len);
+    let detail = match d.kind {
+        crate::format::DamageKind::SequenceMismatch { found } => {
+            format!("expected sequence {} but found {found}", d.expected_seq)
+        }
+        _ => format!("damaged frame where sequence {} was expected", d.expected_seq),
+    };
+    let action = classify(d.evidence(!is_last));
+    let torn = action == Action::CutTornTail;
+    let detail = if action == Action::RefuseRotten {
+        format!(
+            "{detail}: a complete record fails its checksum with no sign of a torn write; refused, not cut \
+             (fencelog repair --cut-from {} cuts it explicitly)",
+            d.expected_seq
+        )
+    } else {
+        detail
+    };
+    problem(d.kind.into(), path, d.offset, d.expected_seq, torn, end - d.offset, detail)
 }
 
 enum Held {
@@ -543,200 +598,321 @@ impl Tailer {
     /// Read and verify everything appended since the last poll; returns how many
     /// records were visited.
     pub fn poll(&mut self, mut visit: impl FnMut(&RecordRef<'_>)) -> Result<u64> {
-        let mut visited = 0;
         self.torn_tail = false;
         // A commit group in doubt (its sync failed and it was not cut back): no
         // record from here is trusted.
         super::halt::check(&self.dir)?;
         self.check_not_cut_under()?;
-        if self.file.is_none() {
-            let segments = list_segments(&self.dir)?;
-            let Some((seq, path)) =
-                segments.iter().rev().find(|(s, _)| *s <= self.visit_from).or(segments.first()).cloned()
-            else {
-                return Ok(0);
-            };
-            if super::dir::stat_path(&path).map_err(Error::io("stat", &path))?.len < SEGMENT_HEADER_BYTES as u64 {
-                return Ok(0); // being created
-            }
-            self.open_segment(seq, path, false)?;
+        if self.file.is_none() && !self.open_start_segment()? {
+            return Ok(0);
         }
         // A reader takes no lock: what it reads may be changing under it (a group
         // being copied over the zeros and end mark of a preallocated segment, the
         // segment cut to its last record when it is sealed). Damage or a short read
         // is therefore looked at again, after a pause, before it is believed.
         // The budget is per place: it starts again wherever the reader got further.
-        let (mut rereads, mut retrying_at) = (0u32, None::<(u64, u64)>);
-        let mut read_buf = Vec::new();
-        let mut read_window = TAIL_READ_BYTES_FIRST;
-        'segments: loop {
+        let mut pass = Pass {
+            rereads: 0,
+            retrying_at: None,
+            read_buf: Vec::new(),
+            read_window: TAIL_READ_BYTES_FIRST,
+            visited: 0,
+        };
+        loop {
             let (first_seq, path, f) = self.file.as_ref().expect("open");
             let (first_seq, path) = (*first_seq, path.clone());
             let len = super::dir::stat_file(f).map_err(Error::io("stat", &path))?.len;
-            while len > self.offset {
-                if self.zeros_checked && self.at_frames_end {
-                    match self.nothing_appended(f, &path, len) {
-                        Ok(true) => break,
-                        Ok(false) => {}
-                        Err(_) if retry(&mut rereads, &mut retrying_at, (first_seq, self.offset)) => {
-                            self.zeros_checked = false;
-                            std::thread::sleep(LIVE_REREAD_PAUSE);
-                            continue 'segments;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                // Bounded reads. When a chunk that is not the file's end shows damage,
-                // the chunk may simply have cut a frame: read again from that frame.
-                // Damage at the very start of such a chunk is judged against the
-                // whole rest of the file, as an unchunked read would. In a
-                // preallocated segment whose zeros were checked to the end once, a
-                // small window is enough to see whether anything was appended.
-                let at = self.offset;
-                let mut chunk = (len - at).min(read_window);
-                if self.zeros_checked {
-                    chunk = chunk.min(TAIL_WINDOW_BYTES);
-                }
-                let (outcome, scanned, marked) = loop {
-                    // One buffer per poll, grown as needed (not one per chunk: a
-                    // fresh one costs a page fault per page).
-                    if read_buf.len() < chunk as usize {
-                        read_buf.resize(chunk as usize, 0);
-                    }
-                    let bytes = &mut read_buf[..chunk as usize];
-                    match std::os::unix::fs::FileExt::read_exact_at(f, bytes, at) {
-                        Ok(()) => {}
-                        // Shorter than it was a moment ago: cut to its last record
-                        // as it was sealed. Look again.
-                        Err(e)
-                            if e.kind() == std::io::ErrorKind::UnexpectedEof
-                                && retry(&mut rereads, &mut retrying_at, (first_seq, at)) =>
-                        {
-                            // Not yet known to be the end of the frames: no probe there.
-                            self.zeros_checked = false;
-                            std::thread::sleep(LIVE_REREAD_PAUSE);
-                            continue 'segments;
-                        }
-                        Err(e) => return Err(Error::io("read", &path)(e)),
-                    }
-                    let visit_from = self.visit_from;
-                    let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
-                    let bytes = &*bytes;
-                    // Links are checked from `visit_from` on: helpers only where they are.
-                    let (checks_links, prev) = (cursor.next_seq >= visit_from, cursor.prev_link);
-                    let mut scan = |ahead: Option<&crate::format::LinksAhead<'_>>| {
-                        scan_segment_frames_ahead(bytes, 0, at, cursor, body_max, layout, visit_from, ahead, |_, r| {
-                            if r.seq >= visit_from {
-                                visited += 1;
-                                visit(r);
-                            }
-                        })
-                    };
-                    let outcome =
-                        if checks_links { with_links_ahead(bytes, 0, prev, body_max, scan) } else { scan(None) };
-                    // The frames end at a whole end mark: where a writer left them.
-                    let marked = matches!(outcome, ScanOutcome::ZeroTail { offset }
-                        if bytes[offset as usize..].starts_with(&FRAMES_END_MARK));
-                    // Past a page of zeros the damage is judged as it stands (a torn
-                    // tail is looked at again next poll; anything else is read again
-                    // whole before it is believed): no poll at a torn tail reads all
-                    // the zeros after it.
-                    let settled = self.zeros_checked
-                        && bytes.len() >= 2 * PROBE_BYTES
-                        && crate::format::all_zero(&bytes[bytes.len() - PROBE_BYTES..]);
-                    // A frame whose length says it ends past this read but within
-                    // the file is read to its end before it is judged, zeros in it
-                    // or not (a record may hold a page of zeros).
-                    let claims_more = bytes.get(..4).is_some_and(|l| {
-                        let body = u64::from(u32::from_le_bytes(l.try_into().expect("4 bytes")));
-                        let end = FRAME_HEADER_BYTES as u64 + body;
-                        (BODY_FIXED_BYTES as u64..=u64::from(body_max)).contains(&body)
-                            && end > chunk
-                            && at + end <= len
-                    });
-                    match outcome {
-                        // Twice the read, up to the rest of the file (a record larger
-                        // than the window needs no read of all the zeros after it).
-                        ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len && (!settled || claims_more) => {
-                            chunk = (chunk * 2).min(len - at)
-                        }
-                        // Zeros where no end mark is: checked to the end of the file
-                        // (they could lie over a record's first bytes).
-                        ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !(self.zeros_checked && marked) => {
-                            // Zeros after the chunk too: as if it were read whole.
-                            if zeros_in_file(f, at + chunk, len).map_err(Error::io("read", &path))? {
-                                break (outcome, len - at, marked);
-                            }
-                            chunk = len - at
-                        }
-                        _ => break (outcome, chunk, marked),
-                    }
-                };
-                // Only where the frames are known to end may a probe say that nothing
-                // was appended: never at damage or at a mere window's end, where zeros
-                // over a record's first bytes would pass for the end.
-                self.at_frames_end = false;
-                match outcome {
-                    ScanOutcome::Clean => {
-                        self.offset += scanned;
-                        read_window = (read_window * 2).min(TAIL_READ_BYTES_MAX);
-                    }
-                    // The end of the frames: zeros to the end of the file, or (checked
-                    // whole once) the end mark a writer left — appends only ever
-                    // overwrite the zeros from there on.
-                    ScanOutcome::ZeroTail { offset } if at + scanned == len || (self.zeros_checked && marked) => {
-                        self.offset += offset;
-                        self.zeros_checked = true;
-                        self.at_frames_end = true;
-                        break;
-                    }
-                    // Zeros to the end of this chunk only: look on from there.
-                    ScanOutcome::ZeroTail { offset } => self.offset += offset,
-                    // A chunk that cut a frame: read on from that frame.
-                    ScanOutcome::Damaged(d) if at + scanned < len && d.offset > 0 => {
-                        self.offset += d.offset;
-                        read_window = (read_window * 2).min(TAIL_READ_BYTES_MAX);
-                    }
-                    // An append in progress, or a torn write the next writer cuts — but
-                    // only at the end of the last segment: a later segment means this
-                    // one is sealed, and damage in it is corruption.
-                    ScanOutcome::Damaged(d) if d.is_torn_tail() && !self.later_segment_exists(first_seq)? => {
-                        self.offset += d.offset;
-                        self.torn_tail = true;
-                        return Ok(visited);
-                    }
-                    // Before it is believed, damage is read again: a group being
-                    // copied, or a segment sealed since this poll looked, reads whole
-                    // a moment later; corruption does not.
-                    ScanOutcome::Damaged(d) if retry(&mut rereads, &mut retrying_at, (first_seq, at + d.offset)) => {
-                        self.offset += d.offset;
-                        // The damage is not the end of the frames: the next look
-                        // reads it, never a probe that could take zeros
-                        // there for the end.
-                        self.zeros_checked = false;
-                        std::thread::sleep(LIVE_REREAD_PAUSE);
-                        continue 'segments;
-                    }
-                    ScanOutcome::Damaged(d) => {
-                        let sealed = self.later_segment_exists(first_seq)?;
-                        return Err(super::recovery::refusal(&path, at, &d, sealed));
-                    }
-                }
+            match self.read_segment(first_seq, &path, len, &mut pass, &mut visit)? {
+                Next::SegmentEnd => {}
+                Next::LookAgain => continue,
+                Next::Done => return Ok(pass.visited),
             }
-            if self.cursor.next_seq == first_seq {
-                return Ok(visited);
-            }
-            let next = super::dir::segment_path(&self.dir, self.cursor.next_seq);
-            let opened = match super::dir::stat_path(&next) {
-                Err(_) => return Ok(visited),
-                // Being created by a live writer, or torn while being created.
-                Ok(m) if m.len < SEGMENT_HEADER_BYTES as u64 => false,
-                Ok(_) => self.open_segment(self.cursor.next_seq, next, true)?,
-            };
-            if !opened {
-                self.torn_tail = true;
-                return Ok(visited);
+            if !self.open_next_segment(first_seq)? {
+                return Ok(pass.visited);
             }
         }
     }
+
+    /// Open the segment a poll starts in (the last one at or before `visit_from`,
+    /// else the first); `false` if there is none yet, or it is being created.
+    fn open_start_segment(&mut self) -> Result<bool> {
+        let segments = list_segments(&self.dir)?;
+        let Some((seq, path)) =
+            segments.iter().rev().find(|(s, _)| *s <= self.visit_from).or(segments.first()).cloned()
+        else {
+            return Ok(false);
+        };
+        if super::dir::stat_path(&path).map_err(Error::io("stat", &path))?.len < SEGMENT_HEADER_BYTES as u64 {
+            return Ok(false); // being created
+        }
+        self.open_segment(seq, path, false)?;
+        Ok(true)
+    }
+
+    /// At the end of the open segment's frames (the segment named for
+    /// `first_seq`): open the segment after it; `false` if there is none (yet), or
+    /// it was torn while being created (a torn tail).
+    fn open_next_segment(&mut self, first_seq: u64) -> Result<bool> {
+        if self.cursor.next_seq == first_seq {
+            return Ok(false);
+        }
+        let next = super::dir::segment_path(&self.dir, self.cursor.next_seq);
+        let opened = match super::dir::stat_path(&next) {
+            Err(_) => return Ok(false),
+            // Being created by a live writer, or torn while being created.
+            Ok(m) if m.len < SEGMENT_HEADER_BYTES as u64 => false,
+            Ok(_) => self.open_segment(self.cursor.next_seq, next, true)?,
+        };
+        if !opened {
+            self.torn_tail = true;
+        }
+        Ok(opened)
+    }
+
+    /// Read and verify the open segment (named for `first_seq`, `len` bytes long
+    /// when the poll looked) from the offset reached, read by read, up to the end
+    /// of its frames or to where the poll ends.
+    fn read_segment(
+        &mut self,
+        first_seq: u64,
+        path: &Path,
+        len: u64,
+        pass: &mut Pass,
+        visit: &mut impl FnMut(&RecordRef<'_>),
+    ) -> Result<Next> {
+        while len > self.offset {
+            if self.zeros_checked && self.at_frames_end {
+                let f = &self.file.as_ref().expect("open").2;
+                match self.nothing_appended(f, path, len) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(_) if retry(&mut pass.rereads, &mut pass.retrying_at, (first_seq, self.offset)) => {
+                        self.zeros_checked = false;
+                        std::thread::sleep(LIVE_REREAD_PAUSE);
+                        return Ok(Next::LookAgain);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            // Bounded reads. When a chunk that is not the file's end shows damage,
+            // the chunk may simply have cut a frame: read again from that frame.
+            // Damage at the very start of such a chunk is judged against the
+            // whole rest of the file, as an unchunked read would. In a
+            // preallocated segment whose zeros were checked to the end once, a
+            // small window is enough to see whether anything was appended.
+            let at = self.offset;
+            let mut chunk = (len - at).min(pass.read_window);
+            if self.zeros_checked {
+                chunk = chunk.min(TAIL_WINDOW_BYTES);
+            }
+            let Some(read) = self.read_chunk(first_seq, path, len, chunk, pass, visit)? else {
+                return Ok(Next::LookAgain);
+            };
+            if let Some(next) = self.advance(first_seq, path, len, read, pass)? {
+                return Ok(next);
+            }
+        }
+        Ok(Next::SegmentEnd)
+    }
+
+    /// One bounded read of the open segment from the offset reached: `chunk`
+    /// bytes first, more where they may have cut a frame or end in zeros that
+    /// could lie over one. Verified (its records visited); `None` where the file
+    /// was shorter than measured and is to be looked at again (after the pause).
+    fn read_chunk(
+        &mut self,
+        first_seq: u64,
+        path: &Path,
+        len: u64,
+        mut chunk: u64,
+        pass: &mut Pass,
+        visit: &mut impl FnMut(&RecordRef<'_>),
+    ) -> Result<Option<ChunkRead>> {
+        let at = self.offset;
+        loop {
+            // One buffer per poll, grown as needed (not one per chunk: a
+            // fresh one costs a page fault per page).
+            if pass.read_buf.len() < chunk as usize {
+                pass.read_buf.resize(chunk as usize, 0);
+            }
+            let bytes = &mut pass.read_buf[..chunk as usize];
+            match std::os::unix::fs::FileExt::read_exact_at(&self.file.as_ref().expect("open").2, bytes, at) {
+                Ok(()) => {}
+                // Shorter than it was a moment ago: cut to its last record
+                // as it was sealed. Look again.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof
+                        && retry(&mut pass.rereads, &mut pass.retrying_at, (first_seq, at)) =>
+                {
+                    // Not yet known to be the end of the frames: no probe there.
+                    self.zeros_checked = false;
+                    std::thread::sleep(LIVE_REREAD_PAUSE);
+                    return Ok(None);
+                }
+                Err(e) => return Err(Error::io("read", path)(e)),
+            }
+            let bytes = &*bytes;
+            let (outcome, marked) = self.scan_chunk(bytes, at, &mut pass.visited, visit);
+            // Past a page of zeros the damage is judged as it stands (a torn
+            // tail is looked at again next poll; anything else is read again
+            // whole before it is believed): no poll at a torn tail reads all
+            // the zeros after it.
+            let settled = self.zeros_checked
+                && bytes.len() >= 2 * PROBE_BYTES
+                && crate::format::all_zero(&bytes[bytes.len() - PROBE_BYTES..]);
+            // A frame whose length says it ends past this read but within
+            // the file is read to its end before it is judged, zeros in it
+            // or not (a record may hold a page of zeros).
+            let claims_more = bytes.get(..4).is_some_and(|l| {
+                let body = u64::from(u32::from_le_bytes(l.try_into().expect("4 bytes")));
+                let end = FRAME_HEADER_BYTES as u64 + body;
+                (BODY_FIXED_BYTES as u64..=u64::from(self.body_max)).contains(&body) && end > chunk && at + end <= len
+            });
+            match outcome {
+                // Twice the read, up to the rest of the file (a record larger
+                // than the window needs no read of all the zeros after it).
+                ScanOutcome::Damaged(d) if d.offset == 0 && at + chunk < len && (!settled || claims_more) => {
+                    chunk = (chunk * 2).min(len - at)
+                }
+                // Zeros where no end mark is: checked to the end of the file
+                // (they could lie over a record's first bytes).
+                ScanOutcome::ZeroTail { offset: 0 } if at + chunk < len && !(self.zeros_checked && marked) => {
+                    // Zeros after the chunk too: as if it were read whole.
+                    let f = &self.file.as_ref().expect("open").2;
+                    if zeros_in_file(f, at + chunk, len).map_err(Error::io("read", path))? {
+                        return Ok(Some(ChunkRead { at, outcome, scanned: len - at, marked }));
+                    }
+                    chunk = len - at
+                }
+                _ => return Ok(Some(ChunkRead { at, outcome, scanned: chunk, marked })),
+            }
+        }
+    }
+
+    /// Verify the frames in `bytes`, read from byte `at` of the open segment,
+    /// visiting (and counting in `visited`) the records from `visit_from` on. The
+    /// outcome, and whether the frames end at a whole end mark.
+    fn scan_chunk(
+        &mut self,
+        bytes: &[u8],
+        at: u64,
+        visited: &mut u64,
+        visit: &mut impl FnMut(&RecordRef<'_>),
+    ) -> (ScanOutcome, bool) {
+        let visit_from = self.visit_from;
+        let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
+        // Links are checked from `visit_from` on: helpers only where they are.
+        let (checks_links, prev) = (cursor.next_seq >= visit_from, cursor.prev_link);
+        let mut scan = |ahead: Option<&crate::format::LinksAhead<'_>>| {
+            scan_segment_frames_ahead(bytes, 0, at, cursor, body_max, layout, visit_from, ahead, |_, r| {
+                if r.seq >= visit_from {
+                    *visited += 1;
+                    visit(r);
+                }
+            })
+        };
+        let outcome = if checks_links { with_links_ahead(bytes, 0, prev, body_max, scan) } else { scan(None) };
+        // The frames end at a whole end mark: where a writer left them.
+        let marked = matches!(outcome, ScanOutcome::ZeroTail { offset }
+            if bytes[offset as usize..].starts_with(&FRAMES_END_MARK));
+        (outcome, marked)
+    }
+
+    /// Move the offset past what a read verified, and say where the poll goes
+    /// on: `None` to read on in this segment.
+    fn advance(
+        &mut self,
+        first_seq: u64,
+        path: &Path,
+        len: u64,
+        read: ChunkRead,
+        pass: &mut Pass,
+    ) -> Result<Option<Next>> {
+        let ChunkRead { at, outcome, scanned, marked } = read;
+        // Only where the frames are known to end may a probe say that nothing
+        // was appended: never at damage or at a mere window's end, where zeros
+        // over a record's first bytes would pass for the end.
+        self.at_frames_end = false;
+        match outcome {
+            ScanOutcome::Clean => {
+                self.offset += scanned;
+                pass.read_window = (pass.read_window * 2).min(TAIL_READ_BYTES_MAX);
+            }
+            // The end of the frames: zeros to the end of the file, or (checked
+            // whole once) the end mark a writer left — appends only ever
+            // overwrite the zeros from there on.
+            ScanOutcome::ZeroTail { offset } if at + scanned == len || (self.zeros_checked && marked) => {
+                self.offset += offset;
+                self.zeros_checked = true;
+                self.at_frames_end = true;
+                return Ok(Some(Next::SegmentEnd));
+            }
+            // Zeros to the end of this chunk only: look on from there.
+            ScanOutcome::ZeroTail { offset } => self.offset += offset,
+            // A chunk that cut a frame: read on from that frame.
+            ScanOutcome::Damaged(d) if at + scanned < len && d.offset > 0 => {
+                self.offset += d.offset;
+                pass.read_window = (pass.read_window * 2).min(TAIL_READ_BYTES_MAX);
+            }
+            // An append in progress, or a torn write the next writer cuts — but
+            // only at the end of the last segment: a later segment means this
+            // one is sealed, and damage in it is corruption.
+            ScanOutcome::Damaged(d) if d.is_torn_tail() && !self.later_segment_exists(first_seq)? => {
+                self.offset += d.offset;
+                self.torn_tail = true;
+                return Ok(Some(Next::Done));
+            }
+            // Before it is believed, damage is read again: a group being
+            // copied, or a segment sealed since this poll looked, reads whole
+            // a moment later; corruption does not.
+            ScanOutcome::Damaged(d) if retry(&mut pass.rereads, &mut pass.retrying_at, (first_seq, at + d.offset)) => {
+                self.offset += d.offset;
+                // The damage is not the end of the frames: the next look
+                // reads it, never a probe that could take zeros
+                // there for the end.
+                self.zeros_checked = false;
+                std::thread::sleep(LIVE_REREAD_PAUSE);
+                return Ok(Some(Next::LookAgain));
+            }
+            ScanOutcome::Damaged(d) => {
+                let sealed = self.later_segment_exists(first_seq)?;
+                return Err(super::recovery::refusal(path, at, &d, sealed));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What one poll carries from read to read.
+struct Pass {
+    /// Looks again at one place so far ([`retry`]), and that place.
+    rereads: u32,
+    retrying_at: Option<(u64, u64)>,
+    /// The poll's one read buffer, grown as needed.
+    read_buf: Vec<u8>,
+    /// The next read's size (doubled by each read that ends clean).
+    read_window: u64,
+    /// Records visited.
+    visited: u64,
+}
+
+/// One bounded read of the open segment ([`Tailer::read_chunk`]).
+struct ChunkRead {
+    /// Where it was read from (the tailer's offset then).
+    at: u64,
+    outcome: ScanOutcome,
+    /// The bytes the outcome covers from `at`.
+    scanned: u64,
+    /// The frames end at a whole end mark.
+    marked: bool,
+}
+
+/// Where a poll goes on after reading the open segment.
+enum Next {
+    /// The segment's frames end: on to the next segment, if there is one.
+    SegmentEnd,
+    /// Look at the segment again from its length on (the pause was taken).
+    LookAgain,
+    /// The poll ends here.
+    Done,
 }

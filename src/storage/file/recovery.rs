@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use super::ahead::with_links_ahead;
-use super::dir::{create_first_segment, listing, open_regular, read_regular, segment_path, sync_dir, write_evidence};
+use super::dir::{
+    Listing, create_first_segment, listing, open_regular, read_regular, segment_path, sync_dir, write_evidence,
+};
 use super::history::check_history;
 use crate::format::{
     Action, BODY_BYTES_HARD_MAX, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome,
@@ -202,8 +204,6 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     // `repair` cuts it (its bytes may be in the page cache, not on the disk).
     super::halt::check(dir)?;
     let body_max = opts.body_max();
-    let bytes_max = opts.segment_file_bytes_max();
-    let mut repairs = Vec::new();
     let found = listing(dir)?;
     found.refuse_odd_names(dir)?;
     let mut segments = found.segments.clone();
@@ -216,47 +216,10 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
 
     // R8: a last segment with a damaged header and no intact frame was torn during
     // creation → set aside. (Repeat: a crash loop could leave several.)
-    while let Some((seq, path)) = segments.last().cloned() {
-        let map = Mapped::open(&path, bytes_max, seq)?;
-        match SegmentHeader::decode(map.bytes()) {
-            Err(e) if is_torn_creation(map.bytes(), &e, body_max, seq) => {
-                drop(map);
-                repairs.push(set_aside_torn_segment(dir, &path, seq)?);
-                segments.pop();
-            }
-            _ => break,
-        }
-    }
+    let mut repairs = set_aside_torn_segments(dir, &mut segments, opts)?;
 
     if segments.is_empty() {
-        found.refuse_lost_history(dir)?;
-        if !opts.create {
-            return Err(Error::no_log_here(dir));
-        }
-        if let Some(name) = &found.foreign {
-            return Err(Error::NotALogDirectory {
-                path: dir.into(),
-                detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
-            });
-        }
-        let cursor = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
-        let header = SegmentHeader { version: opts.format_version, first_seq: 1, prev_link: GENESIS_LINK };
-        let path = create_first_segment(dir, &header.encode())?;
-        // After the first segment (so that either marks a log that existed): the
-        // legacy lock file earlier builds lock, and the snapshot folder.
-        super::dir::open_private(&dir.join(super::dir::LOCK_FILE), false)?;
-        super::dir::create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))?;
-        let tail = TailState {
-            segment: path,
-            segment_first_seq: 1,
-            segment_len: SEGMENT_HEADER_BYTES as u64,
-            layout: header.layout(),
-            alloc_len: SEGMENT_HEADER_BYTES as u64,
-            cursor,
-        };
-        let report =
-            OpenReport { segments: 1, records_verified: 0, last_seq: 0, chain_head: hex(&GENESIS_LINK), repairs };
-        return Ok((tail, report));
+        return create_log(dir, opts, &found, repairs);
     }
 
     let start = match opts.verify_on_open {
@@ -268,59 +231,18 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     let mut tail = None;
     for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
         let is_last = i + 1 == segments.len();
-        let map = Mapped::open(path, bytes_max, *name_seq)?;
-        let bytes = map.bytes();
-        let expected_seq = cursor.map_or(*name_seq, |c| c.next_seq);
-        let header = SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
-        check_header_continuity(path, *name_seq, &header, cursor.as_ref(), i == 0)?;
-        let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
-        let (mut len, mut alloc_len) = (bytes.len() as u64, bytes.len() as u64);
-        let layout = header.layout();
-        // Verifying only the last segment (a ledger's open): its frames are checked
-        // whole, and the chain is left to the reader that applies the records (from
-        // the snapshot it boots from on), as for the sealed segments before it.
-        let chain_from = match opts.verify_on_open {
-            VerifyOnOpen::Full => 0,
-            VerifyOnOpen::LastSegment => u64::MAX,
-        };
-        let count = |_: u64, _: &crate::format::RecordRef<'_>| records += 1;
-        // Links checked ahead by helper threads only where links are checked at all.
-        let scanned = |ahead: Option<&crate::format::LinksAhead<'_>>| {
-            scan_segment_frames_ahead(
-                bytes,
-                SEGMENT_HEADER_BYTES,
-                0,
-                &mut c,
-                body_max,
-                layout,
-                chain_from,
-                ahead,
-                count,
-            )
-        };
-        let outcome = match chain_from {
-            0 => with_links_ahead(bytes, SEGMENT_HEADER_BYTES, header.prev_link, body_max, scanned),
-            _ => scanned(None),
-        };
-        match outcome {
-            ScanOutcome::Clean => {}
-            ScanOutcome::ZeroTail { offset } if is_last => len = offset,
-            ScanOutcome::ZeroTail { offset } => return Err(sealed_zero_tail(path, offset, c.next_seq)),
-            ScanOutcome::Damaged(d) if classify(d.evidence(!is_last)) == Action::CutTornTail => {
-                repairs.push(cut_torn_tail(path, &bytes[d.offset as usize..], d.offset, &d, layout)?);
-                (len, alloc_len) = (d.offset, d.offset);
-            }
-            ScanOutcome::Damaged(d) => return Err(refusal(path, 0, &d, !is_last)),
-        }
-        cursor = Some(c);
+        let r = recover_segment(path, *name_seq, cursor.as_ref(), i == 0, is_last, opts)?;
+        records += r.records;
+        repairs.extend(r.repair);
+        cursor = Some(r.cursor);
         if is_last {
             tail = Some(TailState {
                 segment: path.clone(),
                 segment_first_seq: *name_seq,
-                segment_len: len,
-                layout,
-                alloc_len,
-                cursor: c,
+                segment_len: r.len,
+                layout: r.layout,
+                alloc_len: r.alloc_len,
+                cursor: r.cursor,
             });
         }
     }
@@ -333,6 +255,124 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         repairs,
     };
     Ok((tail, report))
+}
+
+/// Set aside each last segment of `segments` that was torn during creation (R8),
+/// dropping it from the list; what was set aside.
+fn set_aside_torn_segments(dir: &Path, segments: &mut Vec<(u64, PathBuf)>, opts: &LogOptions) -> Result<Vec<Repair>> {
+    let body_max = opts.body_max();
+    let bytes_max = opts.segment_file_bytes_max();
+    let mut repairs = Vec::new();
+    while let Some((seq, path)) = segments.last().cloned() {
+        let map = Mapped::open(&path, bytes_max, seq)?;
+        match SegmentHeader::decode(map.bytes()) {
+            Err(e) if is_torn_creation(map.bytes(), &e, body_max, seq) => {
+                drop(map);
+                repairs.push(set_aside_torn_segment(dir, &path, seq)?);
+                segments.pop();
+            }
+            _ => break,
+        }
+    }
+    Ok(repairs)
+}
+
+/// Create the log in `dir`, where `found` lists no segment (`repairs`: the torn
+/// segments set aside before): only where no history was lost, when asked to
+/// create, and never among other files. The state a writer continues from.
+fn create_log(dir: &Path, opts: &LogOptions, found: &Listing, repairs: Vec<Repair>) -> Result<(TailState, OpenReport)> {
+    found.refuse_lost_history(dir)?;
+    if !opts.create {
+        return Err(Error::no_log_here(dir));
+    }
+    if let Some(name) = &found.foreign {
+        return Err(Error::NotALogDirectory {
+            path: dir.into(),
+            detail: format!("it holds no segment but holds {name:?}; refusing to create a log among other files"),
+        });
+    }
+    let cursor = Cursor { next_seq: 1, prev_link: GENESIS_LINK };
+    let header = SegmentHeader { version: opts.format_version, first_seq: 1, prev_link: GENESIS_LINK };
+    let path = create_first_segment(dir, &header.encode())?;
+    // After the first segment (so that either marks a log that existed): the
+    // legacy lock file earlier builds lock, and the snapshot folder.
+    super::dir::open_private(&dir.join(super::dir::LOCK_FILE), false)?;
+    super::dir::create_dir_private(&dir.join(super::dir::SNAPSHOT_DIR))?;
+    let tail = TailState {
+        segment: path,
+        segment_first_seq: 1,
+        segment_len: SEGMENT_HEADER_BYTES as u64,
+        layout: header.layout(),
+        alloc_len: SEGMENT_HEADER_BYTES as u64,
+        cursor,
+    };
+    let report = OpenReport { segments: 1, records_verified: 0, last_seq: 0, chain_head: hex(&GENESIS_LINK), repairs };
+    Ok((tail, report))
+}
+
+/// One segment as recovery leaves it.
+struct Recovered {
+    /// Where its last intact record leaves the chain.
+    cursor: Cursor,
+    /// Where its frames end, and the file's length (past the frames, zeros).
+    len: u64,
+    alloc_len: u64,
+    layout: Layout,
+    /// Intact records verified in it.
+    records: u64,
+    /// The torn tail cut from it, if it had one.
+    repair: Option<Repair>,
+}
+
+/// Verify the segment at `path` (named for `name_seq`, after the segments that
+/// leave the chain at `prev`) and apply the decision table to what its scan finds:
+/// a torn tail is cut (bytes kept as evidence); anything else is refused.
+fn recover_segment(
+    path: &Path,
+    name_seq: u64,
+    prev: Option<&Cursor>,
+    is_first: bool,
+    is_last: bool,
+    opts: &LogOptions,
+) -> Result<Recovered> {
+    let body_max = opts.body_max();
+    let map = Mapped::open(path, opts.segment_file_bytes_max(), name_seq)?;
+    let bytes = map.bytes();
+    let expected_seq = prev.map_or(name_seq, |c| c.next_seq);
+    let header = SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
+    check_header_continuity(path, name_seq, &header, prev, is_first)?;
+    let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
+    let (mut len, mut alloc_len) = (bytes.len() as u64, bytes.len() as u64);
+    let layout = header.layout();
+    // Verifying only the last segment (a ledger's open): its frames are checked
+    // whole, and the chain is left to the reader that applies the records (from
+    // the snapshot it boots from on), as for the sealed segments before it.
+    let chain_from = match opts.verify_on_open {
+        VerifyOnOpen::Full => 0,
+        VerifyOnOpen::LastSegment => u64::MAX,
+    };
+    let mut records = 0u64;
+    let count = |_: u64, _: &crate::format::RecordRef<'_>| records += 1;
+    // Links checked ahead by helper threads only where links are checked at all.
+    let scanned = |ahead: Option<&crate::format::LinksAhead<'_>>| {
+        scan_segment_frames_ahead(bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, layout, chain_from, ahead, count)
+    };
+    let outcome = match chain_from {
+        0 => with_links_ahead(bytes, SEGMENT_HEADER_BYTES, header.prev_link, body_max, scanned),
+        _ => scanned(None),
+    };
+    let mut repair = None;
+    match outcome {
+        ScanOutcome::Clean => {}
+        ScanOutcome::ZeroTail { offset } if is_last => len = offset,
+        ScanOutcome::ZeroTail { offset } => return Err(sealed_zero_tail(path, offset, c.next_seq)),
+        ScanOutcome::Damaged(d) if classify(d.evidence(!is_last)) == Action::CutTornTail => {
+            repair = Some(cut_torn_tail(path, &bytes[d.offset as usize..], d.offset, &d, layout)?);
+            (len, alloc_len) = (d.offset, d.offset);
+        }
+        ScanOutcome::Damaged(d) => return Err(refusal(path, 0, &d, !is_last)),
+    }
+    Ok(Recovered { cursor: c, len, alloc_len, layout, records, repair })
 }
 
 /// A sealed segment is cut to its last record before the next one is created, so

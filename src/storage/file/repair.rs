@@ -70,6 +70,46 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     })?;
     let lock = AppendLock::open(dir)?;
     let _held = lock.acquire(opts.lock_wait_ms_max)?;
+    let found = find_damage(dir, cut_from_seq, opts)?;
+    let (segment, offset) = cut_place(dir, cut_from_seq, &found.damage, found.at)?;
+    let cuts = cut(dir, &segment, offset, found.damage.seq, opts)?;
+    sync_dir(dir)?;
+    if found.halted.is_some() {
+        // The records in doubt are cut (and that is durable): the log is whole again.
+        super::halt::clear(dir)?;
+    }
+    // Snapshots of state that included the cut records describe a history the log
+    // no longer has: set aside too (never adopted, never read as "records cut").
+    let snapshots_set_aside = set_aside_snapshots(dir, cut_from_seq)?;
+    drop(_held);
+    tracing::warn!(dir = %dir.display(), cut_from_seq, "repair cut the log; the cut bytes are kept as evidence");
+    // What was cut is reported whatever the log looks like afterwards.
+    let after = verify_dir(dir, opts.body_max()).ok();
+    Ok(RepairReport {
+        dir: dir.to_path_buf(),
+        cut_from_seq,
+        damage: found.damage,
+        cuts,
+        snapshots_set_aside,
+        last_seq: after.as_ref().and_then(|a| a.last_seq).unwrap_or(0),
+        chain_head: after.as_ref().map_or_else(String::new, |a| a.chain_head.clone()),
+        intact: after.is_some_and(|a| a.is_intact()),
+    })
+}
+
+/// What `repair` found to cut.
+struct Found {
+    /// The first damage: a damaged record, or the commit group whose sync failed.
+    damage: Problem,
+    /// Where record `cut_from_seq` starts (segment, offset), if the scan met it intact.
+    at: Option<(PathBuf, u64)>,
+    /// The marker of a commit group whose sync failed (segment, offset, sequence).
+    halted: Option<(PathBuf, u64, u64)>,
+}
+
+/// The first damage of the log in `dir` (a commit group whose sync failed counts),
+/// and where record `cut_from_seq` starts; an intact log is `NOTHING_TO_REPAIR`.
+fn find_damage(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Found> {
     let mut at: Option<(PathBuf, u64)> = None;
     let mut damage = None;
     scan_dir(dir, 1, opts.body_max(), |item| match item {
@@ -109,6 +149,13 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
             detail: "the log is intact: there is nothing to repair (repair cuts only a damaged log)".into(),
         });
     };
+    Ok(Found { damage, at, halted })
+}
+
+/// Where the cut from `cut_from_seq` starts (segment, offset), once it is one that
+/// mends `damage`: a damaged record (not a file that is no segment), from the first
+/// damage or earlier, never the whole history, within the segment's bytes.
+fn cut_place(dir: &Path, cut_from_seq: u64, damage: &Problem, at: Option<(PathBuf, u64)>) -> Result<(PathBuf, u64)> {
     // Damage a cut cannot mend: a file that is not a segment at all.
     if matches!(damage.kind, ProblemKind::UnsafeSegment | ProblemKind::OddSegmentName) {
         return Err(Error::InvalidOption {
@@ -149,6 +196,14 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
             detail: format!("{} is {held} bytes: there is nothing at byte {offset} to cut from", segment.display()),
         });
     }
+    Ok((segment, offset))
+}
+
+/// Make the cut at `offset` of `segment` (a segment of `dir`), keeping every byte
+/// cut as evidence: every later segment set aside whole, then the segment itself
+/// (whole from offset 0, else its bytes from `offset` on, and the kept prefix
+/// rewritten). `damage_seq` is the sequence a refused read of the segment names.
+fn cut(dir: &Path, segment: &Path, offset: u64, damage_seq: u64, opts: &LogOptions) -> Result<Vec<Cut>> {
     let mut cuts = Vec::new();
     let segments = super::dir::listing(dir)?.segments;
     // Later segments by their sequence (names from this listing), never by comparing
@@ -171,7 +226,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     if offset == 0 {
         cuts.push(set_aside_whole(dir, &segment)?);
     } else {
-        let bytes = super::dir::read_regular(&segment, opts.segment_file_bytes_max(), damage.seq)?;
+        let bytes = super::dir::read_regular(&segment, opts.segment_file_bytes_max(), damage_seq)?;
         let mut tail = &bytes[(offset as usize).min(bytes.len())..];
         if crate::format::SegmentHeader::decode(&bytes).is_ok_and(|h| h.layout() == crate::format::Layout::Preallocated)
         {
@@ -185,13 +240,12 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
         super::dir::rewrite_prefix(&segment, offset)?;
         cuts.push(Cut { segment: segment.clone(), offset, bytes: tail.len() as u64, evidence });
     }
-    sync_dir(dir)?;
-    if halted.is_some() {
-        // The records in doubt are cut (and that is durable): the log is whole again.
-        super::halt::clear(dir)?;
-    }
-    // Snapshots of state that included the cut records describe a history the log
-    // no longer has: set aside too (never adopted, never read as "records cut").
+    Ok(cuts)
+}
+
+/// Rename every snapshot of state at `cut_from_seq` or later to an evidence name;
+/// the names they were given.
+fn set_aside_snapshots(dir: &Path, cut_from_seq: u64) -> Result<Vec<PathBuf>> {
     let mut snapshots_set_aside = Vec::new();
     let sdir = dir.join(super::dir::SNAPSHOT_DIR);
     for e in std::fs::read_dir(&sdir).into_iter().flatten().filter_map(|e| e.ok()) {
@@ -206,20 +260,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     if !snapshots_set_aside.is_empty() {
         sync_dir(&sdir)?;
     }
-    drop(_held);
-    tracing::warn!(dir = %dir.display(), cut_from_seq, "repair cut the log; the cut bytes are kept as evidence");
-    // What was cut is reported whatever the log looks like afterwards.
-    let after = verify_dir(dir, opts.body_max()).ok();
-    Ok(RepairReport {
-        dir: dir.to_path_buf(),
-        cut_from_seq,
-        damage,
-        cuts,
-        snapshots_set_aside,
-        last_seq: after.as_ref().and_then(|a| a.last_seq).unwrap_or(0),
-        chain_head: after.as_ref().map_or_else(String::new, |a| a.chain_head.clone()),
-        intact: after.is_some_and(|a| a.is_intact()),
-    })
+    Ok(snapshots_set_aside)
 }
 
 fn set_aside_whole(dir: &Path, path: &Path) -> Result<Cut> {

@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-/// Proves: `cargo build --lib --no-default-features` succeeds, and the dependency
+/// Proves: `cargo build --lib --no-default-features` succeeds without a warning,
+/// and the dependency
 /// tree of that build has no clap, indicatif, tracing-subscriber, ureq, axum or
 /// mimalloc, and no tokio `rt-multi-thread`.
 #[test]
@@ -20,6 +21,10 @@ fn the_library_builds_without_its_default_features_and_without_their_crates() {
         .output()
         .expect("run cargo");
     assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
+    // Warning-free too: what only the binary, the tests or the daemon use is not
+    // left dead in an embedder's build (the `internals` feature, `cfg` gates).
+    let stderr = String::from_utf8_lossy(&build.stderr);
+    assert!(!stderr.contains("warning"), "the library alone builds with warnings:\n{stderr}");
     let tree = |args: &[&str]| {
         let out = Command::new(&cargo)
             .args(["tree", "--no-default-features", "--prefix", "none", "--offline"])

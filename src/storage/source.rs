@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use super::snapshots::SnapshotMeta;
 use super::{Error, Location, ReadSummary, RecordReader, ScanItem, Tailer, list_segments, scan_dir};
-use crate::format::{BODY_BYTES_HARD_MAX, ChainLink};
+use crate::format::BODY_BYTES_HARD_MAX;
+#[cfg(feature = "etcd")]
+use crate::format::ChainLink;
 
 pub enum Source {
     Dir(PathBuf),

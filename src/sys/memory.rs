@@ -2,6 +2,7 @@
 
 /// At most `arenas` malloc arenas, and no fastbins (see the daemon's
 /// `limit_malloc_arenas` for the measurements). Call before starting threads.
+#[cfg_attr(not(feature = "daemon"), allow(dead_code))] // the daemon's
 pub fn limit_malloc_arenas(arenas: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; the caller calls it before

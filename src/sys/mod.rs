@@ -17,6 +17,7 @@ pub mod process;
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of `/proc/*/stat`'s
 /// times.
+#[cfg_attr(not(feature = "daemon"), allow(dead_code))] // the daemon's
 pub fn clock_ticks_per_second() -> Option<u64> {
     // SAFETY: sysconf reads a constant of the running system; no memory is shared.
     let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -25,6 +26,7 @@ pub fn clock_ticks_per_second() -> Option<u64> {
 
 /// Bytes of a memory page (`sysconf(_SC_PAGESIZE)`), the unit of `/proc/*/stat`'s
 /// resident set size.
+#[cfg_attr(not(feature = "daemon"), allow(dead_code))] // the daemon's
 pub fn page_bytes() -> Option<u64> {
     // SAFETY: as above.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

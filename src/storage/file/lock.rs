@@ -18,7 +18,8 @@
 //! **Who waits.** A writer that finds the lock taken says so while it waits: a
 //! shared open-file-description (`F_OFD_SETLK`) read lock on byte
 //! `WAITING_BYTE` of `LOCK` — independent of `flock` on Linux, and dropped by the
-//! kernel when the waiter's process dies, so it can never be left standing. The
+//! kernel when the waiter's process dies, so a dead waiter never leaves it
+//! standing (a stopped one does: `SIGSTOP`, a frozen cgroup, a debugger). The
 //! holder asks (`F_OFD_GETLK`) before it keeps the lock for more commit groups: it
 //! lets go only when someone waits. Writers of earlier builds do not say so; the
 //! holder still lets go after a bounded number of turns.
@@ -30,10 +31,15 @@
 //! to 150× its p50 — a waiter lost the race again and again. So the lock counts
 //! the turns waiters get: a writer that waited adds one to a counter in `LOCK`
 //! (bytes 0..8, little endian; advisory, written only under the lock; an
-//! uncontended take costs nothing more). A holder that lets go while another
-//! writer waits notes the count, and before it asks again it steps aside until
-//! the count has moved (a waiter had its turn), nobody waits any more, or
-//! `YIELD_WAIT_MS_MAX` passed.
+//! uncontended take writes nothing, and every release asks once whether someone
+//! waits). A holder that lets go while another writer certainly waits (the query
+//! succeeded and saw its lock) notes the count, and before it asks again it steps
+//! aside until the count has moved (a waiter had its turn), nobody waits any more,
+//! its caller gives up, its lock wait's deadline comes, or `YIELD_WAIT_MS_MAX`
+//! passed. A step aside that runs out its bound with the count unmoved marks that
+//! count stale: no holder of this writer steps aside again until a waiter's turn
+//! moves it, so a waiter that says it waits and never takes the lock (a stopped
+//! process) costs one bounded step aside, not one per turn.
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -63,6 +69,9 @@ pub(crate) struct AppendLock {
     /// The turn count this writer left at when it let the lock go while another
     /// writer waited, and when: its next acquire steps aside until the count moves.
     yielded: Mutex<Option<(u64, Instant)>>,
+    /// A turn count a step aside ran out its bound at, unmoved: while the count is
+    /// still that, nobody is stepped aside for (a waiter that never takes it).
+    stale_turn: Mutex<Option<u64>>,
 }
 
 /// Longest a writer that let the lock go to a waiter steps aside before it asks
@@ -107,6 +116,7 @@ impl AppendLock {
             waiting: Mutex::new(None),
             turns: Mutex::new(None),
             yielded: Mutex::new(None),
+            stale_turn: Mutex::new(None),
         };
         *lock.dir.spare.lock().expect("spare") = lock.dir.open_description()?;
         *lock.legacy.spare.lock().expect("spare") = lock.legacy.open_description()?;
@@ -145,13 +155,49 @@ impl AppendLock {
 
     /// Before asking for the lock: if this writer last let it go to a waiter, step
     /// aside until another writer has had its turn (the count moved), nobody waits
-    /// any more, the caller gives up, or [`YIELD_WAIT_MS_MAX`] passed.
-    fn step_aside(&self, give_up: &dyn Fn() -> bool) {
-        let Some((left_at, since)) = self.yielded.lock().expect("yielded").take() else { return };
+    /// any more, or `deadline` or [`YIELD_WAIT_MS_MAX`] passed (then the count is
+    /// marked stale). Returns whether `give_up` said so meanwhile.
+    fn step_aside(&self, give_up: &dyn Fn() -> bool, deadline: Instant) -> bool {
+        let Some((left_at, since)) = self.yielded.lock().expect("yielded").take() else { return false };
         let bound = Duration::from_millis(YIELD_WAIT_MS_MAX);
-        while self.turn_count() == Some(left_at) && self.others_waiting() && since.elapsed() < bound && !give_up() {
+        loop {
+            if give_up() {
+                return true;
+            }
+            if self.turn_count() != Some(left_at) || !self.waiter_seen() {
+                return false;
+            }
+            if since.elapsed() >= bound || Instant::now() >= deadline {
+                *self.stale_turn.lock().expect("stale") = Some(left_at);
+                return false;
+            }
             std::thread::sleep(Duration::from_micros(YIELD_POLL_US));
         }
+    }
+
+    /// On letting the lock go: note the turn count to step aside at, if another
+    /// writer certainly waits and the count is not one a step aside already ran
+    /// out at.
+    fn note_yield(&self) {
+        if !self.waiter_seen() {
+            return;
+        }
+        let Some(turn) = self.turn_count() else { return };
+        if *self.stale_turn.lock().expect("stale") != Some(turn) {
+            *self.yielded.lock().expect("yielded") = Some((turn, Instant::now()));
+        }
+    }
+
+    /// Whether another writer certainly says it waits: the query succeeded and
+    /// saw its lock. (Unlike [`others_waiting`](Self::others_waiting), which takes
+    /// an unanswered query for yes to keep turns short, an unanswered one is no
+    /// here: stepping aside for nobody would cost every turn its bound.)
+    fn waiter_seen(&self) -> bool {
+        let mut w = self.waiting.lock().expect("waiting");
+        if w.is_none() {
+            *w = self.legacy.open_description().ok().flatten();
+        }
+        w.as_ref().is_some_and(|f| waiting_byte(f, libc::F_OFD_GETLK, libc::F_WRLCK).is_ok_and(|t| t != libc::F_UNLCK))
     }
 
     /// Say (or stop saying) that this writer waits for the lock. Best effort: a
@@ -193,9 +239,11 @@ impl AppendLock {
         fail::fail_point!("lock::acquire", |_| {
             Err(Error::io("lock", &self.dir.path)(std::io::Error::other("injected lock failure")))
         });
-        self.step_aside(give_up);
         let deadline = Instant::now() + Duration::from_millis(wait_ms_max);
         let start = Instant::now();
+        if self.step_aside(give_up, deadline) {
+            return Err(Error::Withdrawn { waited_ms: start.elapsed().as_millis() as u64 });
+        }
         let timeout = |t: &Target| Error::LockTimeout {
             path: t.path.clone(),
             waited_ms: start.elapsed().as_millis() as u64,
@@ -358,11 +406,7 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         // Let go to a waiter: this writer steps aside at its next acquire, until
         // the count moves from where it is now.
-        if self.lock.others_waiting()
-            && let Some(turn) = self.lock.turn_count()
-        {
-            *self.lock.yielded.lock().expect("yielded") = Some((turn, Instant::now()));
-        }
+        self.lock.note_yield();
         // Reverse order of taking.
         if let Some(f) = self.legacy.take() {
             self.lock.legacy.release(f);
@@ -473,9 +517,9 @@ mod waiting_tests {
     }
 
     /// Proves (fair turns): a holder that lets the lock go while another writer
-    /// waits notes the turn count and steps aside; the waiter counts its turn when
-    /// it takes the lock, which ends the stepping aside; a holder that lets go with
-    /// nobody waiting notes nothing, and an uncontended take counts nothing.
+    /// waits notes the turn count; the waiter counts its turn when it takes the
+    /// lock, and a count that moved ends the stepping aside; a holder that lets go
+    /// with nobody waiting notes nothing, and an uncontended take counts nothing.
     #[test]
     fn a_holder_that_lets_go_to_a_waiter_steps_aside_until_the_waiter_had_its_turn() {
         let d = tempfile::tempdir().unwrap();
@@ -501,14 +545,66 @@ mod waiting_tests {
                 std::thread::yield_now();
             }
             drop(held);
-            assert_eq!(*a.yielded.lock().unwrap().as_ref().map(|(t, _)| t).unwrap(), 0, "a let go to a waiter");
+            assert_eq!(a.yielded.lock().unwrap().map(|(t, _)| t), Some(0), "a let go to a waiter");
             assert_eq!(got_rx.recv().unwrap(), Some(1), "the waiter counted its turn");
-            // The count moved: `a` does not step aside (and does not wait the bound).
-            a.step_aside(&|| false);
-            assert!(a.yielded.lock().unwrap().is_none());
+            // The count moved: `a` steps aside no longer, whatever the bound.
+            assert!(!a.step_aside(&|| false, Instant::now() + Duration::from_secs(3600)));
+            assert_eq!(*a.stale_turn.lock().unwrap(), None, "ended by the count, not by the bound");
             go_tx.send(()).unwrap();
         });
         drop(a.acquire(1_000).unwrap());
         assert_eq!(a.turn_count(), Some(1), "an uncontended take counts nothing");
+    }
+
+    /// Proves (a waiter that never takes the lock, as a stopped process's): the
+    /// holder steps aside once, to its bound, marks the count stale and does not
+    /// step aside again while it stays; a waiter's turn moves the count and turns
+    /// stepping aside back on; nobody waiting any more ends a step aside without
+    /// marking anything; a caller that gives up while stepping aside is withdrawn.
+    /// (No clock is waited on: the bound is a deadline already passed.)
+    #[test]
+    fn a_waiter_that_never_takes_the_lock_costs_one_step_aside_not_one_per_turn() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(LOCK_FILE), b"").unwrap();
+        let (a, b, stopped) = (
+            AppendLock::open(d.path()).unwrap(),
+            AppendLock::open(d.path()).unwrap(),
+            AppendLock::open(d.path()).unwrap(),
+        );
+        stopped.set_waiting(true);
+        drop(a.acquire(100).unwrap());
+        assert_eq!(a.yielded.lock().unwrap().map(|(t, _)| t), Some(0), "a waiter is seen");
+        assert!(!a.step_aside(&|| false, Instant::now()), "the deadline ends it");
+        assert_eq!(*a.stale_turn.lock().unwrap(), Some(0), "and marks the count stale");
+        drop(a.acquire(100).unwrap());
+        assert!(a.yielded.lock().unwrap().is_none(), "no second step aside for the same waiter");
+        // A real waiter's turn moves the count.
+        let held = a.acquire(100).unwrap();
+        std::thread::scope(|s| {
+            let b = &b;
+            // The stopped waiter steps back a moment so that `b`'s own word is seen:
+            // `b` then certainly found the lock taken (it counts its turn).
+            stopped.set_waiting(false);
+            let waiter = s.spawn(move || b.acquire(10_000).map(drop));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !a.waiter_seen() {
+                assert!(Instant::now() < deadline, "the blocked writer is not seen");
+                std::thread::yield_now();
+            }
+            stopped.set_waiting(true);
+            drop(held);
+            waiter.join().unwrap().unwrap();
+        });
+        assert_eq!(a.turn_count(), Some(1), "b counted its turn");
+        drop(a.acquire(100).unwrap());
+        assert_eq!(a.yielded.lock().unwrap().map(|(t, _)| t), Some(1), "the stale count moved: stepping aside is back");
+        // Nobody waits any more: the step aside ends, nothing marked.
+        stopped.set_waiting(false);
+        assert!(!a.step_aside(&|| false, Instant::now() + Duration::from_secs(3600)));
+        assert_eq!(*a.stale_turn.lock().unwrap(), Some(0), "ended because nobody waits, not by the bound");
+        // A caller that gives up while this writer steps aside is withdrawn.
+        stopped.set_waiting(true);
+        *a.yielded.lock().unwrap() = Some((1, Instant::now()));
+        assert!(matches!(a.acquire_or_give_up(10_000, &|| true), Err(Error::Withdrawn { .. })));
     }
 }

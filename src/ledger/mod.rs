@@ -33,7 +33,9 @@ pub mod snapshot;
 pub use error::LedgerError;
 
 use crate::storage::Exclusive;
-use crate::storage::commit::{Admission, AsyncCommit, Core, GroupCommit, GroupLimits, Hooks, lead_on_blocking_pool};
+use crate::storage::commit::{
+    Admission, AsyncCommit, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, lead_on_blocking_pool,
+};
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
 use std::collections::HashMap;
@@ -443,8 +445,8 @@ impl Ledger {
                     Ok(r) => r,
                     // As on the other path (and for a thread): the panic reaches the
                     // caller; the engine poisoned itself when it caught it.
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    Err(_) => return Err(LedgerError::Storage(storage::Error::Closed)),
+                    Err(LeadFailed::Panicked(p)) => std::panic::resume_unwind(p),
+                    Err(LeadFailed::NotRun) => return Err(LedgerError::Storage(storage::Error::Closed)),
                 }
             }
         };

@@ -21,16 +21,29 @@ pub enum AsyncTurn {
     Lead(Vec<Vec<u8>>),
 }
 
+/// Why an async caller's lead gave no answer ([`lead_on_blocking_pool`]).
+pub enum LeadFailed {
+    /// The lead panicked (the engine poisoned itself when it caught it).
+    Panicked(Box<dyn std::any::Any + Send>),
+    /// The thread to lead on never ran (a runtime shutting down).
+    NotRun,
+}
+
 /// Lead for an async caller that was made leader ([`AsyncTurn::Lead`],
-/// [`AsyncCommit::Lead`]): run `lead` with the engine's owner on the runtime's
-/// blocking pool. The request to lead is withdrawn however that ends — also if the
-/// thread never runs (a runtime shutting down drops it; with no runtime the spawn
-/// panics) — so other async callers never wait for a leader that does not come.
+/// [`AsyncCommit::Lead`]): run `lead` with the engine's owner on a thread that may
+/// block. On a worker of a multi-thread runtime that is the caller's own thread,
+/// the runtime told that it blocks (`block_in_place`: its other tasks move to
+/// another thread): no hand-off to the blocking pool and back, which cost one
+/// appender about 40% of its rate (`docs/BENCHMARKS.md`, issue 28). Elsewhere it
+/// is the runtime's blocking pool. The request to lead is withdrawn however that
+/// ends — also if the thread never runs (a runtime shutting down drops it; with no
+/// runtime the spawn panics) — so other async callers never wait for a leader that
+/// does not come.
 pub async fn lead_on_blocking_pool<O, S, R>(
     owner: Arc<O>,
     engine: fn(&O) -> &GroupCommit<S>,
     lead: impl FnOnce(&O) -> R + Send + 'static,
-) -> Result<R, tokio::task::JoinError>
+) -> Result<R, LeadFailed>
 where
     O: Send + Sync + 'static,
     S: 'static,
@@ -45,11 +58,21 @@ where
         }
     }
     let mut pending = Pending(Some(owner), engine);
-    tokio::task::spawn_blocking(move || {
+    #[cfg(feature = "daemon")]
+    if tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+    {
+        let owner = pending.0.take().expect("taken once");
+        let led =
+            tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lead(&owner))));
+        return led.map_err(LeadFailed::Panicked);
+    }
+    let led = tokio::task::spawn_blocking(move || {
         let owner = pending.0.take().expect("taken once");
         lead(&owner)
     })
-    .await
+    .await;
+    led.map_err(|e| if e.is_panic() { LeadFailed::Panicked(e.into_panic()) } else { LeadFailed::NotRun })
 }
 
 /// What an async judged commit found ([`GroupCommit::commit_async`]).

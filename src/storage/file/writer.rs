@@ -25,7 +25,8 @@ use crate::format::{
 };
 use crate::storage::backend::{AppendOutcome, Exclusive};
 use crate::storage::commit::{
-    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, Settled, lead_on_blocking_pool,
+    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, Settled,
+    lead_on_blocking_pool,
 };
 use crate::storage::error::{Error, Result};
 use crate::storage::options::LogOptions;
@@ -199,10 +200,10 @@ impl Log {
                 .await;
                 match led {
                     Ok(answer) => answer,
-                    Err(e) if e.is_panic() => {
+                    Err(LeadFailed::Panicked(_)) => {
                         Err(Error::Poisoned { cause: "the thread committing an async append panicked".into() })
                     }
-                    Err(_) => Err(Error::Closed),
+                    Err(LeadFailed::NotRun) => Err(Error::Closed),
                 }
             }
         }

@@ -34,7 +34,7 @@ pub use error::LedgerError;
 
 use crate::storage::Exclusive;
 use crate::storage::commit::{
-    Admission, AsyncCommit, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, lead_on_blocking_pool,
+    Admission, AsyncCommit, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, lead_on_blocking_pool,
 };
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
@@ -433,6 +433,7 @@ impl Ledger {
                 let led = lead_on_blocking_pool(
                     Arc::clone(self),
                     |ledger| &ledger.group,
+                    LeadOn::Pool,
                     move |ledger| {
                         let who = caller.unwrap_or_else(|| ledger.me.clone());
                         ledger.group.commit_async_lead(ledger, Admission::Callers, |inner| {

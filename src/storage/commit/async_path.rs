@@ -29,19 +29,30 @@ pub enum LeadFailed {
     NotRun,
 }
 
+/// Where an async caller made leader leads ([`lead_on_blocking_pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeadOn {
+    /// The runtime's blocking pool: the caller's worker stays free for the other
+    /// tasks (the daemon's requests: with the leader in place, a worker blocked in
+    /// `fdatasync` cost 64 clients a fifth of their rate, `docs/BENCHMARKS.md`).
+    Pool,
+    /// On a worker of a multi-thread runtime, the caller's own thread, the runtime
+    /// told that it blocks (`block_in_place`): no hand-off to the pool and back
+    /// (raw async appends: one appender 4.9k → 6.6k appends/s). Elsewhere the pool.
+    InPlace,
+}
+
 /// Lead for an async caller that was made leader ([`AsyncTurn::Lead`],
 /// [`AsyncCommit::Lead`]): run `lead` with the engine's owner on a thread that may
-/// block. On a worker of a multi-thread runtime that is the caller's own thread,
-/// the runtime told that it blocks (`block_in_place`: its other tasks move to
-/// another thread): no hand-off to the blocking pool and back, which cost one
-/// appender about 40% of its rate (`docs/BENCHMARKS.md`, issue 28). Elsewhere it
-/// is the runtime's blocking pool. The request to lead is withdrawn however that
-/// ends — also if the thread never runs (a runtime shutting down drops it; with no
-/// runtime the spawn panics) — so other async callers never wait for a leader that
-/// does not come.
+/// block ([`LeadOn`]). The request to lead is withdrawn however that ends — also
+/// if the thread never runs (a runtime shutting down drops it; with no runtime the
+/// spawn panics) — so other async callers never wait for a leader that does not
+/// come.
+#[cfg_attr(not(feature = "daemon"), allow(unused_variables))] // `on`: no multi-thread runtime without it
 pub async fn lead_on_blocking_pool<O, S, R>(
     owner: Arc<O>,
     engine: fn(&O) -> &GroupCommit<S>,
+    on: LeadOn,
     lead: impl FnOnce(&O) -> R + Send + 'static,
 ) -> Result<R, LeadFailed>
 where
@@ -59,8 +70,9 @@ where
     }
     let mut pending = Pending(Some(owner), engine);
     #[cfg(feature = "daemon")]
-    if tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+    if on == LeadOn::InPlace
+        && tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
     {
         let owner = pending.0.take().expect("taken once");
         let led =

@@ -63,7 +63,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use async_path::{AsyncCommit, AsyncTurn, LeadFailed, lead_on_blocking_pool};
+pub use async_path::{AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_on_blocking_pool};
 pub use state::Core;
 
 /// Commit groups one leader writes before it lets go of the exclusive section.

@@ -25,7 +25,7 @@ use crate::format::{
 };
 use crate::storage::backend::{AppendOutcome, Exclusive};
 use crate::storage::commit::{
-    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, Settled,
+    Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, Settled,
     lead_on_blocking_pool,
 };
 use crate::storage::error::{Error, Result};
@@ -189,6 +189,7 @@ impl Log {
                 let led = lead_on_blocking_pool(
                     Arc::clone(&self.inner),
                     |inner| &inner.engine,
+                    LeadOn::InPlace,
                     move |inner| {
                         let mut payloads = Some(payloads);
                         let settled = inner

@@ -193,11 +193,17 @@ impl AppendLock {
     /// an unanswered query for yes to keep turns short, an unanswered one is no
     /// here: stepping aside for nobody would cost every turn its bound.)
     fn waiter_seen(&self) -> bool {
+        self.waiting_query().is_some_and(|t| t != libc::F_UNLCK)
+    }
+
+    /// What `F_OFD_GETLK` on the "waiting" byte answers (`F_UNLCK`: nobody waits),
+    /// or `None` when it cannot be asked or does not answer.
+    fn waiting_query(&self) -> Option<libc::c_int> {
         let mut w = self.waiting.lock().expect("waiting");
         if w.is_none() {
             *w = self.legacy.open_description().ok().flatten();
         }
-        w.as_ref().is_some_and(|f| waiting_byte(f, libc::F_OFD_GETLK, libc::F_WRLCK).is_ok_and(|t| t != libc::F_UNLCK))
+        waiting_byte(w.as_ref()?, libc::F_OFD_GETLK, libc::F_WRLCK).ok()
     }
 
     /// Say (or stop saying) that this writer waits for the lock. Best effort: a
@@ -218,11 +224,7 @@ impl AppendLock {
     /// another `Log` of this one) says it waits for the lock. When this cannot be
     /// told, yes: the holder then takes turns as if someone waited.
     pub fn others_waiting(&self) -> bool {
-        let mut w = self.waiting.lock().expect("waiting");
-        if w.is_none() {
-            *w = self.legacy.open_description().ok().flatten();
-        }
-        w.as_ref().is_none_or(|f| !waiting_byte(f, libc::F_OFD_GETLK, libc::F_WRLCK).is_ok_and(|t| t == libc::F_UNLCK))
+        self.waiting_query() != Some(libc::F_UNLCK)
     }
 
     /// Take the lock within `wait_ms_max`: the directory, then `LOCK`, with one

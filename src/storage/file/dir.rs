@@ -42,7 +42,7 @@ pub struct Listing {
     pub odd_segment_names: Vec<String>,
     /// Entries that only a log leaves behind: the `snapshots/` directory (created
     /// right after the first segment), the legacy `LOCK` file, evidence of cut
-    /// records. With no segment beside them, the
+    /// records, segments' position indexes. With no segment beside them, the
     /// log's history is gone, not absent.
     pub log_traces: Vec<String>,
     /// The first entry that belongs to no log, if any.
@@ -70,6 +70,7 @@ pub fn listing(dir: &Path) -> Result<Listing> {
             || name == ENV_KEY_FILE
             || name == super::halt::SYNC_FAILED_FILE
             || is_trace_of_records(&name)
+            || super::index::is_index_name(&name)
         {
             out.log_traces.push(name);
         } else if name == SNAPSHOT_DIR || name == PROCESS_DIR {

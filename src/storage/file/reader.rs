@@ -13,8 +13,8 @@ use super::dir::{list_segments, listing, open_regular, read_regular};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
     Action, BODY_FIXED_BYTES, Cursor, Damage, FRAME_HEADER_BYTES, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef,
-    SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError, classify, decode_frame, hex,
-    scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
+    SEGMENT_BYTES_HARD_MAX, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError, classify,
+    decode_frame, hex, scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
 };
 use crate::storage::error::{Error, Result};
 use crate::storage::problem::{Problem, ProblemKind, problem};
@@ -647,7 +647,29 @@ impl Tailer {
             return Ok(false); // being created
         }
         self.open_segment(seq, path, false)?;
+        self.seek_by_index();
         Ok(true)
+    }
+
+    /// In the segment a poll starts in, move to the newest place before the first
+    /// record to visit that the segment's position index proves (FORMAT.md §3b):
+    /// the records before it are neither visited nor verified, as those of the
+    /// segments before. Without a proven place, the read starts at the segment's
+    /// first record.
+    fn seek_by_index(&mut self) {
+        let Some((first_seq, path, f)) = self.file.as_ref() else { return };
+        if self.visit_from <= *first_seq {
+            return;
+        }
+        let positions = super::index::read(path, *first_seq, SEGMENT_BYTES_HARD_MAX);
+        let Ok(len) = super::dir::stat_file(f).map(|m| m.len) else { return };
+        let body_max = self.body_max;
+        if let Some(p) =
+            super::index::proven(&positions, self.visit_from, |p| super::index::proves_in_file(f, len, p, body_max))
+        {
+            self.offset = p.offset;
+            self.cursor = p.cursor;
+        }
     }
 
     /// At the end of the open segment's frames (the segment named for

@@ -11,6 +11,7 @@ use super::dir::{
     Listing, create_first_segment, listing, open_regular, read_regular, segment_path, sync_dir, write_evidence,
 };
 use super::history::check_history;
+use super::index;
 use crate::format::{
     Action, BODY_BYTES_HARD_MAX, Cursor, Damage, Evidence, GENESIS_LINK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome,
     SegmentHeader, SegmentHeaderError, classify, find_next_frame, hex, scan_segment_frames_ahead,
@@ -229,9 +230,11 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     let mut cursor: Option<Cursor> = None;
     let mut records = 0u64;
     let mut tail = None;
+    let mut fills = Vec::new();
     for (i, (name_seq, path)) in segments.iter().enumerate().skip(start) {
         let is_last = i + 1 == segments.len();
         let r = recover_segment(path, *name_seq, cursor.as_ref(), i == 0, is_last, opts)?;
+        fills.push((path, r.index));
         records += r.records;
         repairs.extend(r.repair);
         cursor = Some(r.cursor);
@@ -247,6 +250,10 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
         }
     }
     let tail = tail.expect("the last segment is always scanned");
+    // Only a recovery that succeeded writes anything beside the segments.
+    for (path, (known, found)) in fills {
+        index::fill(path, &known, &found);
+    }
     let report = OpenReport {
         segments: segments.len(),
         records_verified: records,
@@ -322,6 +329,9 @@ struct Recovered {
     records: u64,
     /// The torn tail cut from it, if it had one.
     repair: Option<Repair>,
+    /// Its position index as read, and the first record of each slot the scan
+    /// passed: what [`index::fill`] writes once the whole recovery succeeded.
+    index: (Vec<index::Position>, Vec<index::Position>),
 }
 
 /// Verify the segment at `path` (named for `name_seq`, after the segments that
@@ -345,17 +355,35 @@ fn recover_segment(
     let (mut len, mut alloc_len) = (bytes.len() as u64, bytes.len() as u64);
     let layout = header.layout();
     // Verifying only the last segment (a ledger's open): its frames are checked
-    // whole, and the chain is left to the reader that applies the records (from
-    // the snapshot it boots from on), as for the sealed segments before it.
+    // from the newest place its position index proves (§3b; else from its
+    // start) to their end, and the chain is left to the reader that applies the
+    // records (from the snapshot it boots from on), as for the sealed segments
+    // before it.
     let chain_from = match opts.verify_on_open {
         VerifyOnOpen::Full => 0,
         VerifyOnOpen::LastSegment => u64::MAX,
     };
+    let indexed = index::read(path, name_seq, crate::format::SEGMENT_BYTES_HARD_MAX);
+    let mut from = SEGMENT_HEADER_BYTES;
+    if chain_from == u64::MAX && is_last {
+        let proven = index::proven(&indexed, u64::MAX, |p| {
+            usize::try_from(p.offset).is_ok_and(|o| o < bytes.len() && index::proves(&bytes[o..], p, body_max))
+        });
+        if let Some(p) = proven {
+            (from, c) = (p.offset as usize, p.cursor);
+        }
+    }
     let mut records = 0u64;
-    let count = |_: u64, _: &crate::format::RecordRef<'_>| records += 1;
+    // The first record of each slot the scan passes, for the index.
+    let (mut slots, mut prev_link) = (index::SlotFinder::from(from as u64), c.prev_link);
+    let count = |at: u64, r: &crate::format::RecordRef<'_>| {
+        records += 1;
+        slots.visit(at, &Cursor { next_seq: r.seq, prev_link });
+        prev_link = r.link;
+    };
     // Links checked ahead by helper threads only where links are checked at all.
     let scanned = |ahead: Option<&crate::format::LinksAhead<'_>>| {
-        scan_segment_frames_ahead(bytes, SEGMENT_HEADER_BYTES, 0, &mut c, body_max, layout, chain_from, ahead, count)
+        scan_segment_frames_ahead(bytes, from, 0, &mut c, body_max, layout, chain_from, ahead, count)
     };
     let outcome = match chain_from {
         0 => with_links_ahead(bytes, SEGMENT_HEADER_BYTES, header.prev_link, body_max, scanned),
@@ -372,7 +400,8 @@ fn recover_segment(
         }
         ScanOutcome::Damaged(d) => return Err(refusal(path, 0, &d, !is_last)),
     }
-    Ok(Recovered { cursor: c, len, alloc_len, layout, records, repair })
+    let index = (indexed, slots.found);
+    Ok(Recovered { cursor: c, len, alloc_len, layout, records, repair, index })
 }
 
 /// A sealed segment is cut to its last record before the next one is created, so

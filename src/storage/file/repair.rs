@@ -238,6 +238,8 @@ fn cut(dir: &Path, segment: &Path, offset: u64, damage_seq: u64, opts: &LogOptio
         // place): a reader may have this segment mapped — it takes no lock — and
         // keeps reading the old file whole instead of dying of SIGBUS.
         super::dir::rewrite_prefix(&segment, offset)?;
+        // Entries past the cut name nothing now (they would prove nothing either).
+        let _ = std::fs::remove_file(super::index::index_path(&segment));
         cuts.push(Cut { segment: segment.clone(), offset, bytes: tail.len() as u64, evidence });
     }
     Ok(cuts)
@@ -270,6 +272,7 @@ fn set_aside_whole(dir: &Path, path: &Path) -> Result<Cut> {
         Err(Error::io("rename to evidence", path)(std::io::Error::other("injected rename failure")))
     });
     std::fs::rename(path, &evidence).map_err(Error::io("rename to evidence", path))?;
+    let _ = std::fs::remove_file(super::index::index_path(path));
     sync_dir(dir)?;
     Ok(Cut { segment: path.to_path_buf(), offset: 0, bytes, evidence })
 }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use super::dir::{
     check_dir_mode, create_dir_private, open_regular, open_regular_rw, segment_path, stat_file, stat_path,
 };
+use super::index::IndexWriter;
 use super::lock::AppendLock;
 use super::recovery::{
     OpenReport, TailState, check_header_continuity, create_segment, cut_torn_tail, header_error, is_torn_creation,
@@ -99,6 +100,7 @@ impl Log {
             appended: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
         });
+        let index = IndexWriter::new(&tail.segment, tail.segment_len);
         let writer = Mutex::new(Writer {
             dir: dir.clone(),
             opts: opts.clone(),
@@ -109,6 +111,7 @@ impl Log {
             shared: shared.clone(),
             buf: Vec::new(),
             links: Vec::new(),
+            index,
         });
         let engine = GroupCommit::new((), last_seq, GroupLimits::of(&opts));
         Ok(Log { inner: Arc::new(LogInner { dir, opts, writer_id, report, shared, writer, engine }) })
@@ -459,6 +462,8 @@ struct Writer {
     buf: Vec<u8>,
     /// Chain link of each record of the last group written.
     links: Vec<ChainLink>,
+    /// The position index of the segment appended to (a hint: FORMAT.md §3b).
+    index: IndexWriter,
 }
 
 impl Writer {
@@ -646,6 +651,7 @@ impl Writer {
             };
             self.tail.cursor = cursor;
             self.tail.segment_len = end;
+            self.index.passed(end);
             self.shared.adopted.fetch_add(adopted, Ordering::Relaxed);
             return Ok(());
         }
@@ -655,6 +661,7 @@ impl Writer {
         let (file, len) = open_regular_rw(&path, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?;
         self.file = file;
         self.tail.segment_first_seq = self.tail.cursor.next_seq;
+        self.index = IndexWriter::new(&path, SEGMENT_HEADER_BYTES as u64);
         self.tail.segment = path;
         self.tail.segment_len = SEGMENT_HEADER_BYTES as u64;
         self.tail.layout = layout;
@@ -699,6 +706,8 @@ impl Writer {
                 .collect();
             for p in &created {
                 std::fs::remove_file(p).map_err(Error::io("remove", p))?;
+                // Its index, if one was begun, names nothing now.
+                let _ = std::fs::remove_file(super::index::index_path(p));
             }
             if !created.is_empty() {
                 super::dir::sync_dir(&self.dir)?;
@@ -723,6 +732,7 @@ impl Writer {
             Ok(()) => {
                 tracing::error!(error = %cause, first_seq, last_seq, segment = %start.segment.display(),
                     "a commit group failed; it was cut back, nothing of it is in the log");
+                self.index = IndexWriter::new(&start.segment, start.segment_len);
                 self.tail = TailState { alloc_len: start.segment_len, ..start };
                 Error::NotCommitted { first_seq, last_seq, cause: cause.to_string() }
             }
@@ -749,6 +759,7 @@ impl Writer {
                 let path = create_segment(&self.dir, &self.tail.cursor, self.opts.format_version)?;
                 self.switch_to(path, Layout::of_version(self.opts.format_version))?;
             }
+            self.index.note(self.tail.segment_len + self.buf.len() as u64, &self.tail.cursor);
             let c = &mut self.tail.cursor;
             c.prev_link = encode_frame(&mut self.buf, &c.prev_link, c.next_seq, &self.writer_id, now_ms, p);
             c.next_seq += 1;
@@ -795,6 +806,8 @@ impl Writer {
         });
         self.file.sync_data().map_err(Error::io("fdatasync", path))?;
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        // The frames are durable: the index may name them now.
+        self.index.write_pending();
         let before = self.tail.segment_len;
         self.tail.segment_len += self.buf.len() as u64;
         assert!(self.tail.segment_len > before, "a flush moves the tail forward");

@@ -1,0 +1,249 @@
+//! The position index beside each segment (FORMAT.md §3b): a ledger's open and a
+//! reader that starts late read from near where they look, and an index that is
+//! missing, torn, stale or forged costs only a longer read, never a wrong answer.
+//! Real files throughout.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{VERSIONS, copy_dir, opts_v, record_at, segment_files, stop_write_at};
+use fencelog::format::{BODY_BYTES_HARD_MAX, ChainLink};
+use fencelog::storage::{Error, Log, LogOptions, Tailer, VerifyOnOpen, verify_dir};
+
+/// Records in the test logs: about 2.3 MiB, eight index slots of 256 KiB.
+const RECORDS: u64 = 12_000;
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("record {i} {}", "p".repeat((i % 11) as usize * 20)).into_bytes()
+}
+
+fn write_log(dir: &Path, version: u16) {
+    let log = Log::open(dir, opts_v(version)).unwrap();
+    let mut batch = Vec::new();
+    for i in 1..=RECORDS {
+        batch.push(payload(i));
+        if batch.len() == 500 {
+            log.append_batch(std::mem::take(&mut batch)).unwrap();
+        }
+    }
+    log.close().unwrap();
+}
+
+fn last_segment_opts(version: u16) -> LogOptions {
+    LogOptions { verify_on_open: VerifyOnOpen::LastSegment, create: false, ..opts_v(version) }
+}
+
+fn index_of(dir: &Path) -> PathBuf {
+    segment_files(dir).last().unwrap().with_extension("idx")
+}
+
+/// `(last_seq, chain_head, records_verified)` of an open.
+fn open_head(dir: &Path, opts: LogOptions) -> (u64, String, u64) {
+    let log = Log::open(dir, opts).unwrap();
+    let r = log.open_report().clone();
+    log.close().unwrap();
+    (r.last_seq, r.chain_head, r.records_verified)
+}
+
+/// Every record a tailer visits from `from`, with its link.
+fn tail_from(dir: &Path, from: u64) -> Result<Vec<(u64, ChainLink, Vec<u8>)>, Error> {
+    let mut t = Tailer::new(dir, BODY_BYTES_HARD_MAX, from);
+    let mut out = Vec::new();
+    t.poll(|r| out.push((r.seq, r.link, r.payload.to_vec())))?;
+    Ok(out)
+}
+
+/// Proves: a writer leaves an entry per 256 KiB of frames, and a ledger's open
+/// (`VerifyOnOpen::LastSegment`) then checks the last segment's frames from the
+/// newest entry only — with the same head as a full verification.
+#[test]
+fn a_ledger_open_reads_the_last_segment_from_its_newest_indexed_record() {
+    for version in VERSIONS {
+        let d = tempfile::tempdir().unwrap();
+        write_log(d.path(), version);
+        let entries = fs::read(index_of(d.path())).unwrap().len() / 52;
+        let last = record_at(d.path(), RECORDS).1;
+        assert_eq!(entries, last / (256 << 10), "v{version}: one entry per 256 KiB up to the last record");
+        assert!(entries >= 7, "v{version}: {entries}");
+        let (seq, head, full_count) = open_head(d.path(), LogOptions { create: false, ..opts_v(version) });
+        assert_eq!((seq, full_count), (RECORDS, RECORDS), "v{version}: a full verification reads every record");
+        let (seq2, head2, counted) = open_head(d.path(), last_segment_opts(version));
+        assert_eq!((seq2, &head2), (RECORDS, &head), "v{version}: the same head");
+        assert!(counted < 2_000, "v{version}: read from the last entry on, not from the start: {counted} records");
+        assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().is_intact());
+    }
+}
+
+/// Proves: a torn write after the newest indexed record is still cut (its bytes
+/// kept as evidence) by an open that starts at that record, and appends go on.
+#[test]
+fn a_torn_tail_after_the_indexed_record_is_cut_and_kept_as_evidence() {
+    for version in VERSIONS {
+        let d = tempfile::tempdir().unwrap();
+        write_log(d.path(), version);
+        let (seg, last) = record_at(d.path(), RECORDS);
+        stop_write_at(&seg, last as u64 + 20, version);
+        let log = Log::open(d.path(), last_segment_opts(version)).unwrap();
+        let r = log.open_report().clone();
+        assert_eq!(r.last_seq, RECORDS - 1, "v{version}");
+        assert_eq!(r.repairs.len(), 1, "v{version}");
+        assert_eq!((r.repairs[0].kind, r.repairs[0].offset), ("torn_tail", last as u64));
+        assert!(fs::metadata(&r.repairs[0].evidence).unwrap().len() > 0, "v{version}: the cut bytes are kept");
+        assert_eq!(log.append(b"after").unwrap().first_seq, RECORDS);
+        log.close().unwrap();
+        assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().is_intact(), "v{version}");
+    }
+}
+
+/// Proves: a complete record that fails its checksum after the indexed place is
+/// refused by the open, naming segment, offset and sequence.
+#[test]
+fn a_rotted_record_after_the_indexed_place_is_refused_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 2);
+    let (seg, at) = record_at(d.path(), RECORDS - 3);
+    flip(&seg, at + 30);
+    match Log::open(d.path(), last_segment_opts(2)) {
+        Err(Error::Corruption { segment, offset, seq, .. }) => {
+            assert_eq!((segment, offset, seq), (seg, at as u64, RECORDS - 3));
+        }
+        other => panic!("expected CORRUPTION, got {:?}", other.map(|_| ())),
+    }
+}
+
+/// Proves what the index changes for rot before the place it names: the open of
+/// the last segment and a reader starting after it do not read those bytes (as
+/// for the sealed segments before, FORMAT.md §1), and every reader that reads
+/// them — `inspect verify`, a reader from record 1 — refuses them.
+#[test]
+fn rot_before_the_indexed_place_is_refused_by_every_reader_that_reads_it() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 2);
+    let (seg, at) = record_at(d.path(), 100);
+    flip(&seg, at + 30);
+    assert_eq!(open_head(d.path(), last_segment_opts(2)).0, RECORDS, "the open reads from the last entry");
+    let late = tail_from(d.path(), RECORDS - 10).unwrap();
+    assert_eq!(late.len(), 11, "a reader from a late record starts at an entry before it");
+    assert!(matches!(tail_from(d.path(), 1), Err(Error::Corruption { seq: 100, .. })));
+    assert!(matches!(tail_from(d.path(), 150), Err(Error::Corruption { seq: 100, .. })), "no entry before 150");
+    assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().has_corruption());
+}
+
+/// Proves: whatever the index holds — garbage, zeros, a torn last entry, entries
+/// whose checksums are right but whose places are not (a wrong link, the middle
+/// of a frame, past the end, another record's sequence), a link to `/dev/zero`,
+/// a FIFO — the open finds the same head and a late reader the same records,
+/// links included, as with no index at all.
+#[test]
+fn a_damaged_stale_or_forged_index_costs_a_longer_read_never_a_wrong_answer() {
+    let base = tempfile::tempdir().unwrap();
+    write_log(base.path(), 2);
+    let good = fs::read(index_of(base.path())).unwrap();
+    let none = copy_dir(base.path());
+    fs::remove_file(index_of(none.path())).unwrap();
+    let expect_head = open_head(none.path(), last_segment_opts(2));
+    let expect_late = tail_from(none.path(), RECORDS - 700).unwrap();
+    assert_eq!(expect_late.len(), 701);
+    let (_, rec) = record_at(base.path(), RECORDS - 1);
+    let forged: Vec<(&str, Forgery<'_>)> = vec![
+        ("garbage", Box::new(|p| fs::write(p, vec![0xA5u8; good.len()]).unwrap())),
+        ("zeros", Box::new(|p| fs::write(p, vec![0u8; good.len()]).unwrap())),
+        ("a torn last entry", Box::new(|p| fs::write(p, &good[..good.len() - 7]).unwrap())),
+        ("a wrong link", Box::new(|p| fs::write(p, rewrite_entries(&good, |_, _, link| link[0] ^= 1)).unwrap())),
+        ("mid-frame offsets", Box::new(|p| fs::write(p, rewrite_entries(&good, |_, off, _| *off += 9)).unwrap())),
+        (
+            "offsets past the end",
+            Box::new(|p| fs::write(p, rewrite_entries(&good, |_, off, _| *off += 64 << 20)).unwrap()),
+        ),
+        ("wrong sequences", Box::new(|p| fs::write(p, rewrite_entries(&good, |seq, _, _| *seq += 1)).unwrap())),
+        (
+            "one entry naming the last record in every slot",
+            Box::new(|p| {
+                fs::write(p, rewrite_entries(&good, |seq, off, _| (*seq, *off) = (RECORDS - 1, rec as u64))).unwrap()
+            }),
+        ),
+        ("a symlink to /dev/zero", Box::new(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap())),
+        (
+            "a FIFO",
+            Box::new(|p| {
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }),
+        ),
+    ];
+    for (what, forge) in &forged {
+        let d = copy_dir(none.path());
+        let _ = fs::remove_file(index_of(d.path()));
+        forge(&index_of(d.path()));
+        assert_eq!(tail_from(d.path(), RECORDS - 700).unwrap(), expect_late, "{what}: a late reader");
+        let (seq, head, _) = open_head(d.path(), last_segment_opts(2));
+        assert_eq!((seq, head), (expect_head.0, expect_head.1.clone()), "{what}: the same head");
+        assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().is_intact(), "{what}");
+    }
+}
+
+/// Proves: recovery fills the index of a log that has none (a log of an earlier
+/// build, or an index lost in a crash: it is written without fsync), so the next
+/// open reads from near the end again.
+#[test]
+fn recovery_rebuilds_a_missing_index() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 2);
+    let good = fs::read(index_of(d.path())).unwrap();
+    fs::remove_file(index_of(d.path())).unwrap();
+    assert_eq!(open_head(d.path(), last_segment_opts(2)).2, RECORDS, "no index: every record is read");
+    assert_eq!(fs::read(index_of(d.path())).unwrap(), good, "the same entries as the writer's");
+    assert!(open_head(d.path(), last_segment_opts(2)).2 < 2_000);
+}
+
+/// Proves: an index beside no segment is a trace of a log, not a foreign file: a
+/// directory left with only that is a log that lost its history.
+#[test]
+fn an_index_left_without_its_segments_is_a_lost_history_not_an_empty_directory() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 2);
+    for entry in fs::read_dir(d.path()).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            fs::remove_dir_all(&p).unwrap();
+        } else if p.extension().is_none_or(|e| e != "idx") {
+            fs::remove_file(&p).unwrap();
+        }
+    }
+    let left: Vec<_> = fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let opts = LogOptions { create: true, ..opts_v(2) };
+    assert!(matches!(Log::open(d.path(), opts), Err(Error::Corruption { seq: 1, .. })));
+}
+
+/// What a forgery does to the index file at the path it is given.
+type Forgery<'a> = Box<dyn Fn(&Path) + 'a>;
+
+fn flip(seg: &Path, at: usize) {
+    let mut b = fs::read(seg).unwrap();
+    b[at] ^= 0x40;
+    fs::write(seg, b).unwrap();
+}
+
+/// The index's entries rewritten by `f(seq, offset, link)`, each with a correct
+/// checksum: a forgery that only the frames can refute.
+fn rewrite_entries(index: &[u8], f: impl Fn(&mut u64, &mut u64, &mut [u8; 32])) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in index.chunks_exact(52) {
+        let mut seq = u64::from_le_bytes(e[0..8].try_into().unwrap());
+        let mut off = u64::from_le_bytes(e[8..16].try_into().unwrap());
+        let mut link: [u8; 32] = e[16..48].try_into().unwrap();
+        f(&mut seq, &mut off, &mut link);
+        let mut n = Vec::with_capacity(52);
+        n.extend(seq.to_le_bytes());
+        n.extend(off.to_le_bytes());
+        n.extend(link);
+        let crc = crc32fast::hash(&n);
+        n.extend(crc.to_le_bytes());
+        out.extend(n);
+    }
+    out
+}

@@ -18,7 +18,15 @@
 //!   cargo bench --bench supervise -- --quick --runner-a OTHER/fencelog [--spares]
 //!       # paired A/B of runner binaries: OTHER's runner against this build's,
 //!       # alternated sample by sample under the same caller (this build's);
-//!       # fresh runners, or with --spares each side's spare (ready) runners
+//!       # fresh runners, or with --spares each side's spare (ready) runners;
+//!       # with --long-log on the log of `--log-records` records
+//!
+//! The fresh runner is also measured on a log of 1,000,000 records
+//! (`--log-records N`; written straight to storage, then snapshotted as the
+//! ledger does every 10,000 records), interleaved with the others: a runner's
+//! cost must not follow the log's length. The samples are taken in 3 rounds;
+//! each round's p50s are reported beside the raw fdatasync of that round, with
+//! their median and spread (max − min).
 //!
 //! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp).
 
@@ -32,6 +40,8 @@ use std::time::{Duration, Instant};
 use fencelog::ledger::{Ledger, LedgerOptions};
 use fencelog::supervisor::{self, RunRequest, Spares};
 use serde_json::json;
+
+mod common;
 
 const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
 
@@ -105,16 +115,28 @@ fn main() {
     let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).expect("bench dir");
     let root = std::path::absolute(root).unwrap();
-    let samples = if quick { 200 } else { 1000 };
+    let samples = if quick { 201 } else { 1002 };
+    let log_records: u64 = args
+        .iter()
+        .position(|a| a == "--log-records")
+        .map_or(1_000_000, |i| args.get(i + 1).and_then(|n| n.parse().ok()).expect("--log-records N"));
     let tmp = tempfile::Builder::new().prefix("supervise").tempdir_in(&root).unwrap();
     let dir = tmp.path().join("log");
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     if let Some(a) = runner_a {
         let spares = args.iter().any(|a| a == "--spares");
-        paired_runners(&ledger, &dir, Path::new(a), samples, spares, as_json);
+        if args.iter().any(|a| a == "--long-log") {
+            let big_dir = tmp.path().join("big");
+            let big = long_log(&big_dir, log_records);
+            paired_runners(&big, &big_dir, Path::new(a), samples, spares, as_json);
+        } else {
+            paired_runners(&ledger, &dir, Path::new(a), samples, spares, as_json);
+        }
         return;
     }
     let mut raw = std::fs::File::create(tmp.path().join("raw")).unwrap();
+    let big_dir = tmp.path().join("big");
+    let big = long_log(&big_dir, log_records);
 
     // Interleaved sample by sample, so all four see the same machine weather. A
     // spare runner starting up never runs beside a measurement: each sample waits
@@ -122,9 +144,10 @@ fn main() {
     let spares = Spares::new();
     let exe = Path::new(FENCELOG);
     let ready = |spares: &Spares| assert!(spares.wait_ready(&dir, exe, SPARE_READY_WAIT), "a spare runner is ready");
-    let (mut direct, mut through, mut fresh, mut sync) = (vec![], vec![], vec![], vec![]);
+    let (mut direct, mut through, mut fresh, mut fresh_big, mut sync) = (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..10 {
         run_once(&ledger, &dir, None);
+        run_once(&big, &big_dir, None);
         run_once(&ledger, &dir, Some(&spares));
     }
     for _ in 0..samples {
@@ -133,14 +156,21 @@ fn main() {
         through.push(run_once(&ledger, &dir, Some(&spares)));
         ready(&spares);
         fresh.push(run_once(&ledger, &dir, None));
+        fresh_big.push(run_once(&big, &big_dir, None));
         sync.push(fdatasync_once(&mut raw));
     }
-    let med = |v: &Vec<f64>| {
-        let mut s = v.clone();
+    let med = |v: &[f64]| {
+        let mut s = v.to_vec();
         s.sort_by(f64::total_cmp);
         (percentile(&s, 0.5), percentile(&s, 0.99))
     };
-    let ((d50, d99), (t50, t99), (f50, f99), (s50, _)) = (med(&direct), med(&through), med(&fresh), med(&sync));
+    let ((d50, d99), (t50, t99), (f50, f99), (b50, b99), (s50, _)) =
+        (med(&direct), med(&through), med(&fresh), med(&fresh_big), med(&sync));
+    let rounds = rounds_of(
+        &direct,
+        &[("spare_runner", &through), ("fresh_runner", &fresh), ("fresh_runner_long_log", &fresh_big)],
+        &sync,
+    );
 
     // 16 callers, each with its own ledger handle (as 16 callers would be).
     let callers = 16;
@@ -181,6 +211,16 @@ fn main() {
             "overhead_p99_ms": round3((f99 - d99) / 1000.0),
             "overhead_p50_minus_two_fdatasyncs_ms": round3((f50 - d50 - 2.0 * s50) / 1000.0),
         },
+        "fresh_runner_long_log": {
+            "runner": "a runner started for the run, on a log of `log_records` records",
+            "log_records": log_records,
+            "through_fencelog": stats(fresh_big),
+            "overhead_p50_ms": round3((b50 - d50) / 1000.0),
+            "overhead_p99_ms": round3((b99 - d99) / 1000.0),
+            "overhead_p50_minus_two_fdatasyncs_ms": round3((b50 - d50 - 2.0 * s50) / 1000.0),
+            "overhead_p50_over_fresh_log": round3((b50 - d50) / (f50 - d50)),
+        },
+        "rounds": rounds,
         "runs_per_s_16_callers": runs_per_s.round(),
     });
     if as_json {
@@ -188,6 +228,50 @@ fn main() {
     } else {
         println!("{}", serde_json::to_string_pretty(&out).unwrap());
     }
+}
+
+/// A log of `records` records (1,000 subjects claimed, then heartbeats, notes and
+/// fence rotations), snapshotted as a ledger's would be, open as a caller's.
+fn long_log(dir: &Path, records: u64) -> Ledger {
+    let t = Instant::now();
+    common::build_log(dir, records);
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    l.snapshot_now().unwrap();
+    eprintln!("a log of {records} records, snapshotted, in {:.1} s", t.elapsed().as_secs_f64());
+    // Its ~130 MB are still being written back: flushed now, not during the samples.
+    let _ = Command::new("sync").status();
+    l
+}
+
+/// The samples cut in 3 rounds (in the order taken): in each, every path's
+/// overhead p50 above the direct spawn's p50, and the raw fdatasync's p50; then
+/// each figure's median and spread (max − min) over the rounds.
+fn rounds_of(direct: &[f64], paths: &[(&str, &[f64])], sync: &[f64]) -> serde_json::Value {
+    const ROUNDS: usize = 3;
+    let p50 = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        percentile(&s, 0.5)
+    };
+    let n = direct.len() / ROUNDS;
+    let round = |r: usize| {
+        let cut = |v: &[f64]| v[r * n..(r + 1) * n].to_vec();
+        let d = p50(&cut(direct));
+        let mut o = serde_json::Map::new();
+        for (name, v) in paths {
+            o.insert(format!("{name}_overhead_p50_ms"), json!(round3((p50(&cut(v)) - d) / 1000.0)));
+        }
+        o.insert("raw_fdatasync_p50_ms".into(), json!(round3(p50(&cut(sync)) / 1000.0)));
+        serde_json::Value::Object(o)
+    };
+    let each: Vec<serde_json::Value> = (0..ROUNDS).map(round).collect();
+    let mut summary = serde_json::Map::new();
+    for key in each[0].as_object().unwrap().keys() {
+        let mut v: Vec<f64> = each.iter().map(|r| r[key].as_f64().unwrap()).collect();
+        v.sort_by(f64::total_cmp);
+        summary.insert(key.clone(), json!({"median": v[ROUNDS / 2], "spread": round3(v[ROUNDS - 1] - v[0])}));
+    }
+    json!({"each": each, "summary": summary})
 }
 
 /// A/B of two runner binaries under one caller: `a`'s runner, then this build's,

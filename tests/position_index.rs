@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::{VERSIONS, copy_dir, opts_v, record_at, segment_files, stop_write_at};
-use fencelog::format::{BODY_BYTES_HARD_MAX, ChainLink};
+use fencelog::format::{BODY_BYTES_HARD_MAX, ChainLink, encode_frame};
 use fencelog::storage::{Error, Log, LogOptions, Tailer, VerifyOnOpen, verify_dir};
 
 /// Records in the test logs: about 2.3 MiB, eight index slots of 256 KiB.
@@ -183,6 +183,114 @@ fn a_damaged_stale_or_forged_index_costs_a_longer_read_never_a_wrong_answer() {
         assert_eq!((seq, head), (expect_head.0, expect_head.1.clone()), "{what}: the same head");
         assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().is_intact(), "{what}");
     }
+}
+
+/// A log of 3,001 records whose last record's payload ends with a whole, valid
+/// frame of sequence 3,002 (chained to a made-up link), then `trailer`; and an
+/// index entry, with a right checksum, naming that inner frame. Only someone who
+/// can write the directory (and choose a payload) can make this.
+fn forged_over_a_crafted_payload(version: u16, trailer: &[u8]) -> (tempfile::TempDir, u64) {
+    let d = tempfile::tempdir().unwrap();
+    let log = Log::open(d.path(), opts_v(version)).unwrap();
+    let mut batch: Vec<Vec<u8>> = (1..=3_000u64).map(|i| vec![b'a'; 100 + (i % 7) as usize]).collect();
+    let mut inner = Vec::new();
+    encode_frame(&mut inner, &[7; 32], 3_002, &[9; 16], 1, b"PHANTOM");
+    let mut crafted = b"user bytes:".to_vec();
+    let inner_at = crafted.len();
+    crafted.extend(&inner);
+    crafted.extend(trailer);
+    batch.push(crafted);
+    log.append_batch(batch).unwrap();
+    log.close().unwrap();
+    let at = record_at(d.path(), 3_001).1 as u64 + 80 + inner_at as u64;
+    let slot = at / (256 << 10);
+    let mut index = fs::read(index_of(d.path())).unwrap();
+    index.resize((slot as usize - 1) * 52, 0);
+    let mut e = Vec::new();
+    e.extend(3_002u64.to_le_bytes());
+    e.extend(at.to_le_bytes());
+    e.extend([7u8; 32]);
+    let crc = crc32fast::hash(&e);
+    e.extend(crc.to_le_bytes());
+    index.extend(e);
+    fs::write(index_of(d.path()), index).unwrap();
+    (d, 3_001)
+}
+
+/// Proves: what recovery cuts or refuses is judged on a scan from the segment's
+/// first frame, never on one that started at an index entry — a forged entry
+/// whose scan ends in what looks like a torn frame (an inner frame followed by a
+/// length claiming 1 MiB) cuts no acknowledged record.
+#[test]
+fn a_forged_entry_never_makes_recovery_cut_or_refuse_a_record() {
+    for version in VERSIONS {
+        let mut trailer = (1u32 << 20).to_le_bytes().to_vec();
+        trailer.extend([0x55u8; 40]);
+        let (d, last) = forged_over_a_crafted_payload(version, &trailer);
+        let log = Log::open(d.path(), last_segment_opts(version)).unwrap();
+        let r = log.open_report().clone();
+        assert_eq!((r.last_seq, r.repairs.len()), (last, 0), "v{version}: nothing cut, the true head");
+        log.close().unwrap();
+        assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().is_intact(), "v{version}");
+    }
+}
+
+/// Proves the limit of the proof, and what catches it: an entry forged over a
+/// crafted payload, whose inner frame ends where the true last record ends, is
+/// proven by its frame, so an open starting there takes the inner frame for the
+/// last record, and a record appended then continues the forgery, not the log.
+/// The index is trusted against whoever can write the directory no more than the
+/// segments are (FORMAT.md §3b, §6b: such a writer can append valid records
+/// anyway); `inspect verify`, which reads every frame from the first and never
+/// the index, finds what the forgery led to.
+#[test]
+fn an_entry_forged_over_a_crafted_payload_is_found_by_a_full_verification() {
+    let (d, last) = forged_over_a_crafted_payload(2, b"");
+    let none = copy_dir(d.path());
+    fs::remove_file(index_of(none.path())).unwrap();
+    assert_eq!(open_head(none.path(), last_segment_opts(2)).0, last, "without the index, the true head");
+    let log = Log::open(d.path(), last_segment_opts(2)).unwrap();
+    assert_eq!(log.open_report().last_seq, last + 1, "the forgery's head");
+    log.append(b"after the forgery").unwrap();
+    log.close().unwrap();
+    assert!(verify_dir(d.path(), BODY_BYTES_HARD_MAX).unwrap().has_corruption(), "found by a full verification");
+}
+
+/// Proves: an index left stale by a cut (as `repair --cut-from` leaves one if it
+/// dies between rewriting the segment and removing the index) with other records
+/// appended since, at the same offsets, gives the same head and the same records
+/// as no index: its entries past the cut no longer prove.
+#[test]
+fn a_stale_index_after_a_cut_and_new_appends_gives_the_same_head_and_records() {
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 1);
+    let stale = fs::read(index_of(d.path())).unwrap();
+    let (seg, cut) = record_at(d.path(), RECORDS / 2);
+    fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(cut as u64).unwrap();
+    fs::remove_file(index_of(d.path())).unwrap();
+    let log = Log::open(d.path(), LogOptions { create: false, ..opts_v(1) }).unwrap();
+    for i in RECORDS / 2..=RECORDS {
+        log.append(format!("another history {i} {}", "q".repeat((i % 11) as usize * 20)).as_bytes()).unwrap();
+    }
+    log.close().unwrap();
+    let none = copy_dir(d.path());
+    let _ = fs::remove_file(index_of(none.path()));
+    fs::write(index_of(d.path()), &stale).unwrap();
+    let (seq, head, _) = open_head(none.path(), last_segment_opts(1));
+    let (seq2, head2, _) = open_head(d.path(), last_segment_opts(1));
+    assert_eq!((seq2, head2), (seq, head));
+    for from in [RECORDS / 2 - 1, RECORDS / 2 + 1, RECORDS - 10] {
+        assert_eq!(tail_from(d.path(), from).unwrap(), tail_from(none.path(), from).unwrap(), "from {from}");
+    }
+}
+
+/// Proves: the index is private (0600), as every file of a log.
+#[test]
+fn the_index_is_created_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    write_log(d.path(), 2);
+    assert_eq!(fs::metadata(index_of(d.path())).unwrap().permissions().mode() & 0o777, 0o600);
 }
 
 /// Proves: recovery fills the index of a log that has none (a log of an earlier

@@ -80,8 +80,9 @@ fn decode(e: &[u8]) -> Option<Position> {
     (seq > 0).then_some(Position { offset, cursor: Cursor { next_seq: seq, prev_link } })
 }
 
-/// The entries of `segment`'s index that decode, each in its own slot, in order of
-/// offset and sequence (an entry out of order is dropped); empty if there is no
+/// The entries of `segment`'s index that decode, each in its own slot (so in
+/// order of offset; an entry whose offset is not in its slot is dropped, and the
+/// sequences are not assumed to rise: see [`proven`]); empty if there is no
 /// index, or it is not a regular file of at most the size a segment of
 /// `segment_bytes_max` bytes needs. Nothing here is believed yet: see [`proven`].
 pub fn read(segment: &Path, segment_first_seq: u64, segment_bytes_max: u64) -> Vec<Position> {
@@ -100,15 +101,11 @@ pub fn read(segment: &Path, segment_first_seq: u64, segment_bytes_max: u64) -> V
     if f.read_exact_at(&mut buf, 0).is_err() {
         return Vec::new();
     }
-    let mut out: Vec<Position> = Vec::new();
-    for (i, e) in buf.chunks_exact(INDEX_ENTRY_BYTES).enumerate() {
-        let Some(p) = decode(e) else { continue };
-        let in_order = out.last().is_none_or(|l| l.cursor.next_seq < p.cursor.next_seq && l.offset < p.offset);
-        if slot_of(p.offset) == i as u64 + 1 && p.cursor.next_seq >= segment_first_seq && in_order {
-            out.push(p);
-        }
-    }
-    out
+    buf.chunks_exact(INDEX_ENTRY_BYTES)
+        .enumerate()
+        .filter_map(|(i, e)| decode(e).filter(|p| slot_of(p.offset) == i as u64 + 1))
+        .filter(|p| p.cursor.next_seq >= segment_first_seq)
+        .collect()
 }
 
 /// Does the frame at the start of `bytes` prove `p`: intact, of `p`'s sequence, its
@@ -118,9 +115,9 @@ pub fn proves(bytes: &[u8], p: &Position, body_max: u32) -> bool {
         Ok((rec, _)) if rec.seq == p.cursor.next_seq && rec.link_follows(&p.cursor.prev_link))
 }
 
-/// The last of `positions` at or before sequence `seq` (`u64::MAX`: the last of all)
-/// that `frame_at` proves, trying at most a few; `frame_at(p)` says whether the
-/// frame at `p.offset` proves `p`.
+/// The last of `positions` (in slot order) naming a sequence at or before `seq`
+/// (`u64::MAX`: any) that `frame_at` proves, trying at most a few; `frame_at(p)`
+/// says whether the frame at `p.offset` proves `p`.
 pub fn proven(positions: &[Position], seq: u64, mut frame_at: impl FnMut(&Position) -> bool) -> Option<Position> {
     positions.iter().rev().filter(|p| p.cursor.next_seq <= seq).take(PROOF_TRIES_MAX).find(|p| frame_at(p)).copied()
 }
@@ -227,9 +224,25 @@ impl IndexWriter {
 /// Write the entries of `positions` (found by a scan of `segment`) that `known`
 /// does not already hold: recovery fills the index of the segment it scanned, so
 /// the next open reads from near the end. Best effort, as every index write.
+///
+/// The frames a recovery scanned may never have been synced (a writer that died
+/// between its write and its `fdatasync` leaves them in the page cache, and
+/// recovery adopts them). An entry must never be on disk before the frames it
+/// names and every frame before them, or a power cut could keep the entry and
+/// lose a page before it, and an open starting there would not see the hole. So
+/// the segment is synced first; if that fails, nothing is written.
 pub fn fill(segment: &Path, known: &[Position], positions: &[Position]) {
     let missing: Vec<Position> = positions.iter().filter(|p| !known.contains(p)).copied().collect();
     if missing.is_empty() {
+        return;
+    }
+    let synced = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(segment)
+        .and_then(|f| f.sync_data());
+    if let Err(e) = synced {
+        tracing::warn!(segment = %segment.display(), error = %e, "the segment was not synced; its index is not filled");
         return;
     }
     let mut w = IndexWriter::new(segment, 0);
@@ -282,21 +295,24 @@ mod tests {
     }
 
     #[test]
-    fn only_entries_in_their_own_slot_and_in_order_are_read() {
+    fn only_entries_in_their_own_slot_are_read_and_the_newest_proven_one_at_or_before_a_sequence_is_used() {
         let dir = tempfile::tempdir().unwrap();
         let seg = dir.path().join("00000000000000000001.seg");
         let mut bytes = Vec::new();
         bytes.extend(encode(&pos(100, INDEX_STRIDE_BYTES + 5))); // slot 1: kept
-        bytes.extend(encode(&pos(90, 2 * INDEX_STRIDE_BYTES + 5))); // slot 2: sequence goes back
+        bytes.extend(encode(&pos(90, 2 * INDEX_STRIDE_BYTES + 5))); // slot 2: kept (a sequence that goes back)
         bytes.extend(encode(&pos(300, 5))); // slot 3 holding an offset of slot 0
         bytes.extend([0u8; INDEX_ENTRY_BYTES]); // slot 4: never written
         bytes.extend(encode(&pos(500, 5 * INDEX_STRIDE_BYTES))); // slot 5: kept
         std::fs::write(index_path(&seg), &bytes).unwrap();
         let read = read(&seg, 1, 64 << 20);
-        assert_eq!(read, vec![pos(100, INDEX_STRIDE_BYTES + 5), pos(500, 5 * INDEX_STRIDE_BYTES)]);
-        assert_eq!(proven(&read, 499, |_| true), Some(read[0]));
-        assert_eq!(proven(&read, u64::MAX, |p| p.cursor.next_seq != 500), Some(read[0]));
-        assert_eq!(proven(&read, 99, |_| true), None);
+        let (a, b, c) =
+            (pos(100, INDEX_STRIDE_BYTES + 5), pos(90, 2 * INDEX_STRIDE_BYTES + 5), pos(500, 5 * INDEX_STRIDE_BYTES));
+        assert_eq!(read, vec![a, b, c]);
+        assert_eq!(proven(&read, 499, |_| true), Some(b));
+        assert_eq!(proven(&read, u64::MAX, |p| p.cursor.next_seq != 500), Some(b));
+        assert_eq!(proven(&read, u64::MAX, |p| p.cursor.next_seq == 100), Some(a));
+        assert_eq!(proven(&read, 89, |_| true), None);
     }
 
     #[test]

@@ -351,7 +351,7 @@ fn recover_segment(
     let expected_seq = prev.map_or(name_seq, |c| c.next_seq);
     let header = SegmentHeader::decode(bytes).map_err(|e| header_error(path, e, expected_seq))?;
     check_header_continuity(path, name_seq, &header, prev, is_first)?;
-    let mut c = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
+    let first = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
     let (mut len, mut alloc_len) = (bytes.len() as u64, bytes.len() as u64);
     let layout = header.layout();
     // Verifying only the last segment (a ledger's open): its frames are checked
@@ -364,31 +364,25 @@ fn recover_segment(
         VerifyOnOpen::LastSegment => u64::MAX,
     };
     let indexed = index::read(path, name_seq, crate::format::SEGMENT_BYTES_HARD_MAX);
-    let mut from = SEGMENT_HEADER_BYTES;
-    if chain_from == u64::MAX && is_last {
-        let proven = index::proven(&indexed, u64::MAX, |p| {
-            usize::try_from(p.offset).is_ok_and(|o| o < bytes.len() && index::proves(&bytes[o..], p, body_max))
-        });
-        if let Some(p) = proven {
-            (from, c) = (p.offset as usize, p.cursor);
-        }
+    let hint = (chain_from == u64::MAX && is_last)
+        .then(|| {
+            index::proven(&indexed, u64::MAX, |p| {
+                usize::try_from(p.offset).is_ok_and(|o| o < bytes.len() && index::proves(&bytes[o..], p, body_max))
+            })
+        })
+        .flatten();
+    let scan = |from: usize, c: Cursor| scan_frames(bytes, from, c, body_max, layout, chain_from);
+    let mut scanned = match hint {
+        Some(p) => scan(p.offset as usize, p.cursor),
+        None => scan(SEGMENT_HEADER_BYTES, first),
+    };
+    // An entry only says where to start. What is cut or refused is judged on a
+    // scan from the segment's first frame: an index, stale or forged, never
+    // costs a record.
+    if hint.is_some() && matches!(scanned.outcome, ScanOutcome::Damaged(_)) {
+        scanned = scan(SEGMENT_HEADER_BYTES, first);
     }
-    let mut records = 0u64;
-    // The first record of each slot the scan passes, for the index.
-    let (mut slots, mut prev_link) = (index::SlotFinder::from(from as u64), c.prev_link);
-    let count = |at: u64, r: &crate::format::RecordRef<'_>| {
-        records += 1;
-        slots.visit(at, &Cursor { next_seq: r.seq, prev_link });
-        prev_link = r.link;
-    };
-    // Links checked ahead by helper threads only where links are checked at all.
-    let scanned = |ahead: Option<&crate::format::LinksAhead<'_>>| {
-        scan_segment_frames_ahead(bytes, from, 0, &mut c, body_max, layout, chain_from, ahead, count)
-    };
-    let outcome = match chain_from {
-        0 => with_links_ahead(bytes, SEGMENT_HEADER_BYTES, header.prev_link, body_max, scanned),
-        _ => scanned(None),
-    };
+    let Scanned { outcome, cursor: c, records, slots } = scanned;
     let mut repair = None;
     match outcome {
         ScanOutcome::Clean => {}
@@ -400,8 +394,41 @@ fn recover_segment(
         }
         ScanOutcome::Damaged(d) => return Err(refusal(path, 0, &d, !is_last)),
     }
-    let index = (indexed, slots.found);
+    let index = (indexed, slots);
     Ok(Recovered { cursor: c, len, alloc_len, layout, records, repair, index })
+}
+
+/// What a scan of a segment's frames found.
+struct Scanned {
+    outcome: ScanOutcome,
+    /// Where its last intact record leaves the chain.
+    cursor: Cursor,
+    /// Intact records verified.
+    records: u64,
+    /// The first record of each index slot it passed (§3b).
+    slots: Vec<index::Position>,
+}
+
+/// Scan the frames of a segment's `bytes` from byte `from`, where the chain is at
+/// `c`, checking links from sequence `chain_from` on (0: every link, by helper
+/// threads too, and then `from` is the first frame).
+fn scan_frames(bytes: &[u8], from: usize, c: Cursor, body_max: u32, layout: Layout, chain_from: u64) -> Scanned {
+    let (mut cursor, mut records) = (c, 0u64);
+    let (mut slots, mut prev_link) = (index::SlotFinder::from(from as u64), c.prev_link);
+    let count = |at: u64, r: &crate::format::RecordRef<'_>| {
+        records += 1;
+        slots.visit(at, &Cursor { next_seq: r.seq, prev_link });
+        prev_link = r.link;
+    };
+    // Links checked ahead by helper threads only where links are checked at all.
+    let scanned = |ahead: Option<&crate::format::LinksAhead<'_>>| {
+        scan_segment_frames_ahead(bytes, from, 0, &mut cursor, body_max, layout, chain_from, ahead, count)
+    };
+    let outcome = match chain_from {
+        0 => with_links_ahead(bytes, from, c.prev_link, body_max, scanned),
+        _ => scanned(None),
+    };
+    Scanned { outcome, cursor, records, slots: slots.found }
 }
 
 /// A sealed segment is cut to its last record before the next one is created, so

@@ -7,6 +7,12 @@
 //!   cargo bench --bench compare -- --scan-only      # the verifying scan alone
 //!   cargo bench --bench compare -- --quick --appenders 256   # one async figure alone
 //!
+//! Throughput runs in rounds (3 quick, 5 full), the contenders alternating within
+//! each round, with a burst of raw fdatasyncs at the start of each: every figure is
+//! the median of the rounds, reported with its spread (max − min) and each round's
+//! value beside the raw fdatasync p50 of that round. A ratio is the median of the
+//! rounds' ratios (each taken within one round's weather).
+//!
 //! Files live under $FENCELOG_BENCH_DIR (default target/bench-tmp) so they are on
 //! the disk under test, not a tmpfs.
 
@@ -42,7 +48,7 @@ fn main() {
     let cfg = Cfg {
         quick,
         latency_samples: if quick { 300 } else { 3000 },
-        rounds: if quick { 1 } else { 5 },
+        rounds: if quick { 3 } else { 5 },
         run: Duration::from_millis(if quick { 1000 } else { 2000 }),
         scan_bytes: if quick { 64 << 20 } else { 1 << 30 },
         root,
@@ -79,33 +85,44 @@ fn main() {
     let mut through = serde_json::Map::new();
     for &k in &CONCURRENCY {
         // Contenders alternate over several short rounds; each figure is the median.
-        let mut runs: [Vec<f64>; 5] = Default::default();
+        const NAMES: [&str; 8] = [
+            "fencelog_async_per_s",
+            "fencelog_async_records_per_sync",
+            "fencelog_threads_per_s",
+            "sqlite_wal_full_per_s",
+            "rename_json_per_s",
+            "fencelog_over_sqlite",
+            "fencelog_over_rename",
+            "raw_fdatasync_4k_p50_us",
+        ];
+        let mut runs: [Vec<f64>; 8] = Default::default();
         for _ in 0..cfg.rounds {
+            runs[7].push(raw_sync_p50(&cfg));
             let (fl, per_sync) = fencelog_async(&cfg, k);
             runs[0].push(fl);
             runs[1].push(per_sync);
             runs[2].push(fencelog_threads(&cfg, k));
-            runs[3].push(sqlite(&cfg, k));
-            runs[4].push(rename_pattern(&cfg, k));
+            let sq = sqlite(&cfg, k);
+            runs[3].push(sq);
+            let rn = rename_pattern(&cfg, k);
+            runs[4].push(rn);
+            runs[5].push(fl / sq);
+            runs[6].push(fl / rn);
         }
-        let [fl, per_sync, fl_threads, sq, rn] = runs.map(median);
-        eprintln!(
-            "{k:>2} appenders: fencelog {fl:.0}/s ({per_sync:.1}/sync) (threads {fl_threads:.0}/s), sqlite {sq:.0}/s, rename {rn:.0}/s"
-        );
-        through.insert(
-            format!("appenders_{k}"),
-            json!({
-                "fencelog_async_per_s": fl.round(),
-                "fencelog_async_records_per_sync": round2(per_sync),
-                "fencelog_threads_per_s": fl_threads.round(),
-                "sqlite_wal_full_per_s": sq.round(),
-                "rename_json_per_s": rn.round(),
-                "fencelog_over_sqlite": round2(fl / sq),
-                "fencelog_over_rename": round2(fl / rn),
-                "rounds": cfg.rounds,
-                "seconds_per_round": cfg.run.as_secs_f64(),
-            }),
-        );
+        let mut row = serde_json::Map::new();
+        let (mut spread, mut per_round) = (serde_json::Map::new(), serde_json::Map::new());
+        for (name, v) in NAMES.iter().zip(&runs) {
+            let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            row.insert((*name).into(), json!(round2(median(v.clone()))));
+            spread.insert((*name).into(), json!(round2(hi - lo)));
+            per_round.insert((*name).into(), json!(v.iter().map(|&x| round2(x)).collect::<Vec<_>>()));
+        }
+        row.insert("spread".into(), Value::Object(spread));
+        row.insert("per_round".into(), Value::Object(per_round));
+        row.insert("rounds".into(), json!(cfg.rounds));
+        row.insert("seconds_per_round".into(), json!(cfg.run.as_secs_f64()));
+        eprintln!("{k:>2} appenders: {}", Value::Object(row.clone()));
+        through.insert(format!("appenders_{k}"), Value::Object(row));
     }
     out.insert("durable_appends".into(), Value::Object(through));
     let scan = scan(&cfg);
@@ -197,6 +214,20 @@ fn latency_pair(n: usize, mut a: impl FnMut(u64), mut b: impl FnMut(u64)) -> (La
         vb.push(time(&mut b, i));
     }
     (lat_of(va), lat_of(vb))
+}
+
+/// The raw fdatasync's p50 over a burst of 50 (the weather of this round).
+fn raw_sync_p50(cfg: &Cfg) -> f64 {
+    let mut sync = raw_fdatasync_4k(cfg);
+    let mut v: Vec<f64> = (0..50)
+        .map(|i| {
+            let t = Instant::now();
+            sync(i);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn raw_fdatasync_4k(cfg: &Cfg) -> impl FnMut(u64) {

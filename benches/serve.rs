@@ -20,6 +20,14 @@
 //!   cargo bench --bench serve -- --clients 64 --no-etcd   # one row, fencelog alone, no RSS
 //!   cargo bench --bench serve -- --reads [--fencelog-a OLD/fencelog]  # what reads cost (issue 23)
 //!
+//! Every row runs in 3 rounds, the contenders alternating within each round: a
+//! burst of raw fdatasyncs (the weather of that round), the daemon's heartbeats,
+//! the log's own async appends at the same fan-in in this process (what the disk
+//! and the commit engine sustain with no HTTP: the daemon's ratio to it is issue
+//! 28's item 4), the daemon's claims, then etcd's. Each figure is the median of
+//! the rounds, with its spread (max − min) and each round's value; a ratio is the
+//! median of the rounds' ratios.
+//!
 //! Without etcd the bench says so and reports fencelog alone. Files live under
 //! $FENCELOG_BENCH_DIR (default target/bench-tmp).
 
@@ -257,6 +265,108 @@ fn load<S: Send + 'static>(
     all.sort_by(f64::total_cmp);
     let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
     Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors }
+}
+
+/// Rounds per row of the throughput table.
+const ROUNDS: usize = 3;
+
+/// A row's figures, round by round, in the order first added.
+#[derive(Default)]
+struct Rounds(Vec<(String, Vec<f64>)>);
+
+impl Rounds {
+    fn add(&mut self, name: &str, x: f64) {
+        match self.0.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => v.push(x),
+            None => self.0.push((name.to_owned(), vec![x])),
+        }
+    }
+
+    fn figures(&mut self, name: &str, f: &Figures) {
+        self.add(&format!("{name}.txn_per_s"), f.txn_per_s);
+        self.add(&format!("{name}.p50_us"), f.p50_us);
+        self.add(&format!("{name}.p99_us"), f.p99_us);
+        self.add(&format!("{name}.errors"), f.errors as f64);
+    }
+
+    /// Each figure's median (`a.b` names nest as `{"a": {"b": …}}`), then its
+    /// spread and each round's value.
+    fn json(&self) -> Value {
+        let r2 = |x: f64| (x * 100.0).round() / 100.0;
+        let (mut row, mut spread, mut each) = (json!({}), serde_json::Map::new(), serde_json::Map::new());
+        for (name, v) in &self.0 {
+            let mut s = v.clone();
+            s.sort_by(f64::total_cmp);
+            let median = if name.ends_with(".errors") { s.iter().sum() } else { s[s.len() / 2] };
+            match name.split_once('.') {
+                Some((a, b)) => row[a][b] = json!(r2(median)),
+                None => row[name.as_str()] = json!(r2(median)),
+            }
+            spread.insert(name.clone(), json!(r2(s[s.len() - 1] - s[0])));
+            each.insert(name.clone(), json!(v.iter().map(|&x| r2(x)).collect::<Vec<_>>()));
+        }
+        row["spread"] = Value::Object(spread);
+        row["per_round"] = Value::Object(each);
+        row["rounds"] = json!(self.0.first().map_or(0, |(_, v)| v.len()));
+        row
+    }
+}
+
+/// The raw fdatasync's p50 over 50 appends of 200 bytes to a new file at `path`.
+fn raw_sync_p50_us(path: &Path) -> f64 {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut lat: Vec<f64> = (0..50)
+        .map(|_| {
+            let t = Instant::now();
+            f.write_all(&[b'x'; 200]).unwrap();
+            f.sync_data().unwrap();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    lat[lat.len() / 2]
+}
+
+/// The log itself, with no daemon: `appenders` tasks on a 2-worker runtime (the
+/// daemon's), each appending a record of a heartbeat's size with
+/// `Log::append_async` and waiting for it to be durable, for `run_for`, in a new
+/// log at `dir`.
+fn raw_async_appends(dir: &Path, appenders: usize, run_for: Duration) -> Figures {
+    use fencelog::storage::{Log, LogOptions};
+    const HEARTBEAT_PAYLOAD_BYTES: usize = 120;
+    let log = Arc::new(Log::open(dir, LogOptions::default()).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let results = rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..appenders)
+            .map(|_| {
+                let log = Arc::clone(&log);
+                tokio::spawn(async move {
+                    let mut lat = Vec::new();
+                    while start.elapsed() < run_for {
+                        let t = Instant::now();
+                        log.append_async(vec![b'h'; HEARTBEAT_PAYLOAD_BYTES]).await.unwrap();
+                        lat.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    (lat, start.elapsed())
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("an appender"));
+        }
+        out
+    });
+    let (mut all, mut longest) = (Vec::new(), Duration::ZERO);
+    for (lat, took) in results {
+        all.extend(lat);
+        longest = longest.max(took);
+    }
+    all.sort_by(f64::total_cmp);
+    let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors: 0 }
 }
 
 struct Daemon {
@@ -801,17 +911,29 @@ fn main() {
         lat[lat.len() / 2]
     };
     out.insert("raw_fdatasync_p50_us".into(), json!(raw.round()));
-    for (round, &k) in clients.iter().enumerate().filter(|_| !rss_only) {
-        let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
-        let fl_claim = fencelog_claims(&d, k, run_for, round);
-        let mut row = json!({"fencelog_heartbeat": fl_hb.json(), "fencelog_claim": fl_claim.json()});
-        if let Ok((_, endpoint)) = &etcd {
-            let e_hb = etcd_heartbeats(endpoint, k, run_for, round);
-            let e_claim = etcd_claims(endpoint, k, run_for, round);
-            row["etcd_heartbeat"] = e_hb.json();
-            row["etcd_claim"] = e_claim.json();
-            row["heartbeat_vs_etcd"] = json!(((fl_hb.txn_per_s / e_hb.txn_per_s.max(1.0)) * 100.0).round() / 100.0);
+    for (row_no, &k) in clients.iter().enumerate().filter(|_| !rss_only) {
+        let mut rounds = Rounds::default();
+        for r in 0..ROUNDS {
+            let round = row_no * ROUNDS + r;
+            let sync_us = raw_sync_p50_us(&tmp.path().join(format!("raw-{round}")));
+            rounds.add("raw_fdatasync_p50_us", sync_us);
+            let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
+            let raw = raw_async_appends(&tmp.path().join(format!("raw-log-{round}")), k, run_for);
+            let fl_claim = fencelog_claims(&d, k, run_for, round);
+            rounds.figures("fencelog_heartbeat", &fl_hb);
+            rounds.figures("raw_async_append", &raw);
+            rounds.figures("fencelog_claim", &fl_claim);
+            rounds.add("heartbeat_vs_raw_async", fl_hb.txn_per_s / raw.txn_per_s.max(1.0));
+            rounds.add("heartbeat_p50_minus_raw_fdatasync_us", fl_hb.p50_us - sync_us);
+            if let Ok((_, endpoint)) = &etcd {
+                let e_hb = etcd_heartbeats(endpoint, k, run_for, round);
+                let e_claim = etcd_claims(endpoint, k, run_for, round);
+                rounds.figures("etcd_heartbeat", &e_hb);
+                rounds.figures("etcd_claim", &e_claim);
+                rounds.add("heartbeat_vs_etcd", fl_hb.txn_per_s / e_hb.txn_per_s.max(1.0));
+            }
         }
+        let row = rounds.json();
         eprintln!("{k} clients: {row}");
         out.insert(format!("clients_{k}"), row);
     }

@@ -309,3 +309,60 @@ fn v2_fixture_log_reads_verifies_and_accepts_appends() {
     assert_eq!((rec.seq, rec.payload), (13, &b"appended by a later build"[..]), "written where the zeros began");
     assert!(verify_dir(copy.path(), body_max).unwrap().is_intact());
 }
+
+/// The position index's vector (FORMAT.md §3b): three slots — an entry, a slot
+/// never written (zeros), an entry — with their decoding. Regenerated only with
+/// `FENCELOG_REGEN_GOLDEN=index`.
+fn index_vector() -> (Vec<u8>, Value) {
+    use fencelog::storage::file::index::{Position, encode};
+    let entries = [
+        Position { offset: 262_150, cursor: Cursor { next_seq: 1_917, prev_link: [0x11; 32] } },
+        Position { offset: 786_440, cursor: Cursor { next_seq: 5_760, prev_link: [0xc3; 32] } },
+    ];
+    let mut bytes = encode(&entries[0]).to_vec();
+    bytes.extend([0u8; 52]);
+    bytes.extend(encode(&entries[1]));
+    let json = json!({
+        "entry_bytes": 52,
+        "stride_bytes": 262_144,
+        "slots": [
+            {"slot": 1, "seq": 1_917, "offset": 262_150, "prev_link": hex(&[0x11; 32])},
+            {"slot": 2, "never_written": true},
+            {"slot": 3, "seq": 5_760, "offset": 786_440, "prev_link": hex(&[0xc3; 32])},
+        ],
+    });
+    (bytes, json)
+}
+
+/// Proves: the index vector decodes slot by slot to its JSON (the zero slot to
+/// nothing), and re-encoding each entry gives its bytes exactly.
+#[test]
+fn index_vector_decodes_and_reencodes_byte_for_byte() {
+    use fencelog::storage::file::index::{decode, encode};
+    let (bytes, json) = index_vector();
+    let (bin, js) = (root("log-format/vectors/index-entries.idx"), root("log-format/vectors/index-entries.json"));
+    if std::env::var("FENCELOG_REGEN_GOLDEN").is_ok_and(|v| v == "index") {
+        fs::write(&bin, &bytes).unwrap();
+        fs::write(&js, serde_json::to_string_pretty(&json).unwrap() + "\n").unwrap();
+    }
+    let golden = fs::read(&bin).unwrap();
+    assert_eq!(golden, bytes, "the vector's bytes");
+    let expect: Value = serde_json::from_str(&fs::read_to_string(&js).unwrap()).unwrap();
+    assert_eq!(expect, json);
+    for (slot, e) in expect["slots"].as_array().unwrap().iter().zip(golden.chunks_exact(52)) {
+        match decode(e) {
+            None => assert_eq!(slot["never_written"], true, "{slot}"),
+            Some(p) => {
+                assert_eq!(
+                    (p.cursor.next_seq, p.offset, hex(&p.cursor.prev_link)),
+                    (
+                        slot["seq"].as_u64().unwrap(),
+                        slot["offset"].as_u64().unwrap(),
+                        slot["prev_link"].as_str().unwrap().to_owned()
+                    )
+                );
+                assert_eq!(&encode(&p)[..], e, "re-encoded byte for byte");
+            }
+        }
+    }
+}

@@ -59,7 +59,8 @@ fn slot_of(offset: u64) -> u64 {
     offset / INDEX_STRIDE_BYTES
 }
 
-fn encode(p: &Position) -> [u8; INDEX_ENTRY_BYTES] {
+/// The 52 bytes of an entry (FORMAT.md §3b).
+pub fn encode(p: &Position) -> [u8; INDEX_ENTRY_BYTES] {
     let mut e = [0u8; INDEX_ENTRY_BYTES];
     e[0..8].copy_from_slice(&p.cursor.next_seq.to_le_bytes());
     e[8..16].copy_from_slice(&p.offset.to_le_bytes());
@@ -69,7 +70,8 @@ fn encode(p: &Position) -> [u8; INDEX_ENTRY_BYTES] {
     e
 }
 
-fn decode(e: &[u8]) -> Option<Position> {
+/// An entry's claim, if its checksum holds and it names a sequence (`e`: 52 bytes).
+pub fn decode(e: &[u8]) -> Option<Position> {
     let crc = u32::from_le_bytes(e[48..52].try_into().ok()?);
     if crc32fast::hash(&e[..48]) != crc {
         return None;

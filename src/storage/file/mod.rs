@@ -7,7 +7,7 @@ pub(crate) mod dir;
 pub mod export;
 pub(crate) mod halt;
 pub(crate) mod history;
-pub(crate) mod index;
+pub mod index;
 pub(crate) mod lock;
 pub(crate) mod reader;
 pub(crate) mod recovery;

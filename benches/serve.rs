@@ -63,6 +63,8 @@ fn post(a: &ureq::Agent, url: &str, auth: Option<&str>, body: &str) -> (u16, Str
 }
 
 struct Figures {
+    /// Transactions completed.
+    count: u64,
     txn_per_s: f64,
     p50_us: f64,
     p99_us: f64,
@@ -264,7 +266,13 @@ fn load<S: Send + 'static>(
     }
     all.sort_by(f64::total_cmp);
     let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors }
+    Figures {
+        count: all.len() as u64,
+        txn_per_s: all.len() as f64 / longest.as_secs_f64(),
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        errors,
+    }
 }
 
 /// Rounds per row of the throughput table.
@@ -366,7 +374,13 @@ fn raw_async_appends(dir: &Path, appenders: usize, run_for: Duration) -> Figures
     }
     all.sort_by(f64::total_cmp);
     let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors: 0 }
+    Figures {
+        count: all.len() as u64,
+        txn_per_s: all.len() as f64 / longest.as_secs_f64(),
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        errors: 0,
+    }
 }
 
 struct Daemon {
@@ -412,6 +426,23 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// CPU time (user + system) a process has used so far, in µs (`/proc/PID/stat`).
+fn cpu_us_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces), from field 3 on.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) * 1e6 / tick
+}
+
+/// The daemon's CPU per heartbeat (µs) over `f`, `cpu_before` being its CPU when
+/// the load began.
+fn daemon_cpu_per_txn(d: &Daemon, cpu_before: f64, f: &Figures) -> f64 {
+    (cpu_us_of(d.child.id()) - cpu_before) / f.count.max(1) as f64
 }
 
 fn fencelog_heartbeats(d: &Daemon, clients: usize, run_for: Duration, round: usize) -> Figures {
@@ -762,7 +793,13 @@ fn raw_etcd_txns(endpoints: &str, clients: usize, run_for: Duration, round: &str
     }
     all.sort_by(f64::total_cmp);
     let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Figures { txn_per_s: all.len() as f64 / longest.as_secs_f64(), p50_us: pct(0.5), p99_us: pct(0.99), errors }
+    Figures {
+        count: all.len() as u64,
+        txn_per_s: all.len() as f64 / longest.as_secs_f64(),
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        errors,
+    }
 }
 
 fn fl_cli(args: &[&str]) -> Value {
@@ -917,8 +954,12 @@ fn main() {
             let round = row_no * ROUNDS + r;
             let sync_us = raw_sync_p50_us(&tmp.path().join(format!("raw-{round}")));
             rounds.add("raw_fdatasync_p50_us", sync_us);
+            let cpu = cpu_us_of(d.child.id());
             let fl_hb = fencelog_heartbeats(&d, k, run_for, round);
+            rounds.add("daemon_cpu_us_per_heartbeat", daemon_cpu_per_txn(&d, cpu, &fl_hb));
+            let cpu = cpu_us_of(std::process::id());
             let raw = raw_async_appends(&tmp.path().join(format!("raw-log-{round}")), k, run_for);
+            rounds.add("log_cpu_us_per_append", (cpu_us_of(std::process::id()) - cpu) / raw.count.max(1) as f64);
             let fl_claim = fencelog_claims(&d, k, run_for, round);
             rounds.figures("fencelog_heartbeat", &fl_hb);
             rounds.figures("raw_async_append", &raw);

@@ -356,3 +356,31 @@ fn a_failed_index_write_fails_no_append_and_recovery_writes_it_later() {
     assert_eq!(fs::read(&index).unwrap().len(), 4 * 52, "recovery wrote the lost entries");
     assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
 }
+
+/// Proves: recovery syncs the segment before it writes index entries for what it
+/// scanned (a dead writer's frames may never have been synced), and a failure of
+/// that sync fails the open — as any failed sync of the log does — with nothing
+/// written beside the segment; the next open fills the index.
+#[test]
+fn a_failed_sync_before_recovery_fills_the_index_fails_the_open() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    let payload = vec![b'y'; 1000];
+    for _ in 0..1_000 {
+        log.append(&payload).unwrap();
+    }
+    log.close().unwrap();
+    let index = segment_path(d.path(), 1).with_extension("idx");
+    fs::remove_file(&index).unwrap();
+    fail::cfg("index::fill_sync", "return").unwrap();
+    let err = Log::open(d.path(), LogOptions::default()).err().expect("the open fails");
+    assert_eq!(err.code(), "IO_ERROR", "{err}");
+    assert!(err.to_string().contains("fdatasync"), "{err}");
+    assert!(!index.exists(), "no entry written after the failed sync");
+    fail::remove("index::fill_sync");
+    let log = Log::open(d.path(), LogOptions::default()).unwrap();
+    assert_eq!(log.last_seq(), 1_000);
+    log.close().unwrap();
+    assert_eq!(fs::read(&index).unwrap().len(), 4 * 52);
+}

@@ -225,31 +225,32 @@ impl IndexWriter {
 
 /// Write the entries of `positions` (found by a scan of `segment`) that `known`
 /// does not already hold: recovery fills the index of the segment it scanned, so
-/// the next open reads from near the end. Best effort, as every index write.
+/// the next open reads from near the end. The entries' own write is best effort,
+/// as every index write.
 ///
 /// The frames a recovery scanned may never have been synced (a writer that died
 /// between its write and its `fdatasync` leaves them in the page cache, and
 /// recovery adopts them). An entry must never be on disk before the frames it
 /// names and every frame before them, or a power cut could keep the entry and
 /// lose a page before it, and an open starting there would not see the hole. So
-/// the segment is synced first; if that fails, nothing is written.
-pub fn fill(segment: &Path, known: &[Position], positions: &[Position]) {
+/// the segment is synced first. That sync failing is the open's failure, as any
+/// failed sync of the log is (its error is reported once, to this descriptor:
+/// the writer's own would not see it); nothing is written then.
+pub fn fill(segment: &Path, known: &[Position], positions: &[Position]) -> std::io::Result<()> {
     let missing: Vec<Position> = positions.iter().filter(|p| !known.contains(p)).copied().collect();
     if missing.is_empty() {
-        return;
+        return Ok(());
     }
-    let synced = OpenOptions::new()
+    let f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(segment)
-        .and_then(|f| f.sync_data());
-    if let Err(e) = synced {
-        tracing::warn!(segment = %segment.display(), error = %e, "the segment was not synced; its index is not filled");
-        return;
-    }
+        .open(segment)?;
+    fail::fail_point!("index::fill_sync", |_| Err(std::io::Error::other("injected fdatasync failure")));
+    f.sync_data()?;
     let mut w = IndexWriter::new(segment, 0);
     w.pending = missing;
     w.write_pending();
+    Ok(())
 }
 
 /// The first record of each slot, as a scan visits records: for [`fill`].

@@ -252,7 +252,7 @@ pub(crate) fn recover(dir: &Path, opts: &LogOptions) -> Result<(TailState, OpenR
     let tail = tail.expect("the last segment is always scanned");
     // Only a recovery that succeeded writes anything beside the segments.
     for (path, (known, found)) in fills {
-        index::fill(path, &known, &found);
+        index::fill(path, &known, &found).map_err(Error::io("fdatasync", path))?;
     }
     let report = OpenReport {
         segments: segments.len(),

@@ -72,6 +72,26 @@ struct Figures {
 }
 
 impl Figures {
+    /// The figures of workers that each report their latencies (µs), their
+    /// errors and how long they ran.
+    fn of(results: impl IntoIterator<Item = (Vec<f64>, u64, Duration)>) -> Figures {
+        let (mut all, mut errors, mut longest) = (Vec::new(), 0, Duration::ZERO);
+        for (lat, e, took) in results {
+            all.extend(lat);
+            errors += e;
+            longest = longest.max(took);
+        }
+        all.sort_by(f64::total_cmp);
+        let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+        Figures {
+            count: all.len() as u64,
+            txn_per_s: all.len() as f64 / longest.as_secs_f64(),
+            p50_us: pct(0.5),
+            p99_us: pct(0.99),
+            errors,
+        }
+    }
+
     fn json(&self) -> Value {
         json!({
             "txn_per_s": self.txn_per_s.round(),
@@ -258,21 +278,7 @@ fn load<S: Send + 'static>(
         }
         results
     });
-    let (mut all, mut errors, mut longest) = (Vec::new(), 0, Duration::ZERO);
-    for (lat, e, took) in results {
-        all.extend(lat);
-        errors += e;
-        longest = longest.max(took);
-    }
-    all.sort_by(f64::total_cmp);
-    let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Figures {
-        count: all.len() as u64,
-        txn_per_s: all.len() as f64 / longest.as_secs_f64(),
-        p50_us: pct(0.5),
-        p99_us: pct(0.99),
-        errors,
-    }
+    Figures::of(results)
 }
 
 /// Rounds per row of the throughput table.
@@ -367,20 +373,7 @@ fn raw_async_appends(dir: &Path, appenders: usize, run_for: Duration) -> Figures
         }
         out
     });
-    let (mut all, mut longest) = (Vec::new(), Duration::ZERO);
-    for (lat, took) in results {
-        all.extend(lat);
-        longest = longest.max(took);
-    }
-    all.sort_by(f64::total_cmp);
-    let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Figures {
-        count: all.len() as u64,
-        txn_per_s: all.len() as f64 / longest.as_secs_f64(),
-        p50_us: pct(0.5),
-        p99_us: pct(0.99),
-        errors: 0,
-    }
+    Figures::of(results.into_iter().map(|(lat, took)| (lat, 0, took)))
 }
 
 struct Daemon {
@@ -785,21 +778,7 @@ fn raw_etcd_txns(endpoints: &str, clients: usize, run_for: Duration, round: &str
         }
         results
     });
-    let (mut all, mut errors, mut longest) = (Vec::new(), 0, Duration::ZERO);
-    for (lat, e, took) in results {
-        all.extend(lat);
-        errors += e;
-        longest = longest.max(took);
-    }
-    all.sort_by(f64::total_cmp);
-    let pct = |q: f64| all.get(((all.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Figures {
-        count: all.len() as u64,
-        txn_per_s: all.len() as f64 / longest.as_secs_f64(),
-        p50_us: pct(0.5),
-        p99_us: pct(0.99),
-        errors,
-    }
+    Figures::of(results)
 }
 
 fn fl_cli(args: &[&str]) -> Value {

@@ -376,9 +376,10 @@ fn recover_segment(
         Some(p) => scan(p.offset as usize, p.cursor),
         None => scan(SEGMENT_HEADER_BYTES, first),
     };
-    // An entry only says where to start. What is cut or refused is judged on a
-    // scan from the segment's first frame: an index, stale or forged, never
-    // costs a record.
+    // An entry only says where to start. Damage met from there is judged on a
+    // scan from the segment's first frame, which decides what is cut or refused:
+    // a stale or damaged entry never costs a record. (What a forged entry over a
+    // crafted payload can still do is in FORMAT.md §3b.)
     if hint.is_some() && matches!(scanned.outcome, ScanOutcome::Damaged(_)) {
         scanned = scan(SEGMENT_HEADER_BYTES, first);
     }

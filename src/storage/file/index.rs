@@ -9,11 +9,13 @@
 //! A hint, never the truth. An entry says "the frame of sequence S starts at byte
 //! O, and the link of the record before it is L". It is used only once the frame
 //! there proves it: intact (length, checksum), of sequence S, its stored link
-//! following L (blake3). A missing, torn, stale or forged entry proves nothing
-//! and costs only time (the scan starts earlier, at worst at the segment's start);
-//! it can never move a reader or a writer to a place the frames themselves do not
-//! vouch for. So the index is written without `fsync`, after the frames it names
-//! are durable, and never poisons a writer when it cannot be written.
+//! following L (blake3). A missing, torn, damaged or stale entry proves nothing
+//! and costs only time (the scan starts earlier, at worst at the segment's start).
+//! The proof cannot tell a frame carried inside a payload from a real one, so an
+//! entry *forged* to name one proves: against whoever can write the directory the
+//! index is trusted as the segments are (FORMAT.md §3b, §6b). The index is written
+//! without `fsync`, after the frames it names are durable, and never poisons a
+//! writer when it cannot be written.
 //!
 //! Layout: entry `k` (k ≥ 1) describes a record starting in bytes `[k·S, (k+1)·S)`
 //! of the segment (S = [`INDEX_STRIDE_BYTES`]), at `(k − 1) · 52` in the file:

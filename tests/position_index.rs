@@ -1,7 +1,8 @@
 //! The position index beside each segment (FORMAT.md §3b): a ledger's open and a
 //! reader that starts late read from near where they look, and an index that is
-//! missing, torn, stale or forged costs only a longer read, never a wrong answer.
-//! Real files throughout.
+//! missing, torn, stale, or forged to name no real frame costs only a longer read,
+//! never a wrong answer. What an entry forged over a crafted payload can do, and
+//! what catches it, are the last tests'. Real files throughout.
 
 mod common;
 
@@ -137,7 +138,7 @@ fn rot_before_the_indexed_place_is_refused_by_every_reader_that_reads_it() {
 /// a FIFO — the open finds the same head and a late reader the same records,
 /// links included, as with no index at all.
 #[test]
-fn a_damaged_stale_or_forged_index_costs_a_longer_read_never_a_wrong_answer() {
+fn a_damaged_stale_or_forged_index_naming_no_frame_costs_a_longer_read_never_a_wrong_answer() {
     let base = tempfile::tempdir().unwrap();
     write_log(base.path(), 2);
     let good = fs::read(index_of(base.path())).unwrap();

@@ -653,3 +653,64 @@ fn a_log_at_condition_commits_at_the_head_and_replays_the_same() {
     assert_eq!(replayed.anomalies(), 0, "the committed record validates on replay");
     assert_eq!(replayed, live);
 }
+
+/// Proves: a lone async caller — which leads its own groups on its own thread,
+/// the runtime not told (`LeadOn::Inline`) — on a current-thread runtime and on a
+/// one-worker runtime (its lead holds the only worker), with two threads
+/// submitting at the same time, is answered for every transaction once its record
+/// is in the log, at dense sequences shared with the threads', and a task spawned
+/// on that runtime still runs.
+#[test]
+fn a_lone_async_caller_leading_on_its_own_thread_beside_threads_is_answered_once_durable() {
+    for multi in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let ledger = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
+        let rt = if multi {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+        } else {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+        };
+        let owner = me();
+        let each = 40u64;
+        let mut seqs: Vec<u64> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|t| {
+                    let (ledger, owner) = (&ledger, &owner);
+                    s.spawn(move || {
+                        let subject = format!("thread/{t}");
+                        let mut seqs = vec![ledger.submit(None, claim(&subject, owner)).unwrap().seq.unwrap()];
+                        for _ in 1..each {
+                            seqs.push(ledger.submit(None, heartbeat(&subject)).unwrap().seq.unwrap());
+                        }
+                        seqs
+                    })
+                })
+                .collect();
+            let dir = d.path().to_owned();
+            let lone = rt.block_on(async {
+                let mut seqs = vec![];
+                let c = ledger.submit_as_async(None, None, claim("lone", &owner)).await.unwrap();
+                seqs.push(c.seq.unwrap());
+                for _ in 1..each {
+                    let c = ledger.submit_as_async(None, None, heartbeat("lone")).await.unwrap();
+                    let seq = c.seq.unwrap();
+                    let on_disk = records(&dir).len() as u64;
+                    assert!(on_disk >= seq, "answered {seq}, the log holds {on_disk}");
+                    seqs.push(seq);
+                }
+                let ran = tokio::spawn(async { 42 }).await.unwrap();
+                assert_eq!(ran, 42);
+                seqs
+            });
+            let mut all: Vec<u64> = threads.into_iter().flat_map(|h| h.join().unwrap()).collect();
+            all.extend(lone);
+            all
+        });
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=3 * each).collect::<Vec<_>>(), "dense and distinct (multi-thread: {multi})");
+        assert_eq!(records(d.path()).len() as u64, 3 * each);
+        let live = ledger.projection();
+        drop(ledger);
+        assert_eq!(Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection(), live);
+    }
+}

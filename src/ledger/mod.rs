@@ -180,6 +180,9 @@ pub struct Ledger {
     /// This host, whether the log is shared by hosts, and what this writer has
     /// watched of owners' heartbeats on its own clock.
     observer: Arc<observer::Observer>,
+    /// Async callers inside [`submit_as_async`](Self::submit_as_async) now: one
+    /// made leader leads on its own thread only when it is the only one.
+    async_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 /// blake3 of the caller's intent, for request-id idempotency.
@@ -283,6 +286,7 @@ impl Ledger {
             group,
             report,
             observer,
+            async_in_flight: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -410,8 +414,15 @@ impl Ledger {
     /// [`submit_as`](Self::submit_as) for an async caller (the daemon): when a
     /// commit group is open, the transaction is built and judged on the caller's
     /// own thread and its answer awaited without holding a thread; when none is,
-    /// the caller leads one on the runtime's blocking pool. Same judgement, same
-    /// answers. `caller: None` is this ledger's own process (as `submit`).
+    /// the caller leads one on the runtime's blocking pool — or, when it is this
+    /// ledger's only async caller, the engine saw no company
+    /// (`AsyncCommit::Lead`'s `alone`) and an append waits only on local storage
+    /// (`LogBackend::append_is_local`: not etcd), on its own thread
+    /// (`LeadOn::Inline`): a lone client's request is not handed to another thread
+    /// and back. At most one caller leads so at a time (the others are counted in
+    /// flight meanwhile).
+    /// Same judgement, same answers. `caller: None` is this ledger's own process
+    /// (as `submit`).
     ///
     /// Dropping the future after the transaction was queued does not withdraw it
     /// (see `GroupCommit::commit_async`): run it in a task of its own when every
@@ -422,6 +433,14 @@ impl Ledger {
         request: Option<RequestTag>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static,
     ) -> Result<Committed, LedgerError> {
+        struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        self.async_in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _in_flight = InFlight(&self.async_in_flight);
         let turn = {
             let who = caller.as_ref().unwrap_or(&self.me);
             let mut act = |inner: &mut Inner| self.check_and_queue(inner, who, request.clone(), &mut build);
@@ -429,11 +448,14 @@ impl Ledger {
         };
         let settled = match turn {
             AsyncCommit::Done(r) => r,
-            AsyncCommit::Lead => {
+            AsyncCommit::Lead { alone } => {
+                let only_one = self.async_in_flight.load(std::sync::atomic::Ordering::SeqCst) == 1;
+                let on =
+                    if alone && only_one && self.backend.append_is_local() { LeadOn::Inline } else { LeadOn::Pool };
                 let led = lead_on_blocking_pool(
                     Arc::clone(self),
                     |ledger| &ledger.group,
-                    LeadOn::Pool,
+                    on,
                     move |ledger| {
                         let who = caller.unwrap_or_else(|| ledger.me.clone());
                         ledger.group.commit_async_lead(ledger, Admission::Callers, |inner| {

@@ -135,6 +135,15 @@ pub trait LogBackend: Send + Sync {
     fn optimistic(&self) -> bool {
         false
     }
+    /// Whether an append waits only on this host's own storage (a write and a
+    /// sync, a few hundred µs), never on a network round trip: then an async
+    /// caller that is alone may lead on its own thread (`LeadOn::Inline`). `false`
+    /// for etcd, whose `Txn` holds the leader's thread for a round trip to a quorum
+    /// (up to its request timeout when there is none): a runtime worker held that
+    /// long is one the daemon's other connections lose.
+    fn append_is_local(&self) -> bool {
+        true
+    }
     /// What a long-running writer (the daemon) checks of the service under the
     /// log at boot: an error if it cannot work (etcd refuses a commit group),
     /// else warnings (etcd keeps every revision: no compaction).

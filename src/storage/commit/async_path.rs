@@ -40,6 +40,11 @@ pub enum LeadOn {
     /// told that it blocks (`block_in_place`): no hand-off to the pool and back
     /// (raw async appends: one appender 4.9k → 6.6k appends/s). Elsewhere the pool.
     InPlace,
+    /// On the caller's own thread, the runtime not told: no hand-off at all. A
+    /// worker held so holds up the tasks queued behind it, so this is only for a
+    /// caller that is alone ([`AsyncCommit::Lead`]'s `alone`), one at a time (one
+    /// client: heartbeat p50 227–339 → 129–204 µs, `docs/BENCHMARKS.md`).
+    Inline,
 }
 
 /// Lead for an async caller that was made leader ([`AsyncTurn::Lead`],
@@ -69,6 +74,12 @@ where
         }
     }
     let mut pending = Pending(Some(owner), engine);
+    if on == LeadOn::Inline {
+        let owner = pending.0.take().expect("taken once");
+        let _inline = LeadingInline::begin();
+        let led = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lead(&owner)));
+        return led.map_err(LeadFailed::Panicked);
+    }
     #[cfg(feature = "daemon")]
     if on == LeadOn::InPlace
         && tokio::runtime::Handle::try_current()
@@ -87,6 +98,33 @@ where
     led.map_err(|e| if e.is_panic() { LeadFailed::Panicked(e.into_panic()) } else { LeadFailed::NotRun })
 }
 
+thread_local! {
+    static LEADING_INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread leads for an async caller on its own thread (`LeadOn::Inline`)
+/// until dropped.
+struct LeadingInline;
+
+impl LeadingInline {
+    fn begin() -> LeadingInline {
+        LEADING_INLINE.with(|f| f.set(true));
+        LeadingInline
+    }
+}
+
+impl Drop for LeadingInline {
+    fn drop(&mut self) {
+        LEADING_INLINE.with(|f| f.set(false));
+    }
+}
+
+/// Whether this thread leads inline (`LeadOn::Inline`): it may be a runtime
+/// worker, whose own queue holds what it spawns until the lead ends.
+pub(super) fn leading_inline() -> bool {
+    LEADING_INLINE.with(std::cell::Cell::get)
+}
+
 /// What an async judged commit found ([`GroupCommit::commit_async`]).
 pub enum AsyncCommit<T, E> {
     /// Judged in an open group (or refused before): the answer, settled.
@@ -94,7 +132,12 @@ pub enum AsyncCommit<T, E> {
     /// No group was open: the caller must commit on a thread that may block, with
     /// [`GroupCommit::commit_async_lead`] — or call
     /// [`GroupCommit::async_lead_withdrawn`] if that thread will never run.
-    Lead,
+    Lead {
+        /// Whether the engine saw no company: the last group carried one record
+        /// and nobody waits for room. A hint for where to lead ([`LeadOn`]), never
+        /// a promise: others may arrive meanwhile (they queue into the group).
+        alone: bool,
+    },
 }
 
 /// An async caller counted among those waiting for room in the queue until it
@@ -205,7 +248,8 @@ impl<S> GroupCommit<S> {
                 match core.phase {
                     Phase::Idle if !blocked && !core.async_lead_pending => {
                         core.async_lead_pending = true;
-                        return AsyncCommit::Lead;
+                        let alone = core.last_group_records <= 1 && core.room_waiting == 0;
+                        return AsyncCommit::Lead { alone };
                     }
                     Phase::Open if !blocked && core.queued.len() < self.limits.queued_records_max => {
                         match self.judge_async(core, act) {

@@ -48,6 +48,7 @@ impl<S> GroupCommit<S> {
             }
             let group = self.next_group(&mut core);
             let n = group.len();
+            core.last_group_records = n;
             let expect = core.durable_seq;
             if core.room_waiting > 0 {
                 self.wake_phase();

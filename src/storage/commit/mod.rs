@@ -232,6 +232,7 @@ impl<S> GroupCommit<S> {
                 #[cfg(test)]
                 arrivals_waiting: 0,
                 async_lead_pending: false,
+                last_group_records: 0,
                 lead_failed: None,
                 poisoned: None,
                 waiters: VecDeque::new(),

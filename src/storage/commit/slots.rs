@@ -98,8 +98,11 @@ pub(super) fn wake(woken: Vec<(Slot, Signal)>) {
     }
     // A leader for async callers runs on the runtime's blocking pool (a thread that
     // blocks is never one of its workers), where the runtime is at hand. Elsewhere
-    // (a thread of the caller's own, a current-thread runtime) they are woken here.
-    if let Ok(h) = tokio::runtime::Handle::try_current()
+    // (a thread of the caller's own, a current-thread runtime) they are woken here
+    // — and by a leader on a worker of its own (`LeadOn::Inline`): what it spawned
+    // would wait in that worker's own queue until its lead ends.
+    if !super::async_path::leading_inline()
+        && let Ok(h) = tokio::runtime::Handle::try_current()
         && h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
     {
         drop(h.spawn(async move { drop(tasks) }));

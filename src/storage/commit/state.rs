@@ -38,6 +38,9 @@ pub struct Core<S> {
     /// thread that has not started yet: other async callers wait for it instead of
     /// asking for more (threads may still lead: the phase stays `Idle`).
     pub(super) async_lead_pending: bool,
+    /// How many records the last group carried (0 before the first): one when its
+    /// writer had the log to itself ([`AsyncCommit::Lead`]'s `alone`).
+    pub(super) last_group_records: usize,
     /// The last attempt to lead that could not enter the exclusive section (a lock
     /// timeout, say), and when it gave up: callers that were waiting then get the
     /// same answer instead of each waiting out the lock again.

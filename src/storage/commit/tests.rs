@@ -204,7 +204,7 @@ fn async_callers_waiting_for_a_long_held_engine_leave_the_runtime_free() {
             let engine = Arc::clone(&engine);
             rt.spawn(async move {
                 let mut act = |_: &mut Core<()>| ((), 0u64);
-                if let AsyncCommit::<(), Error>::Lead = engine.commit_async(Admission::Callers, &mut act).await {
+                if let AsyncCommit::<(), Error>::Lead { .. } = engine.commit_async(Admission::Callers, &mut act).await {
                     engine.async_lead_withdrawn();
                 }
             })
@@ -223,4 +223,99 @@ fn async_callers_waiting_for_a_long_held_engine_leave_the_runtime_free() {
     for w in waiters {
         rt.block_on(w).unwrap();
     }
+}
+
+/// One async judged commit on `engine` that queues one record: what the engine
+/// told the caller (`Lead { alone }`, or done).
+fn async_turn(rt: &tokio::runtime::Runtime, engine: &GroupCommit<()>) -> Option<bool> {
+    rt.block_on(async {
+        let mut act = |core: &mut Core<()>| ((), core.queue(vec![7]));
+        match engine.commit_async::<(), Error>(Admission::Callers, &mut act).await {
+            AsyncCommit::Lead { alone } => Some(alone),
+            AsyncCommit::Done(_) => None,
+        }
+    })
+}
+
+/// Proves: an async caller made leader is told it is alone only when the last
+/// group carried one record and nobody waits for room — after a crowded group
+/// (three records) or with a caller waiting for room it is not, and after it led
+/// a group of its own one record alone it is again.
+#[test]
+fn an_async_leader_is_alone_only_after_a_group_of_one_with_nobody_waiting() {
+    let engine = GroupCommit::new((), 0, limits());
+    let hooks = fake(None, false);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    assert_eq!(async_turn(&rt, &engine), Some(true), "before any group");
+    engine.async_lead_withdrawn();
+    // A thread's three records, led as one group.
+    let three = |core: &mut Core<()>| {
+        core.queue(vec![1]);
+        core.queue(vec![2]);
+        ((), core.queue(vec![3]))
+    };
+    engine.commit(&hooks, Admission::Callers, three).unwrap();
+    assert_eq!(engine.lock().last_group_records, 3);
+    assert_eq!(async_turn(&rt, &engine), Some(false), "after a group of three");
+    engine.async_lead_withdrawn();
+    engine.lock().room_waiting += 1;
+    engine.lock().last_group_records = 1;
+    assert_eq!(async_turn(&rt, &engine), Some(false), "with a caller waiting for room");
+    engine.async_lead_withdrawn();
+    engine.lock().room_waiting -= 1;
+    // Led by the async caller itself: a group of its one record.
+    engine.commit_async_lead(&hooks, Admission::Callers, |core: &mut Core<()>| ((), core.queue(vec![9]))).unwrap();
+    assert_eq!(engine.lock().last_group_records, 1);
+    assert_eq!(engine.lock().durable_seq(), 4);
+    assert_eq!(async_turn(&rt, &engine), Some(true), "after a group of one");
+    engine.async_lead_withdrawn();
+}
+
+/// Proves: `LeadOn::Inline` runs the lead on the caller's own thread (no hand-off),
+/// on a current-thread runtime and on a worker of a multi-thread one, and a panic
+/// in it reaches the caller as `Panicked`; `LeadOn::Pool` runs it on another
+/// thread.
+#[test]
+fn an_inline_lead_runs_on_the_callers_thread_and_a_pool_lead_does_not() {
+    let engine = Arc::new(GroupCommit::new((), 0, limits()));
+    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+    for rt in [&current, &multi] {
+        for (on, same) in [(LeadOn::Inline, true), (LeadOn::Pool, false)] {
+            let e = Arc::clone(&engine);
+            let (caller, leader) = rt.block_on(async move {
+                let caller = std::thread::current().id();
+                let led = lead_on_blocking_pool(e, |e| e, on, |_| std::thread::current().id()).await;
+                (caller, led.unwrap_or_else(|_| panic!("the lead failed")))
+            });
+            assert_eq!(caller == leader, same, "{on:?}");
+        }
+        let e = Arc::clone(&engine);
+        let led = rt.block_on(lead_on_blocking_pool(e, |e| e, LeadOn::Inline, |_| -> u32 { panic!("in the lead") }));
+        assert!(matches!(led, Err(LeadFailed::Panicked(_))));
+    }
+}
+
+/// Proves: a large group's async waiters woken by a leader on a runtime worker of
+/// its own (`LeadOn::Inline`) hear `Durable` before that lead ends — not from a
+/// task spawned onto the worker the lead holds (on a one-worker runtime it would
+/// run only after the lead).
+#[test]
+fn an_inline_leader_wakes_a_large_group_before_its_lead_ends() {
+    let engine = Arc::new(GroupCommit::new((), 0, limits()));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+    let heard_in_lead = rt.block_on(async move {
+        let led = lead_on_blocking_pool(
+            engine,
+            |e| e,
+            LeadOn::Inline,
+            |_| {
+                let (woken, mut rxs) = task_waiters(TASK_WAKES_HANDED_OFF_MIN * 2);
+                wake(woken);
+                rxs.iter_mut().map(|rx| rx.try_recv()).filter(|r| matches!(r, Ok(Signal::Durable(None)))).count()
+            },
+        );
+        led.await.unwrap_or_else(|_| panic!("the lead failed"))
+    });
+    assert_eq!(heard_in_lead, TASK_WAKES_HANDED_OFF_MIN * 2);
 }

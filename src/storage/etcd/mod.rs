@@ -789,6 +789,9 @@ impl LogBackend for EtcdBackend {
         true
     }
 
+    fn append_is_local(&self) -> bool {
+        false
+    }
     fn optimistic(&self) -> bool {
         true
     }

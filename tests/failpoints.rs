@@ -167,6 +167,41 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
     assert_eq!(c.seq, Some(p.last_seq() + 1));
 }
 
+/// Proves: a lone async caller (a daemon request with nobody else in flight),
+/// which leads its group on its own runtime worker (`LeadOn::Inline`), is not
+/// acknowledged when that group's sync fails: it hears NOT_COMMITTED, the next
+/// async call WRITER_POISONED, a read-only view holds only what was acknowledged
+/// before, and the reopened ledger goes on from there. On a one-worker runtime,
+/// whose only worker the lead holds.
+#[test]
+fn a_lone_async_callers_failed_sync_is_not_acknowledged_and_poisons_the_ledger() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let ledger = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let owner = me();
+    let (failed, later) = rt.block_on(async {
+        for i in 0..3 {
+            ledger.submit_as_async(None, None, claim(&format!("before/{i}"), &owner)).await.unwrap();
+        }
+        fail::cfg("segment::fdatasync", "return").unwrap();
+        let failed = ledger.submit_as_async(None, None, claim("lost", &owner)).await.unwrap_err();
+        let later = ledger.submit_as_async(None, None, claim("after", &owner)).await.unwrap_err();
+        (failed, later)
+    });
+    assert_eq!(failed.code(), "NOT_COMMITTED", "{failed}");
+    assert_eq!(later.code(), "WRITER_POISONED", "{later}");
+    let view = Ledger::read_only(d.path(), &LedgerOptions::default()).unwrap();
+    assert!(view.projection.subject("lost").is_none(), "the failed group is nowhere in the log");
+    assert_eq!(view.projection.last_seq(), 3);
+    drop(ledger);
+    fail::remove("segment::fdatasync");
+    let reopened = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
+    assert_eq!(reopened.projection().last_seq(), 3);
+    let c = rt.block_on(reopened.submit_as_async(None, None, claim("after", &owner))).unwrap();
+    assert_eq!(c.seq, Some(4));
+}
+
 /// Proves: a failure creating the next segment (rotation) cuts the group back
 /// (`NOT_COMMITTED`) and poisons the writer; a reopen finds every acknowledged
 /// record and appending continues. A directory fsync that keeps failing fails the

@@ -110,7 +110,7 @@ pub fn claim(
     subject: &str,
     owner: &fencelog::model::Identity,
 ) -> impl FnMut(&fencelog::model::Projection, u64, uuid::Uuid) -> Result<fencelog::model::Txn, fencelog::model::Refusal>
-{
++ use<> {
     let (subject, owner) = (subject.to_owned(), owner.clone());
     move |_p, now_ms, writer| {
         let event = fencelog::model::Event::Claim {

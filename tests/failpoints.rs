@@ -168,11 +168,11 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
 }
 
 /// Proves: a lone async caller (a daemon request with nobody else in flight),
-/// which leads its group on its own runtime worker (`LeadOn::Inline`), is not
-/// acknowledged when that group's sync fails: it hears NOT_COMMITTED, the next
-/// async call WRITER_POISONED, a read-only view holds only what was acknowledged
-/// before, and the reopened ledger goes on from there. On a one-worker runtime,
-/// whose only worker the lead holds.
+/// which leads its group on its own runtime worker (`lead_inline`: every one of
+/// its leads is counted there), is not acknowledged when that group's sync fails:
+/// it hears NOT_COMMITTED, the next async call WRITER_POISONED, a read-only view
+/// holds only what was acknowledged before, and the reopened ledger goes on from
+/// there. In a task on a one-worker runtime, whose only worker the lead holds.
 #[test]
 fn a_lone_async_callers_failed_sync_is_not_acknowledged_and_poisons_the_ledger() {
     let d = tempfile::tempdir().unwrap();
@@ -180,15 +180,21 @@ fn a_lone_async_callers_failed_sync_is_not_acknowledged_and_poisons_the_ledger()
     let ledger = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let owner = me();
-    let (failed, later) = rt.block_on(async {
-        for i in 0..3 {
-            ledger.submit_as_async(None, None, claim(&format!("before/{i}"), &owner)).await.unwrap();
-        }
-        fail::cfg("segment::fdatasync", "return").unwrap();
-        let failed = ledger.submit_as_async(None, None, claim("lost", &owner)).await.unwrap_err();
-        let later = ledger.submit_as_async(None, None, claim("after", &owner)).await.unwrap_err();
-        (failed, later)
-    });
+    let (in_task, owner_in_task) = (std::sync::Arc::clone(&ledger), owner.clone());
+    let (failed, later) = rt
+        .block_on(rt.spawn(async move {
+            for i in 0..3 {
+                in_task.submit_as_async(None, None, claim(&format!("before/{i}"), &owner_in_task)).await.unwrap();
+            }
+            fail::cfg("segment::fdatasync", "return").unwrap();
+            let failed = in_task.submit_as_async(None, None, claim("lost", &owner_in_task)).await.unwrap_err();
+            let later = in_task.submit_as_async(None, None, claim("after", &owner_in_task)).await.unwrap_err();
+            (failed, later)
+        }))
+        .unwrap();
+    let inline = ledger.inline_leads();
+    // Four led there (the poisoned ledger refuses the fifth before it leads).
+    assert_eq!((inline.led, inline.declined), (4, 0), "every lead ran on the task's worker");
     assert_eq!(failed.code(), "NOT_COMMITTED", "{failed}");
     assert_eq!(later.code(), "WRITER_POISONED", "{later}");
     let view = Ledger::read_only(d.path(), &LedgerOptions::default()).unwrap();

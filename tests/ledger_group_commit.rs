@@ -654,14 +654,14 @@ fn a_log_at_condition_commits_at_the_head_and_replays_the_same() {
     assert_eq!(replayed, live);
 }
 
-/// Proves: a lone async caller — which leads its own groups on its own thread,
-/// the runtime not told (`LeadOn::Inline`) — on a current-thread runtime and on a
-/// one-worker runtime (its lead holds the only worker), with two threads
-/// submitting at the same time, is answered for every transaction once its record
-/// is in the log, at dense sequences shared with the threads', and a task spawned
-/// on that runtime still runs.
+/// Proves: a lone async caller — in a task on a current-thread runtime and on a
+/// one-worker runtime — leads each of its groups on its own worker
+/// (`storage::commit::lead_inline`: every lead counted there) while it is alone;
+/// then, with two threads submitting at the same time, it is answered for every
+/// transaction once its record is in the log, at dense sequences shared with the
+/// threads', and a task spawned on that runtime still runs.
 #[test]
-fn a_lone_async_caller_leading_on_its_own_thread_beside_threads_is_answered_once_durable() {
+fn a_lone_async_caller_leads_on_its_own_worker_and_beside_threads_is_answered_once_durable() {
     for multi in [false, true] {
         let d = tempfile::tempdir().unwrap();
         let ledger = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
@@ -672,6 +672,28 @@ fn a_lone_async_caller_leading_on_its_own_thread_beside_threads_is_answered_once
         };
         let owner = me();
         let each = 40u64;
+        let lone = |first: u64, n: u64| {
+            let (ledger, owner, dir) = (std::sync::Arc::clone(&ledger), owner.clone(), d.path().to_owned());
+            async move {
+                let mut seqs = vec![];
+                for i in first..first + n {
+                    let c = if i == 0 {
+                        ledger.submit_as_async(None, None, claim("lone", &owner)).await.unwrap()
+                    } else {
+                        ledger.submit_as_async(None, None, heartbeat("lone")).await.unwrap()
+                    };
+                    let seq = c.seq.unwrap();
+                    let on_disk = records(&dir).len() as u64;
+                    assert!(on_disk >= seq, "answered {seq}, the log holds {on_disk}");
+                    seqs.push(seq);
+                }
+                seqs
+            }
+        };
+        let alone = rt.block_on(rt.spawn(lone(0, 5))).unwrap();
+        assert_eq!(alone, [1, 2, 3, 4, 5]);
+        let inline = ledger.inline_leads();
+        assert_eq!((inline.led, inline.declined), (5, 0), "alone, every lead on its own worker (multi: {multi})");
         let mut seqs: Vec<u64> = std::thread::scope(|s| {
             let threads: Vec<_> = (0..2)
                 .map(|t| {
@@ -686,24 +708,10 @@ fn a_lone_async_caller_leading_on_its_own_thread_beside_threads_is_answered_once
                     })
                 })
                 .collect();
-            let dir = d.path().to_owned();
-            let lone = rt.block_on(async {
-                let mut seqs = vec![];
-                let c = ledger.submit_as_async(None, None, claim("lone", &owner)).await.unwrap();
-                seqs.push(c.seq.unwrap());
-                for _ in 1..each {
-                    let c = ledger.submit_as_async(None, None, heartbeat("lone")).await.unwrap();
-                    let seq = c.seq.unwrap();
-                    let on_disk = records(&dir).len() as u64;
-                    assert!(on_disk >= seq, "answered {seq}, the log holds {on_disk}");
-                    seqs.push(seq);
-                }
-                let ran = tokio::spawn(async { 42 }).await.unwrap();
-                assert_eq!(ran, 42);
-                seqs
-            });
+            let beside = rt.block_on(rt.spawn(lone(5, each - 5))).unwrap();
+            assert_eq!(rt.block_on(rt.spawn(async { 42 })).unwrap(), 42);
             let mut all: Vec<u64> = threads.into_iter().flat_map(|h| h.join().unwrap()).collect();
-            all.extend(lone);
+            all.extend(alone.iter().chain(&beside));
             all
         });
         seqs.sort_unstable();
@@ -713,4 +721,136 @@ fn a_lone_async_caller_leading_on_its_own_thread_beside_threads_is_answered_once
         drop(ledger);
         assert_eq!(Ledger::open(d.path(), LedgerOptions::default()).unwrap().projection(), live);
     }
+}
+
+/// Whether `done` comes to say so (asked until it does, never a fixed wait),
+/// within a minute.
+fn comes_true(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// Proves: a lone async caller whose lead finds the append lock held by another
+/// writer (another open of the log, as another process) does not wait for it on
+/// its runtime's only worker: that lead declines (counted), the caller waits on
+/// the blocking pool, and meanwhile a task spawned on the runtime runs — while
+/// the lock is still held (the other writer's lock wait allowance here is ten
+/// minutes: a worker waiting it out would run nothing). Once the lock is let go,
+/// the caller is answered at the next sequence.
+#[test]
+fn a_lone_async_callers_lead_gives_its_worker_back_while_another_writer_holds_the_lock() {
+    let d = tempfile::tempdir().unwrap();
+    let patient = LedgerOptions {
+        log: LogOptions { lock_wait_ms_max: 600_000, ..LogOptions::default() },
+        ..LedgerOptions::default()
+    };
+    let a = std::sync::Arc::new(Ledger::open(d.path(), patient).unwrap());
+    let b = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let owner = me();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let holder = s.spawn(|| {
+            let mut other = Some(claim("other", &owner));
+            b.submit(None, move |p, now, w| {
+                // Judged holding the append lock: hold it until told.
+                if let Some(c) = other.take() {
+                    held_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    return c(p, now, w);
+                }
+                claim("other", &me())(p, now, w)
+            })
+        });
+        held_rx.recv().unwrap();
+        let (a2, owner2) = (std::sync::Arc::clone(&a), owner.clone());
+        let mine = rt.spawn(async move { a2.submit_as_async(None, None, claim("mine", &owner2)).await });
+        let declined = comes_true(|| a.inline_leads().declined == 1);
+        let (ping_tx, ping_rx) = std::sync::mpsc::channel();
+        rt.spawn(async move { ping_tx.send(42).unwrap() });
+        let ping = ping_rx.recv_timeout(Duration::from_secs(60));
+        let still_waiting = !mine.is_finished();
+        // Let go before asserting, so that a failure does not hang the holder.
+        release_tx.send(()).unwrap();
+        assert_eq!(holder.join().unwrap().unwrap().seq, Some(1));
+        assert!(declined, "the lead on the worker never declined");
+        assert_eq!(ping, Ok(42), "a task spawned while the lock was held did not run");
+        assert!(still_waiting, "answered while the other writer held the lock");
+        let c = rt.block_on(mine).unwrap().unwrap();
+        assert_eq!(c.seq, Some(2));
+    });
+    let inline = a.inline_leads();
+    assert_eq!((inline.led, inline.declined), (0, 1));
+    assert_eq!(records(d.path()).len(), 2);
+}
+
+/// Proves: a lone async caller whose ledger is behind by more records than its
+/// own thread may catch up on (another writer appended 300) leaves the catch-up
+/// to a lead on the blocking pool (the inline lead declines, nothing judged), is
+/// answered after them, and leads on its own thread again once caught up.
+#[test]
+fn a_lone_async_callers_lead_leaves_a_long_catch_up_to_the_pool() {
+    let d = tempfile::tempdir().unwrap();
+    let a = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
+    let b = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let owner = me();
+    let submit = |subject: &str| {
+        let (a, c) = (std::sync::Arc::clone(&a), claim(subject, &owner));
+        rt.block_on(rt.spawn(async move { a.submit_as_async(None, None, c).await })).unwrap().unwrap().seq
+    };
+    assert_eq!(submit("first"), Some(1));
+    let others = 300;
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (b, owner) = (&b, &owner);
+            s.spawn(move || {
+                for i in 0..others / 4 {
+                    b.submit(None, claim(&format!("other/{t}/{i}"), owner)).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!((a.inline_leads().led, a.inline_leads().declined), (1, 0));
+    assert_eq!(submit("after"), Some(others + 2));
+    assert_eq!((a.inline_leads().led, a.inline_leads().declined), (1, 1), "the long catch-up went to the pool");
+    assert_eq!(submit("again"), Some(others + 3));
+    assert_eq!((a.inline_leads().led, a.inline_leads().declined), (2, 1), "caught up: on its own thread again");
+    assert!(a.projection().subject("other/3/74").is_some());
+}
+
+/// Proves: a lone async caller whose leads run on its own worker still gets its
+/// snapshots: one falling due there is taken by the next lead, on the blocking
+/// pool (so not every lead is inline), and the log with them verifies intact.
+#[test]
+fn a_lone_async_callers_snapshots_are_taken_off_its_worker() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LedgerOptions { snapshot_every_records: 5, ..LedgerOptions::default() };
+    let a = std::sync::Arc::new(Ledger::open(d.path(), opts).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (a2, owner) = (std::sync::Arc::clone(&a), me());
+    let n = 30u64;
+    rt.block_on(rt.spawn(async move {
+        a2.submit_as_async(None, None, claim("snap", &owner)).await.unwrap();
+        for _ in 1..n {
+            a2.submit_as_async(None, None, heartbeat("snap")).await.unwrap();
+        }
+    }))
+    .unwrap();
+    let inline = a.inline_leads();
+    assert!(inline.led > 0 && inline.led < n, "{inline:?}: some leads on the worker, the snapshots' on the pool");
+    assert_eq!(inline.declined, 0);
+    drop(a);
+    let snaps = std::fs::read_dir(d.path().join("snapshots")).unwrap().count();
+    assert!(snaps > 0, "snapshots were taken");
+    let (summary, code) =
+        fencelog::inspect::verify_pinned(&fencelog::inspect::Source::Dir(d.path().to_path_buf()), &[]).unwrap();
+    assert_eq!(code, 0, "{:?}", summary.problems);
 }

@@ -57,6 +57,10 @@ impl LedgerError {
             CommitError::Hook(e) => e,
             CommitError::Draining => LedgerError::Draining,
             CommitError::HeadMovedTooOften { retries } => LedgerError::HeadMovedTooOften { retries },
+            // Only a lead on the caller's own thread declines, and the ledger leads
+            // again elsewhere when it does; should it reach a caller, nothing was
+            // judged: withdrawn.
+            CommitError::WouldBlock => LedgerError::Storage(crate::storage::Error::Withdrawn { waited_ms: 0 }),
         }
     }
 }

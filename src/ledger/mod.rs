@@ -34,7 +34,8 @@ pub use error::LedgerError;
 
 use crate::storage::Exclusive;
 use crate::storage::commit::{
-    Admission, AsyncCommit, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, lead_on_blocking_pool,
+    Admission, AsyncCommit, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, lead_inline,
+    lead_on_blocking_pool,
 };
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
@@ -183,7 +184,18 @@ pub struct Ledger {
     /// Async callers inside [`submit_as_async`](Self::submit_as_async) now: one
     /// made leader leads on its own thread only when it is the only one.
     async_in_flight: std::sync::atomic::AtomicUsize,
+    /// A snapshot fell due at the end of a lead on an async caller's own thread
+    /// (a runtime worker, where the projection is not cloned): the next async
+    /// lead goes to the blocking pool, and takes it.
+    snapshot_wants_pool: std::sync::atomic::AtomicBool,
 }
+
+/// Most records other writers may have appended since this ledger's last turn
+/// for an async caller's lead on its own thread (`storage::commit::lead_inline`)
+/// to catch up on them there; beyond, that lead declines and one on the blocking
+/// pool catches up (applying a record takes microseconds: this bounds the worker's
+/// turn to about a millisecond more).
+const INLINE_CATCH_UP_RECORDS_MAX: u64 = 256;
 
 /// blake3 of the caller's intent, for request-id idempotency.
 pub fn intent_digest<T: Serialize>(intent: &T) -> [u8; 32] {
@@ -287,6 +299,7 @@ impl Ledger {
             report,
             observer,
             async_in_flight: std::sync::atomic::AtomicUsize::new(0),
+            snapshot_wants_pool: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -331,6 +344,13 @@ impl Ledger {
     /// transactions again.
     pub fn head_moved_count(&self) -> u64 {
         self.group.lock().head_moved()
+    }
+
+    /// How often a lone async caller led its commit group on its own thread, and
+    /// how often such a lead gave its turn to the blocking pool
+    /// ([`submit_as_async`](Self::submit_as_async)).
+    pub fn inline_leads(&self) -> storage::commit::InlineLeads {
+        self.group.lock().inline_leads()
     }
 
     /// A copy of the projection as of the last catch-up (see `refresh`), without
@@ -414,15 +434,16 @@ impl Ledger {
     /// [`submit_as`](Self::submit_as) for an async caller (the daemon): when a
     /// commit group is open, the transaction is built and judged on the caller's
     /// own thread and its answer awaited without holding a thread; when none is,
-    /// the caller leads one on the runtime's blocking pool — or, when it is this
-    /// ledger's only async caller, the engine saw no company
-    /// (`AsyncCommit::Lead`'s `alone`) and an append waits only on local storage
-    /// (`LogBackend::append_is_local`: not etcd), on its own thread
-    /// (`LeadOn::Inline`): a lone client's request is not handed to another thread
-    /// and back. At most one caller leads so at a time (the others are counted in
-    /// flight meanwhile).
-    /// Same judgement, same answers. `caller: None` is this ledger's own process
-    /// (as `submit`).
+    /// the caller leads one on the runtime's blocking pool. When it is this
+    /// ledger's only async caller, the engine saw no company (`AsyncCommit::Lead`'s
+    /// `alone`), an append waits only on local storage
+    /// (`LogBackend::append_is_local`: not etcd) and no snapshot waits to be taken,
+    /// it first leads on its own thread (`storage::commit::lead_inline`): a lone
+    /// client's request is not handed to another thread and back. That lead never
+    /// waits for another process's turn of the append lock, nor catches up on more
+    /// than `INLINE_CATCH_UP_RECORDS_MAX` records: it declines instead, with
+    /// nothing judged, and the caller leads on the pool. Same judgement, same
+    /// answers. `caller: None` is this ledger's own process (as `submit`).
     ///
     /// Dropping the future after the transaction was queued does not withdraw it
     /// (see `GroupCommit::commit_async`): run it in a task of its own when every
@@ -433,13 +454,14 @@ impl Ledger {
         request: Option<RequestTag>,
         mut build: impl FnMut(&Projection, u64, uuid::Uuid) -> Result<Txn, Refusal> + Send + 'static,
     ) -> Result<Committed, LedgerError> {
+        use std::sync::atomic::Ordering::SeqCst;
         struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
         impl Drop for InFlight<'_> {
             fn drop(&mut self) {
-                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                self.0.fetch_sub(1, SeqCst);
             }
         }
-        self.async_in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.async_in_flight.fetch_add(1, SeqCst);
         let _in_flight = InFlight(&self.async_in_flight);
         let turn = {
             let who = caller.as_ref().unwrap_or(&self.me);
@@ -449,21 +471,36 @@ impl Ledger {
         let settled = match turn {
             AsyncCommit::Done(r) => r,
             AsyncCommit::Lead { alone } => {
-                let only_one = self.async_in_flight.load(std::sync::atomic::Ordering::SeqCst) == 1;
-                let on =
-                    if alone && only_one && self.backend.append_is_local() { LeadOn::Inline } else { LeadOn::Pool };
-                let led = lead_on_blocking_pool(
-                    Arc::clone(self),
-                    |ledger| &ledger.group,
-                    on,
-                    move |ledger| {
-                        let who = caller.unwrap_or_else(|| ledger.me.clone());
-                        ledger.group.commit_async_lead(ledger, Admission::Callers, |inner| {
-                            ledger.check_and_queue(inner, &who, request.clone(), &mut build)
+                let inline = alone
+                    && self.async_in_flight.load(SeqCst) == 1
+                    && self.backend.append_is_local()
+                    && !self.snapshot_wants_pool.load(SeqCst);
+                let led_inline = inline.then(|| {
+                    let who = caller.as_ref().unwrap_or(&self.me);
+                    lead_inline(|| {
+                        self.group.commit_async_lead(&**self, Admission::Callers, |inner| {
+                            self.check_and_queue(inner, who, request.clone(), &mut build)
                         })
-                    },
-                )
-                .await;
+                    })
+                });
+                let led = match led_inline {
+                    // Declined, nothing judged: lead on the pool.
+                    None | Some(Ok(Err(CommitError::WouldBlock))) => {
+                        lead_on_blocking_pool(
+                            Arc::clone(self),
+                            |ledger| &ledger.group,
+                            LeadOn::Pool,
+                            move |ledger| {
+                                let who = caller.unwrap_or_else(|| ledger.me.clone());
+                                ledger.group.commit_async_lead(ledger, Admission::Callers, |inner| {
+                                    ledger.check_and_queue(inner, &who, request.clone(), &mut build)
+                                })
+                            },
+                        )
+                        .await
+                    }
+                    Some(led) => led,
+                };
                 match led {
                     Ok(r) => r,
                     // As on the other path (and for a thread): the panic reaches the
@@ -757,6 +794,13 @@ impl Hooks<LedgerState> for Ledger {
             return Ok(());
         }
         self.catch_up_with(core)
+    }
+
+    /// A lead on an async caller's own thread leaves a rebuild, and a long tail of
+    /// other writers' records, to a lead on the blocking pool.
+    fn inline_catch_up_is_long(&self, core: &Inner, x: &dyn Exclusive) -> bool {
+        core.stale
+            || x.last_seq().is_some_and(|last| last.saturating_sub(core.last_seq()) > INLINE_CATCH_UP_RECORDS_MAX)
     }
 
     /// The outcome of a group is unknown (the backend unreachable): the projection

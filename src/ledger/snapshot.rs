@@ -90,6 +90,14 @@ impl Ledger {
         if inner.snapshot_thread.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
+        // Not on a runtime worker, where a lone async caller leads on its own
+        // thread: cloning the projection could hold the worker for milliseconds.
+        // The next async lead goes to the blocking pool and takes it.
+        let deferred = crate::storage::commit::leading_inline();
+        self.snapshot_wants_pool.store(deferred, std::sync::atomic::Ordering::SeqCst);
+        if deferred {
+            return;
+        }
         if let Some(t) = inner.snapshot_thread.take() {
             let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }

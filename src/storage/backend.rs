@@ -68,6 +68,11 @@ pub trait Exclusive {
     fn links(&self) -> &[ChainLink] {
         &[]
     }
+    /// The last sequence in the log as the section found it (having caught up
+    /// with other writers' records), when the backend tells.
+    fn last_seq(&self) -> Option<u64> {
+        None
+    }
     /// Whether another writer waits to append (then the holder lets go after its
     /// turn). Yes unless the backend can tell.
     fn others_waiting(&self) -> bool {

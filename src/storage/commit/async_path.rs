@@ -40,11 +40,6 @@ pub enum LeadOn {
     /// told that it blocks (`block_in_place`): no hand-off to the pool and back
     /// (raw async appends: one appender 4.9k → 6.6k appends/s). Elsewhere the pool.
     InPlace,
-    /// On the caller's own thread, the runtime not told: no hand-off at all. A
-    /// worker held so holds up the tasks queued behind it, so this is only for a
-    /// caller that is alone ([`AsyncCommit::Lead`]'s `alone`), one at a time (one
-    /// client: heartbeat p50 227–339 → 129–204 µs, `docs/BENCHMARKS.md`).
-    Inline,
 }
 
 /// Lead for an async caller that was made leader ([`AsyncTurn::Lead`],
@@ -74,12 +69,6 @@ where
         }
     }
     let mut pending = Pending(Some(owner), engine);
-    if on == LeadOn::Inline {
-        let owner = pending.0.take().expect("taken once");
-        let _inline = LeadingInline::begin();
-        let led = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lead(&owner)));
-        return led.map_err(LeadFailed::Panicked);
-    }
     #[cfg(feature = "daemon")]
     if on == LeadOn::InPlace
         && tokio::runtime::Handle::try_current()
@@ -98,11 +87,31 @@ where
     led.map_err(|e| if e.is_panic() { LeadFailed::Panicked(e.into_panic()) } else { LeadFailed::NotRun })
 }
 
+/// Lead for an async caller that was made leader ([`AsyncCommit::Lead`]) on the
+/// caller's own thread — a runtime worker, the runtime not told: no hand-off to
+/// another thread and back (one client: heartbeat p50 over a raw `fdatasync`
+/// 299–323 → 161–204 µs, run medians in `docs/BENCHMARKS.md`). A worker held so
+/// holds up the tasks queued behind it, so this is only for a caller that is
+/// alone (`AsyncCommit::Lead`'s `alone`, and its owner's own count of callers in
+/// flight), and the lead is kept short: it never waits for the exclusive section
+/// (taken by another process, it gives up at once), it declines a long catch-up
+/// ([`Hooks::inline_catch_up_is_long`]), and it ends its turn after its own group
+/// (and the one queued while that was synced). When it declines, the answer is
+/// [`CommitError::WouldBlock`] with nothing judged: the caller leads again on a
+/// thread that may block ([`lead_on_blocking_pool`]). Panics are caught and given
+/// back, as there.
+///
+/// [`Hooks::inline_catch_up_is_long`]: super::Hooks::inline_catch_up_is_long
+pub fn lead_inline<R>(lead: impl FnOnce() -> R) -> Result<R, LeadFailed> {
+    let _inline = LeadingInline::begin();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(lead)).map_err(LeadFailed::Panicked)
+}
+
 thread_local! {
     static LEADING_INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// This thread leads for an async caller on its own thread (`LeadOn::Inline`)
+/// This thread leads for an async caller on its own thread ([`lead_inline`])
 /// until dropped.
 struct LeadingInline;
 
@@ -119,9 +128,11 @@ impl Drop for LeadingInline {
     }
 }
 
-/// Whether this thread leads inline (`LeadOn::Inline`): it may be a runtime
-/// worker, whose own queue holds what it spawns until the lead ends.
-pub(super) fn leading_inline() -> bool {
+/// Whether this thread leads for an async caller on its own thread
+/// ([`lead_inline`]): it may be a runtime worker, whose own queue holds what it
+/// spawns until the lead ends, so nothing long may run on it (an owner defers
+/// such work to a lead on another thread).
+pub fn leading_inline() -> bool {
     LEADING_INLINE.with(std::cell::Cell::get)
 }
 
@@ -130,12 +141,13 @@ pub enum AsyncCommit<T, E> {
     /// Judged in an open group (or refused before): the answer, settled.
     Done(Result<Settled<T>, CommitError<E>>),
     /// No group was open: the caller must commit on a thread that may block, with
-    /// [`GroupCommit::commit_async_lead`] — or call
-    /// [`GroupCommit::async_lead_withdrawn`] if that thread will never run.
+    /// [`GroupCommit::commit_async_lead`] (or try first on its own thread, with
+    /// [`lead_inline`]) — or call [`GroupCommit::async_lead_withdrawn`] if that
+    /// thread will never run.
     Lead {
         /// Whether the engine saw no company: the last group carried one record
-        /// and nobody waits for room. A hint for where to lead ([`LeadOn`]), never
-        /// a promise: others may arrive meanwhile (they queue into the group).
+        /// and nobody waits for room. A hint for where to lead ([`lead_inline`]),
+        /// never a promise: others may arrive meanwhile (they queue into the group).
         alone: bool,
     },
 }

@@ -5,6 +5,7 @@
 
 use std::sync::MutexGuard;
 
+use super::async_path::leading_inline;
 use super::slots::{Signal, wake};
 use super::{Core, EXTRA_TURNS_MAX, GROUPS_PER_LOCK_MAX, GroupCommit, GroupLimits, Hooks, LOG_TARGET, Phase};
 use crate::storage::backend::{AppendOutcome, Appended, Exclusive};
@@ -65,6 +66,12 @@ impl<S> GroupCommit<S> {
                 Ok(AppendOutcome::Appended(a)) if a.first_seq == expect + 1 && a.last_seq == expect + n as u64 => {
                     core = self.group_durable(hooks, &*x, core, &a);
                     groups += 1;
+                    if leading_inline() && core.phase == Phase::Open {
+                        // A lead on an async caller's own thread (a runtime worker)
+                        // ends after its group: what was queued meanwhile is synced,
+                        // the next arrivals lead their own turn.
+                        core.phase = Phase::Closing;
+                    }
                     if groups >= GROUPS_PER_LOCK_MAX && core.phase == Phase::Open {
                         if extra_turns_left > 0 && !others_wait {
                             // Nobody else waits: another turn without letting go.

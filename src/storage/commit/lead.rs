@@ -5,6 +5,7 @@
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
+use super::async_path::leading_inline;
 use super::slots::{Signal, Slot, ThreadSlot};
 use super::{
     Act, Admission, CommitError, Core, GroupCommit, HEAD_MOVED_RETRIES_MAX, Hooks, LOG_TARGET, Phase, Settled,
@@ -146,13 +147,24 @@ impl<S> GroupCommit<S> {
         // (another process's turn of the lock) withdraws it: nothing of its turn
         // has been judged, so nothing is, and the wait ends at once — a cutover's
         // grace bounds every admitted request, not only those already judged.
+        // A lead on an async caller's own thread does not wait at all: it gives
+        // the turn back (`WouldBlock`), and the caller leads again elsewhere.
+        let inline = leading_inline();
         let drained = || admission == Admission::Callers && self.lock().draining;
+        let give_up = || inline || drained();
         let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            hooks.exclusive(&drained, &mut |x| self.lead_in_section(hooks, admission, act, x, &mut ours))
+            hooks.exclusive(&give_up, &mut |x| self.lead_in_section(hooks, admission, act, x, &mut ours))
         }));
         let entered = match turn {
             Ok(entered) => entered,
             Err(panic) => self.leader_panicked(ours.phase_ours, panic),
+        };
+        let entered = match entered {
+            Err(Error::Withdrawn { .. }) if inline && !drained() => {
+                ours.failed = Some(CommitError::WouldBlock);
+                Ok(())
+            }
+            entered => entered,
         };
         let error = self.turn_error(entered, ours.failed, ours.opened);
         if !ours.opened {
@@ -164,7 +176,14 @@ impl<S> GroupCommit<S> {
             self.wake_phase();
         }
         // Off the exclusive section.
-        hooks.after_lead(&mut self.lock());
+        let mut core = self.lock();
+        if inline {
+            let declined = matches!(error, Some(CommitError::WouldBlock));
+            core.inline_leads.declined += u64::from(declined);
+            core.inline_leads.led += u64::from(ours.opened);
+        }
+        hooks.after_lead(&mut core);
+        drop(core);
         if let Some(panic) = ours.panicked {
             // `flush_groups` found the engine poisoned and ended the phase; now let
             // the caller's panic go on.
@@ -188,6 +207,10 @@ impl<S> GroupCommit<S> {
         if core.draining && admission == Admission::Callers {
             // Entered after the drain began: judge nothing.
             ours.failed = Some(CommitError::Draining);
+            return Ok(());
+        }
+        if leading_inline() && hooks.inline_catch_up_is_long(&core, &*x) {
+            ours.failed = Some(CommitError::WouldBlock);
             return Ok(());
         }
         if let Err(e) = hooks.catch_up(&mut core, x) {

@@ -63,8 +63,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use async_path::{AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_on_blocking_pool};
-pub use state::Core;
+pub use async_path::{AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_inline, lead_on_blocking_pool, leading_inline};
+pub use state::{Core, InlineLeads};
 
 /// Commit groups one leader writes before it lets go of the exclusive section.
 pub const GROUPS_PER_LOCK_MAX: u32 = 8;
@@ -116,6 +116,11 @@ pub enum CommitError<E> {
     Draining,
     /// Another writer appended first this many times in a row.
     HeadMovedTooOften { retries: u32 },
+    /// A lead on an async caller's own thread ([`lead_inline`]) would have had
+    /// to wait for the exclusive section, or to catch up on much: nothing was
+    /// judged; the caller leads again on a thread that may block. No other lead
+    /// gives it.
+    WouldBlock,
 }
 
 /// An answer whose records are durable, with the chain link of the last record it
@@ -141,6 +146,14 @@ pub trait Hooks<S> {
     /// log's head (what other processes appended) and say where it is
     /// ([`Core::caught_up_to`]).
     fn catch_up(&self, core: &mut Core<S>, x: &mut dyn Exclusive) -> Result<(), Self::Error>;
+    /// In the exclusive section, before `catch_up`, on a lead on an async caller's
+    /// own thread ([`lead_inline`]): whether catching up would take long (a
+    /// rebuild, or many records another writer appended), in which case that lead
+    /// declines ([`CommitError::WouldBlock`]) and one on a thread that may block
+    /// catches up instead.
+    fn inline_catch_up_is_long(&self, _core: &Core<S>, _x: &dyn Exclusive) -> bool {
+        false
+    }
     /// Nothing is queued and the leader is about to end the group: queue the
     /// owner's own records if it has any (a checkpoint). Returns whether it did.
     fn before_idle(&self, _core: &mut Core<S>) -> bool {
@@ -233,6 +246,7 @@ impl<S> GroupCommit<S> {
                 arrivals_waiting: 0,
                 async_lead_pending: false,
                 last_group_records: 0,
+                inline_leads: InlineLeads::default(),
                 lead_failed: None,
                 poisoned: None,
                 waiters: VecDeque::new(),

@@ -9,6 +9,15 @@ use super::slots::{Signal, Slot};
 use super::{Admission, CommitError, Phase};
 use crate::storage::error::Error;
 
+/// Leads on an async caller's own thread ([`lead_inline`](super::lead_inline)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InlineLeads {
+    /// Turns led there (the group opened).
+    pub led: u64,
+    /// Turns given back: the exclusive section was taken, or the catch-up long.
+    pub declined: u64,
+}
+
 /// The engine's state and its owner's (`S`, reached through `Deref`), under one
 /// mutex.
 pub struct Core<S> {
@@ -41,6 +50,8 @@ pub struct Core<S> {
     /// How many records the last group carried (0 before the first): one when its
     /// writer had the log to itself ([`AsyncCommit::Lead`]'s `alone`).
     pub(super) last_group_records: usize,
+    /// Leads on an async caller's own thread: turns led, and turns declined.
+    pub(super) inline_leads: InlineLeads,
     /// The last attempt to lead that could not enter the exclusive section (a lock
     /// timeout, say), and when it gave up: callers that were waiting then get the
     /// same answer instead of each waiting out the lock again.
@@ -102,6 +113,12 @@ impl<S> Core<S> {
     /// How often another writer appended first.
     pub fn head_moved(&self) -> u64 {
         self.head_moved
+    }
+
+    /// How often an async caller led on its own thread, and how often such a lead
+    /// declined ([`lead_inline`](super::lead_inline)).
+    pub fn inline_leads(&self) -> InlineLeads {
+        self.inline_leads
     }
 
     /// The failure of an attempt to lead that gave up after `since`.

@@ -14,14 +14,28 @@ struct Fake {
     gate: Mutex<()>,
     fail_with: Option<Error>,
     panic_in_catch_up: bool,
+    /// The exclusive section is taken elsewhere: a leader that gives up
+    /// (`give_up`) is withdrawn; one that waits gets it (as if it was let go).
+    taken_elsewhere: bool,
+    /// What `Hooks::inline_catch_up_is_long` answers.
+    long_catch_up: bool,
+    catch_ups: AtomicU32,
+    /// Run during each append (off the core mutex), with the group's last sequence.
+    during_append: Mutex<Option<DuringAppend>>,
 }
 
-struct FakeX(u64);
+/// Called during an append with the group's last sequence.
+type DuringAppend = Box<dyn FnMut(u64) + Send>;
 
-impl Exclusive for FakeX {
+struct FakeX<'a>(u64, &'a Fake);
+
+impl Exclusive for FakeX<'_> {
     fn append_if_head(&mut self, expect_seq: u64, payloads: Vec<Vec<u8>>) -> Result<AppendOutcome, Error> {
         let first_seq = expect_seq + 1;
         self.0 = expect_seq + payloads.len() as u64;
+        if let Some(f) = self.1.during_append.lock().unwrap().as_mut() {
+            f(self.0);
+        }
         Ok(AppendOutcome::Appended(Appended { first_seq, last_seq: self.0, chain_head: [0; 32] }))
     }
 }
@@ -30,17 +44,24 @@ impl Hooks<()> for Fake {
     type Error = Error;
     fn exclusive(
         &self,
-        _give_up: &dyn Fn() -> bool,
+        give_up: &dyn Fn() -> bool,
         f: &mut dyn FnMut(&mut dyn Exclusive) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        if self.taken_elsewhere && give_up() {
+            return Err(Error::Withdrawn { waited_ms: 0 });
+        }
         self.entered.fetch_add(1, Ordering::SeqCst);
         drop(self.gate.lock().unwrap());
         match &self.fail_with {
             Some(e) => Err(e.clone()),
-            None => f(&mut FakeX(0)),
+            None => f(&mut FakeX(0, self)),
         }
     }
+    fn inline_catch_up_is_long(&self, _core: &Core<()>, _x: &dyn Exclusive) -> bool {
+        self.long_catch_up
+    }
     fn catch_up(&self, core: &mut Core<()>, _x: &mut dyn Exclusive) -> Result<(), Error> {
+        self.catch_ups.fetch_add(1, Ordering::SeqCst);
         assert!(!self.panic_in_catch_up, "a hook panicked");
         let seq = core.durable_seq();
         core.caught_up_to(seq);
@@ -52,7 +73,16 @@ impl Hooks<()> for Fake {
 }
 
 fn fake(fail_with: Option<Error>, panic_in_catch_up: bool) -> Fake {
-    Fake { entered: AtomicU32::new(0), gate: Mutex::new(()), fail_with, panic_in_catch_up }
+    Fake {
+        entered: AtomicU32::new(0),
+        gate: Mutex::new(()),
+        fail_with,
+        panic_in_catch_up,
+        taken_elsewhere: false,
+        long_catch_up: false,
+        catch_ups: AtomicU32::new(0),
+        during_append: Mutex::new(None),
+    }
 }
 
 fn limits() -> GroupLimits {
@@ -271,51 +301,130 @@ fn an_async_leader_is_alone_only_after_a_group_of_one_with_nobody_waiting() {
     engine.async_lead_withdrawn();
 }
 
-/// Proves: `LeadOn::Inline` runs the lead on the caller's own thread (no hand-off),
-/// on a current-thread runtime and on a worker of a multi-thread one, and a panic
-/// in it reaches the caller as `Panicked`; `LeadOn::Pool` runs it on another
-/// thread.
+/// Proves: `lead_inline` runs the lead on the caller's own thread — a worker of
+/// a multi-thread runtime, the task's own — where `LeadOn::Pool` runs it on
+/// another thread, and a panic in it reaches the caller as `Panicked`.
 #[test]
-fn an_inline_lead_runs_on_the_callers_thread_and_a_pool_lead_does_not() {
+fn an_inline_lead_runs_on_the_callers_worker_and_a_pool_lead_does_not() {
     let engine = Arc::new(GroupCommit::new((), 0, limits()));
-    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
-    for rt in [&current, &multi] {
-        for (on, same) in [(LeadOn::Inline, true), (LeadOn::Pool, false)] {
-            let e = Arc::clone(&engine);
-            let (caller, leader) = rt.block_on(async move {
-                let caller = std::thread::current().id();
-                let led = lead_on_blocking_pool(e, |e| e, on, |_| std::thread::current().id()).await;
-                (caller, led.unwrap_or_else(|_| panic!("the lead failed")))
-            });
-            assert_eq!(caller == leader, same, "{on:?}");
-        }
-        let e = Arc::clone(&engine);
-        let led = rt.block_on(lead_on_blocking_pool(e, |e| e, LeadOn::Inline, |_| -> u32 { panic!("in the lead") }));
-        assert!(matches!(led, Err(LeadFailed::Panicked(_))));
-    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+    let (worker, inline, pool) = rt
+        .block_on(rt.spawn(async move {
+            let worker = std::thread::current().id();
+            let inline = lead_inline(|| std::thread::current().id()).unwrap_or_else(|_| panic!("the lead failed"));
+            let pool = lead_on_blocking_pool(engine, |e| e, LeadOn::Pool, |_| std::thread::current().id()).await;
+            (worker, inline, pool.unwrap_or_else(|_| panic!("the lead failed")))
+        }))
+        .unwrap();
+    assert_ne!(worker, std::thread::current().id(), "the task ran on a worker, not on the test's thread");
+    assert_eq!(inline, worker, "inline: on the task's worker");
+    assert_ne!(pool, worker, "pool: on another thread");
+    let led = rt.block_on(rt.spawn(async { lead_inline(|| -> u32 { panic!("in the lead") }) })).unwrap();
+    assert!(matches!(led, Err(LeadFailed::Panicked(_))));
 }
 
 /// Proves: a large group's async waiters woken by a leader on a runtime worker of
-/// its own (`LeadOn::Inline`) hear `Durable` before that lead ends — not from a
-/// task spawned onto the worker the lead holds (on a one-worker runtime it would
-/// run only after the lead).
+/// its own (`lead_inline`, in a task on a one-worker runtime) hear `Durable`
+/// before that lead ends — not from a task spawned onto the worker the lead holds
+/// (it would run only after the lead).
 #[test]
 fn an_inline_leader_wakes_a_large_group_before_its_lead_ends() {
-    let engine = Arc::new(GroupCommit::new((), 0, limits()));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
-    let heard_in_lead = rt.block_on(async move {
-        let led = lead_on_blocking_pool(
-            engine,
-            |e| e,
-            LeadOn::Inline,
-            |_| {
+    let heard_in_lead = rt
+        .block_on(rt.spawn(async move {
+            lead_inline(|| {
                 let (woken, mut rxs) = task_waiters(TASK_WAKES_HANDED_OFF_MIN * 2);
                 wake(woken);
                 rxs.iter_mut().map(|rx| rx.try_recv()).filter(|r| matches!(r, Ok(Signal::Durable(None)))).count()
-            },
-        );
-        led.await.unwrap_or_else(|_| panic!("the lead failed"))
-    });
+            })
+            .unwrap_or_else(|_| panic!("the lead failed"))
+        }))
+        .unwrap();
     assert_eq!(heard_in_lead, TASK_WAKES_HANDED_OFF_MIN * 2);
+}
+
+/// One record committed as an async caller made leader would: on its own thread
+/// (`lead_inline`) or not.
+fn lead_one(engine: &GroupCommit<()>, hooks: &Fake, inline: bool) -> Result<Settled<u64>, CommitError<Error>> {
+    let lead = || {
+        engine.commit_async_lead(hooks, Admission::Callers, |core| {
+            let seq = core.queue(b"x".to_vec());
+            (seq, seq)
+        })
+    };
+    if inline { lead_inline(lead).unwrap_or_else(|_| panic!("the lead panicked")) } else { lead() }
+}
+
+/// Proves: a lead on an async caller's own thread never waits for an exclusive
+/// section taken elsewhere, and declines a long catch-up: it answers `WouldBlock`
+/// with nothing judged, queued or caught up, the phase free for the next leader,
+/// and the decline counted; the same lead on a thread that may block waits for
+/// the section, catches up and commits.
+#[test]
+fn an_inline_lead_declines_a_taken_section_and_a_long_catch_up_with_nothing_judged() {
+    for (taken_elsewhere, long_catch_up) in [(true, false), (false, true)] {
+        let engine = GroupCommit::new((), 0, limits());
+        let hooks = Fake { taken_elsewhere, long_catch_up, ..fake(None, false) };
+        let declined = lead_one(&engine, &hooks, true);
+        assert!(matches!(declined, Err(CommitError::WouldBlock)), "{declined:?}");
+        assert_eq!(hooks.catch_ups.load(Ordering::SeqCst), 0, "nothing caught up");
+        {
+            let core = engine.lock();
+            assert_eq!((core.phase, core.last_seq, core.queued.len()), (Phase::Idle, 0, 0), "nothing judged");
+            assert_eq!(core.inline_leads(), InlineLeads { led: 0, declined: 1 });
+            assert!(core.poisoned().is_none());
+        }
+        let led = lead_one(&engine, &hooks, false).unwrap();
+        assert_eq!(led.answer, 1);
+        assert_eq!(engine.lock().durable_seq(), 1);
+        assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 0, declined: 1 }, "not an inline lead");
+    }
+    // Neither: the inline lead leads, and is counted.
+    let engine = GroupCommit::new((), 0, limits());
+    let hooks = fake(None, false);
+    assert_eq!(lead_one(&engine, &hooks, true).unwrap().answer, 1);
+    assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 1, declined: 0 });
+}
+
+/// Proves: a lead on an async caller's own thread ends its turn after its own
+/// group and the one queued while that was synced — a caller arriving during
+/// that second sync leads a turn of its own — where a lead on another thread
+/// takes that caller into a third group of the same turn.
+#[test]
+fn an_inline_lead_ends_its_turn_after_its_group_and_the_one_queued_meanwhile() {
+    for inline in [true, false] {
+        let engine = Arc::new(GroupCommit::new((), 0, limits()));
+        let others = Arc::new(fake(None, false));
+        let hooks = fake(None, false);
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        {
+            let (engine, others, arrivals) = (Arc::clone(&engine), Arc::clone(&others), Arc::clone(&arrivals));
+            // During the syncs of the first two groups, one more caller arrives.
+            *hooks.during_append.lock().unwrap() = Some(Box::new(move |last_seq| {
+                if last_seq > 2 {
+                    return;
+                }
+                let (e, o) = (Arc::clone(&engine), Arc::clone(&others));
+                arrivals.lock().unwrap().push(std::thread::spawn(move || append(&e, &o).map(|s| s.answer)));
+                // It queued into the open group, or waits for the turn to end.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let core = engine.lock();
+                    if core.queued.len() == 1 || core.arrivals_waiting == 1 {
+                        break;
+                    }
+                    drop(core);
+                    assert!(Instant::now() < deadline, "the arrival neither queued nor waited");
+                    std::thread::yield_now();
+                }
+            }));
+        }
+        assert_eq!(lead_one(&engine, &hooks, inline).unwrap().answer, 1);
+        let answers: Vec<u64> = arrivals.lock().unwrap().drain(..).map(|h| h.join().unwrap().unwrap()).collect();
+        assert_eq!(answers, [2, 3]);
+        assert_eq!(engine.lock().durable_seq(), 3);
+        let third_led_its_own_turn = others.entered.load(Ordering::SeqCst) == 1;
+        assert_eq!(third_led_its_own_turn, inline, "inline: {inline}");
+        assert_eq!(hooks.entered.load(Ordering::SeqCst), 1);
+    }
 }

@@ -234,8 +234,9 @@ impl AppendLock {
     }
 
     /// [`acquire`](Self::acquire), giving up (`WITHDRAWN`, nothing taken) as soon as
-    /// `give_up` says so while it waits — asked at least every
-    /// [`GIVE_UP_POLL_MS`] ms of a wait (a daemon's cutover withdraws a request
+    /// `give_up` says so while it waits — asked once the lock is found taken
+    /// (after a short spin, before the wait queues in the kernel), then at least
+    /// every [`GIVE_UP_POLL_MS`] ms of the wait (a daemon's cutover withdraws a request
     /// still waiting for another process's turn: its grace bounds that wait).
     pub fn acquire_or_give_up(&self, wait_ms_max: u64, give_up: &dyn Fn() -> bool) -> Result<Held<'_>> {
         fail::fail_point!("lock::acquire", |_| {
@@ -372,6 +373,12 @@ impl Target {
             }
             std::hint::spin_loop();
         }
+        // A caller that would rather not wait (an async caller leading on its own
+        // thread, a drain already begun) hears so before the wait queues in the
+        // kernel.
+        if give_up() {
+            return Ok(Acquired::GaveUp);
+        }
         let (tx, rx) = mpsc::sync_channel::<(std::io::Result<()>, File)>(1);
         std::thread::Builder::new()
             .name("fencelog-lock-wait".into())
@@ -487,6 +494,35 @@ mod tests {
         assert!(matches!(b.acquire(30), Err(Error::LockTimeout { .. })));
         drop(held);
         let _b = b.acquire(1_000).unwrap();
+    }
+
+    /// Proves: a caller that would rather not wait (an async caller leading on its
+    /// own thread) is asked once the lock is found taken — before any wait in the
+    /// kernel, which the lock's whole `wait_ms_max` could not end — and, saying so,
+    /// gets `WITHDRAWN` with nothing taken and no word left that it waits; a free
+    /// lock is taken without asking.
+    #[test]
+    fn a_caller_that_will_not_wait_for_a_taken_lock_gives_up_before_the_wait_queues() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(LOCK_FILE), b"").unwrap();
+        let a = AppendLock::open(d.path()).unwrap();
+        let b = AppendLock::open(d.path()).unwrap();
+        let asked = std::cell::Cell::new(0);
+        let will_not_wait = || {
+            asked.set(asked.get() + 1);
+            true
+        };
+        let held = a.acquire(100).unwrap();
+        match b.acquire_or_give_up(3_600_000, &will_not_wait) {
+            Err(Error::Withdrawn { .. }) => {}
+            Err(e) => panic!("unexpected {e}"),
+            Ok(_) => panic!("two descriptions held one lock"),
+        }
+        assert_eq!(asked.get(), 1, "asked once, before queueing");
+        assert!(!a.others_waiting(), "the caller that gave up still says it waits");
+        drop(held);
+        let _b = b.acquire_or_give_up(3_600_000, &will_not_wait).expect("a free lock");
+        assert_eq!(asked.get(), 1, "a free lock is taken without asking");
     }
 }
 #[cfg(test)]

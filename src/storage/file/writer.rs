@@ -326,6 +326,8 @@ fn raw_error(e: CommitError<Error>) -> Error {
     match e {
         CommitError::Storage(e) | CommitError::Hook(e) => e,
         CommitError::Draining => Error::Closed,
+        // A raw append never leads on its caller's own thread.
+        CommitError::WouldBlock => Error::Withdrawn { waited_ms: 0 },
         CommitError::HeadMovedTooOften { .. } => {
             Error::Poisoned { cause: "another writer appended inside the exclusive section".into() }
         }
@@ -418,6 +420,10 @@ impl Exclusive for Locked<'_> {
 
     fn links(&self) -> &[ChainLink] {
         &self.w.links
+    }
+
+    fn last_seq(&self) -> Option<u64> {
+        Some(Locked::last_seq(self))
     }
 
     fn others_waiting(&self) -> bool {

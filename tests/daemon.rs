@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -495,7 +495,12 @@ fn idle_connections_cannot_exhaust_the_daemons_descriptors() {
         .filter_map(|_| std::net::TcpStream::connect(&d.addr).ok())
         .collect();
     assert!(idle.len() > fencelog::daemon::CONNECTIONS_MAX, "the backlog took the rest: {}", idle.len());
-    std::thread::sleep(Duration::from_millis(300));
+    // Once the daemon has taken connections up to its cap, it holds no more.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fds() < before + fencelog::daemon::CONNECTIONS_MAX {
+        assert!(Instant::now() < deadline, "the daemon never took {} connections", fencelog::daemon::CONNECTIONS_MAX);
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let during = fds();
     assert!(
         during <= before + fencelog::daemon::CONNECTIONS_MAX + 8,
@@ -736,8 +741,9 @@ fn handover_with_traffic_running_loses_nothing_and_answers_nothing_twice() {
     let mut a = Daemon::start(&dir, &[]);
     let token = a.token.clone();
     let stop = Arc::new(AtomicBool::new(false));
+    let answered_n = Arc::new(AtomicU64::new(0));
     let client = {
-        let (dir, stop, token) = (dir.clone(), Arc::clone(&stop), token.clone());
+        let (dir, stop, token, answered_n) = (dir.clone(), Arc::clone(&stop), token.clone(), Arc::clone(&answered_n));
         std::thread::spawn(move || {
             let mut answered: Vec<(String, u64, bool, Instant)> = vec![];
             let mut n = 0u64;
@@ -753,6 +759,7 @@ fn handover_with_traffic_running_loses_nothing_and_answers_nothing_twice() {
                     match s {
                         200 => {
                             answered.push((id, v["seq"].as_u64().unwrap(), v["deduplicated"] == true, Instant::now()));
+                            answered_n.fetch_add(1, Ordering::SeqCst);
                             break;
                         }
                         0 | 503 => std::thread::sleep(Duration::from_millis(5)),
@@ -764,10 +771,18 @@ fn handover_with_traffic_running_loses_nothing_and_answers_nothing_twice() {
             answered
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // Traffic before the handover, and traffic answered by the successor after it.
+    let answered_at_least = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while answered_n.load(Ordering::SeqCst) < n {
+            assert!(Instant::now() < deadline, "only {} requests answered", answered_n.load(Ordering::SeqCst));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    answered_at_least(10);
     let b = Daemon::start(&dir, &["--handover"]);
     assert_eq!(a.child.wait().unwrap().code(), Some(0));
-    std::thread::sleep(Duration::from_millis(300));
+    answered_at_least(answered_n.load(Ordering::SeqCst) + 10);
     stop.store(true, Ordering::SeqCst);
     let answered = client.join().unwrap();
     assert!(answered.len() >= 20, "{} requests", answered.len());

@@ -229,18 +229,25 @@ fn async_callers_waiting_for_a_long_held_engine_leave_the_runtime_free() {
     let engine = Arc::new(GroupCommit::new((), 0, limits()));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
     let held = engine.lock();
+    let started = Arc::new(AtomicU32::new(0));
     let waiters: Vec<_> = (0..4)
         .map(|_| {
-            let engine = Arc::clone(&engine);
+            let (engine, started) = (Arc::clone(&engine), Arc::clone(&started));
             rt.spawn(async move {
                 let mut act = |_: &mut Core<()>| ((), 0u64);
+                // Counted in the same poll that goes on to find the engine held.
+                started.fetch_add(1, Ordering::SeqCst);
                 if let AsyncCommit::<(), Error>::Lead { .. } = engine.commit_async(Admission::Callers, &mut act).await {
                     engine.async_lead_withdrawn();
                 }
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(50));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while started.load(Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline, "the four callers never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let r = Arc::clone(&ran);
     rt.spawn(async move { r.store(true, Ordering::SeqCst) });

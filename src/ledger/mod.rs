@@ -35,7 +35,7 @@ pub use error::LedgerError;
 use crate::storage::Exclusive;
 use crate::storage::commit::{
     Admission, AsyncCommit, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, lead_inline,
-    lead_on_blocking_pool,
+    lead_on_blocking_pool, may_lead_inline,
 };
 pub use crate::storage::commit::{GROUPS_PER_LOCK_MAX, HEAD_MOVED_RETRIES_MAX};
 
@@ -437,8 +437,10 @@ impl Ledger {
     /// the caller leads one on the runtime's blocking pool. When it is this
     /// ledger's only async caller, the engine saw no company (`AsyncCommit::Lead`'s
     /// `alone`), an append waits only on local storage
-    /// (`LogBackend::append_is_local`: not etcd) and no snapshot waits to be taken,
-    /// it first leads on its own thread (`storage::commit::lead_inline`): a lone
+    /// (`LogBackend::append_is_local`: not etcd), no snapshot waits to be taken and
+    /// the runtime has other workers (`storage::commit::may_lead_inline`: not a
+    /// current-thread runtime), it first leads on its own thread
+    /// (`storage::commit::lead_inline`): a lone
     /// client's request is not handed to another thread and back. That lead never
     /// waits for another process's turn of the append lock, nor catches up on more
     /// than `INLINE_CATCH_UP_RECORDS_MAX` records: it declines instead, with
@@ -474,7 +476,8 @@ impl Ledger {
                 let inline = alone
                     && self.async_in_flight.load(SeqCst) == 1
                     && self.backend.append_is_local()
-                    && !self.snapshot_wants_pool.load(SeqCst);
+                    && !self.snapshot_wants_pool.load(SeqCst)
+                    && may_lead_inline();
                 let led_inline = inline.then(|| {
                     let who = caller.as_ref().unwrap_or(&self.me);
                     lead_inline(|| {

@@ -102,9 +102,22 @@ where
 /// back, as there.
 ///
 /// [`Hooks::inline_catch_up_is_long`]: super::Hooks::inline_catch_up_is_long
+///
+/// Only on a multi-thread runtime ([`may_lead_inline`]): on a current-thread
+/// one the caller's thread is the only worker, and everything else would wait.
 pub fn lead_inline<R>(lead: impl FnOnce() -> R) -> Result<R, LeadFailed> {
     let _inline = LeadingInline::begin();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(lead)).map_err(LeadFailed::Panicked)
+}
+
+/// Whether an async caller may lead on its own thread ([`lead_inline`]): only
+/// on a worker of a multi-thread runtime, whose other workers take the tasks
+/// queued meanwhile. On a current-thread runtime (an embedder's
+/// `#[tokio::main(flavor = "current_thread")]`) its thread is the only one:
+/// every other task — timers, connections — would wait for the lead's sync.
+pub fn may_lead_inline() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 thread_local! {

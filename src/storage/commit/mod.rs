@@ -63,7 +63,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use async_path::{AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_inline, lead_on_blocking_pool, leading_inline};
+pub use async_path::{
+    AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_inline, lead_on_blocking_pool, leading_inline, may_lead_inline,
+};
 pub use state::{Core, InlineLeads};
 
 /// Commit groups one leader writes before it lets go of the exclusive section.

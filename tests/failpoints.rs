@@ -172,13 +172,14 @@ fn a_failed_sync_fails_every_transaction_judged_on_it_and_poisons_the_ledger() {
 /// its leads is counted there), is not acknowledged when that group's sync fails:
 /// it hears NOT_COMMITTED, the next async call WRITER_POISONED, a read-only view
 /// holds only what was acknowledged before, and the reopened ledger goes on from
-/// there. In a task on a one-worker runtime, whose only worker the lead holds.
+/// there. In a task on a two-worker runtime (a lead on a caller's own worker
+/// needs another worker beside it).
 #[test]
 fn a_lone_async_callers_failed_sync_is_not_acknowledged_and_poisons_the_ledger() {
     let d = tempfile::tempdir().unwrap();
     let _fp = fail::FailScenario::setup();
     let ledger = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let owner = me();
     let (in_task, owner_in_task) = (std::sync::Arc::clone(&ledger), owner.clone());
     let (failed, later) = rt

@@ -654,21 +654,25 @@ fn a_log_at_condition_commits_at_the_head_and_replays_the_same() {
     assert_eq!(replayed, live);
 }
 
-/// Proves: a lone async caller in a task on a multi-thread runtime (one worker
-/// here) leads each of its groups on its own worker
+/// Proves: a lone async caller in a task on a multi-thread runtime with two
+/// workers leads each of its groups on its own worker
 /// (`storage::commit::lead_inline`: every lead counted there) while it is alone,
-/// and on a current-thread runtime — whose one thread every other task needs —
-/// never does (every lead on the blocking pool, none counted);
+/// and on a current-thread runtime or a multi-thread one with one worker — whose
+/// one thread every other task needs — never does (every lead on the blocking
+/// pool, none counted);
 /// then, with two threads submitting at the same time, it is answered for every
-/// transaction once its record is in the log, at dense sequences shared with the
-/// threads', and a task spawned on that runtime still runs.
+/// transaction once its record is in the log (in the file: that an answer waits
+/// for the sync is `tests/failpoints.rs`'s lone-caller test, whose sync fails), at
+/// dense sequences shared with the threads', and a task spawned on that runtime
+/// still runs.
 #[test]
-fn a_lone_async_caller_leads_on_its_own_worker_and_beside_threads_is_answered_once_durable() {
-    for multi in [false, true] {
+fn a_lone_async_caller_leads_on_its_own_worker_and_beside_threads_is_answered_once_its_record_is_in_the_log() {
+    // A current-thread runtime, a multi-thread one with one worker, with two.
+    for workers in [0, 1, 2] {
         let d = tempfile::tempdir().unwrap();
         let ledger = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
-        let rt = if multi {
-            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+        let rt = if workers > 0 {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap()
         } else {
             tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
         };
@@ -695,8 +699,8 @@ fn a_lone_async_caller_leads_on_its_own_worker_and_beside_threads_is_answered_on
         let alone = rt.block_on(rt.spawn(lone(0, 5))).unwrap();
         assert_eq!(alone, [1, 2, 3, 4, 5]);
         let inline = ledger.inline_leads();
-        let expected = if multi { (5, 0) } else { (0, 0) };
-        assert_eq!((inline.led, inline.declined), expected, "alone: on its own worker only on a multi-thread runtime");
+        let expected = if workers > 1 { (5, 0) } else { (0, 0) };
+        assert_eq!((inline.led, inline.declined), expected, "alone, with {workers} workers");
         let mut seqs: Vec<u64> = std::thread::scope(|s| {
             let threads: Vec<_> = (0..2)
                 .map(|t| {
@@ -718,7 +722,7 @@ fn a_lone_async_caller_leads_on_its_own_worker_and_beside_threads_is_answered_on
             all
         });
         seqs.sort_unstable();
-        assert_eq!(seqs, (1..=3 * each).collect::<Vec<_>>(), "dense and distinct (multi-thread: {multi})");
+        assert_eq!(seqs, (1..=3 * each).collect::<Vec<_>>(), "dense and distinct ({workers} workers)");
         assert_eq!(records(d.path()).len() as u64, 3 * each);
         let live = ledger.projection();
         drop(ledger);
@@ -739,9 +743,39 @@ fn comes_true(mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// A two-worker runtime (an async caller may lead on its own worker only where
+/// another worker takes what is queued meanwhile) whose other worker is kept busy
+/// by a task that blocks until this is dropped: what the test runs on it runs on
+/// one worker, as if it had only that one.
+struct OneFreeWorker {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl OneFreeWorker {
+    fn new() -> OneFreeWorker {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            started_tx.send(()).unwrap();
+            let _ = held.recv(); // blocks this worker until released
+        });
+        started.recv().unwrap();
+        OneFreeWorker { release: Some(release), rt }
+    }
+}
+
+impl Drop for OneFreeWorker {
+    fn drop(&mut self) {
+        drop(self.release.take()); // the busy worker's task ends: the runtime can shut down
+    }
+}
+
 /// Proves: a lone async caller whose lead finds the append lock held by another
 /// writer (another open of the log, as another process) does not wait for it on
-/// its runtime's only worker: that lead declines (counted), the caller waits on
+/// its runtime's only free worker (two workers, one kept busy: `OneFreeWorker`):
+/// that lead declines (counted), the caller waits on
 /// the blocking pool, and meanwhile a task spawned on the runtime runs — while
 /// the lock is still held (the other writer's lock wait allowance here is ten
 /// minutes: a worker waiting it out would run nothing). Once the lock is let go,
@@ -755,7 +789,8 @@ fn a_lone_async_callers_lead_gives_its_worker_back_while_another_writer_holds_th
     };
     let a = std::sync::Arc::new(Ledger::open(d.path(), patient).unwrap());
     let b = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let one_free = OneFreeWorker::new();
+    let rt = &one_free.rt;
     let owner = me();
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
@@ -794,16 +829,17 @@ fn a_lone_async_callers_lead_gives_its_worker_back_while_another_writer_holds_th
     assert_eq!(records(d.path()).len(), 2);
 }
 
-/// Proves: a lone async caller whose ledger is behind by more records than its
-/// own thread may catch up on (another writer appended 300) leaves the catch-up
-/// to a lead on the blocking pool (the inline lead declines, nothing judged), is
+/// Proves: a lone async caller whose ledger is behind another writer's records —
+/// 300 of them, then a single one — leaves the catch-up to a lead on the blocking
+/// pool (the inline lead declines, nothing judged: on a directory the writer
+/// reads nothing others appended on a runtime worker, however little), is
 /// answered after them, and leads on its own thread again once caught up.
 #[test]
 fn a_lone_async_callers_lead_leaves_a_long_catch_up_to_the_pool() {
     let d = tempfile::tempdir().unwrap();
     let a = std::sync::Arc::new(Ledger::open(d.path(), LedgerOptions::default()).unwrap());
     let b = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let owner = me();
     let submit = |subject: &str| {
         let (a, c) = (std::sync::Arc::clone(&a), claim(subject, &owner));
@@ -827,6 +863,12 @@ fn a_lone_async_callers_lead_leaves_a_long_catch_up_to_the_pool() {
     assert_eq!(submit("again"), Some(others + 3));
     assert_eq!((a.inline_leads().led, a.inline_leads().declined), (2, 1), "caught up: on its own thread again");
     assert!(a.projection().subject("other/3/74").is_some());
+    assert_eq!(b.submit(None, claim("other/one", &owner)).unwrap().seq, Some(others + 4));
+    assert_eq!(submit("after one"), Some(others + 5));
+    assert_eq!((a.inline_leads().led, a.inline_leads().declined), (2, 2), "one record of another's: to the pool");
+    assert_eq!(submit("again, caught up"), Some(others + 6));
+    assert_eq!((a.inline_leads().led, a.inline_leads().declined), (3, 2));
+    assert!(a.projection().subject("other/one").is_some());
 }
 
 /// Proves: a lone async caller whose leads run on its own worker still gets its
@@ -837,7 +879,7 @@ fn a_lone_async_callers_snapshots_are_taken_off_its_worker() {
     let d = tempfile::tempdir().unwrap();
     let opts = LedgerOptions { snapshot_every_records: 5, ..LedgerOptions::default() };
     let a = std::sync::Arc::new(Ledger::open(d.path(), opts).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (a2, owner) = (std::sync::Arc::clone(&a), me());
     let n = 30u64;
     rt.block_on(rt.spawn(async move {

@@ -60,7 +60,10 @@ impl LedgerError {
             // Only a lead on the caller's own thread declines, and the ledger leads
             // again elsewhere when it does; should it reach a caller, nothing was
             // judged: withdrawn.
-            CommitError::WouldBlock => LedgerError::Storage(crate::storage::Error::Withdrawn { waited_ms: 0 }),
+            CommitError::WouldBlock => {
+                debug_assert!(false, "an inline lead's decline reached a caller: the ledger leads again on the pool");
+                LedgerError::Storage(crate::storage::Error::Withdrawn { waited_ms: 0 })
+            }
         }
     }
 }

@@ -93,31 +93,40 @@ where
 /// 299–323 → 161–204 µs, run medians in `docs/BENCHMARKS.md`). A worker held so
 /// holds up the tasks queued behind it, so this is only for a caller that is
 /// alone (`AsyncCommit::Lead`'s `alone`, and its owner's own count of callers in
-/// flight), and the lead is kept short: it never waits for the exclusive section
-/// (taken by another process, it gives up at once), it declines a long catch-up
-/// ([`Hooks::inline_catch_up_is_long`]), and it ends its turn after its own group
-/// (and the one queued while that was synced). When it declines, the answer is
-/// [`CommitError::WouldBlock`] with nothing judged: the caller leads again on a
-/// thread that may block ([`lead_on_blocking_pool`]). Panics are caught and given
-/// back, as there.
+/// flight), and the lead is kept short: it waits for nobody — not for the
+/// engine's mutex held long (it tries for `INLINE_CORE_SPIN_US`), another
+/// leader's turn or a reader, nor for the exclusive section taken by another
+/// process (it gives up after the lock's short spin) — it declines a long
+/// catch-up ([`Hooks::inline_catch_up_is_long`]; the file backend reads nothing
+/// others appended on it), and it ends its turn after its own group (and the one
+/// queued while that was synced). When it declines, the answer is
+/// [`CommitError::WouldBlock`] with nothing of the caller's written or answered
+/// (and nothing judged, unless an earlier try of the same lead was judged and
+/// sent back by another writer's append — judged again then, as any caller's):
+/// the caller leads again on a thread that may block ([`lead_on_blocking_pool`]).
+/// A blocking commit made inside it (a transaction's build that commits to
+/// another engine) is not inline. Panics are caught and given back, as there.
 ///
 /// [`Hooks::inline_catch_up_is_long`]: super::Hooks::inline_catch_up_is_long
 ///
-/// Only on a multi-thread runtime ([`may_lead_inline`]): on a current-thread
-/// one the caller's thread is the only worker, and everything else would wait.
+/// Only on a multi-thread runtime with other workers ([`may_lead_inline`]):
+/// elsewhere the caller's thread is the only worker, and everything else would
+/// wait.
 pub fn lead_inline<R>(lead: impl FnOnce() -> R) -> Result<R, LeadFailed> {
     let _inline = LeadingInline::begin();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(lead)).map_err(LeadFailed::Panicked)
 }
 
 /// Whether an async caller may lead on its own thread ([`lead_inline`]): only
-/// on a worker of a multi-thread runtime, whose other workers take the tasks
-/// queued meanwhile. On a current-thread runtime (an embedder's
-/// `#[tokio::main(flavor = "current_thread")]`) its thread is the only one:
-/// every other task — timers, connections — would wait for the lead's sync.
+/// on a worker of a multi-thread runtime with other workers, which take the
+/// tasks queued meanwhile. On a current-thread runtime (an embedder's
+/// `#[tokio::main(flavor = "current_thread")]`), or a multi-thread one with one
+/// worker, its thread is the only one: every other task — timers, connections —
+/// would wait for the lead's sync.
 pub fn may_lead_inline() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+    tokio::runtime::Handle::try_current().is_ok_and(|h| {
+        h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread && h.metrics().num_workers() > 1
+    })
 }
 
 thread_local! {
@@ -126,18 +135,34 @@ thread_local! {
 
 /// This thread leads for an async caller on its own thread ([`lead_inline`])
 /// until dropped.
-struct LeadingInline;
+struct LeadingInline(bool);
 
 impl LeadingInline {
     fn begin() -> LeadingInline {
-        LEADING_INLINE.with(|f| f.set(true));
-        LeadingInline
+        LeadingInline(LEADING_INLINE.with(|f| f.replace(true)))
     }
 }
 
 impl Drop for LeadingInline {
     fn drop(&mut self) {
-        LEADING_INLINE.with(|f| f.set(false));
+        LEADING_INLINE.with(|f| f.set(self.0));
+    }
+}
+
+/// A commit for a caller that blocks (`GroupCommit::commit`) is never an inline
+/// lead, even on a thread that leads one (a transaction's `build` that commits to
+/// another engine): the flag is lifted until dropped, then put back.
+pub(super) struct NotInline(bool);
+
+impl NotInline {
+    pub(super) fn begin() -> NotInline {
+        NotInline(LEADING_INLINE.with(|f| f.replace(false)))
+    }
+}
+
+impl Drop for NotInline {
+    fn drop(&mut self) {
+        LEADING_INLINE.with(|f| f.set(self.0));
     }
 }
 

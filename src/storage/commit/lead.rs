@@ -41,6 +41,7 @@ impl<S> GroupCommit<S> {
         admission: Admission,
         act: impl FnMut(&mut Core<S>) -> (T, u64),
     ) -> Result<Settled<T>, CommitError<H::Error>> {
+        let _blocking = super::async_path::NotInline::begin();
         self.commit_inner(hooks, admission, act, false)
     }
 
@@ -82,7 +83,18 @@ impl<S> GroupCommit<S> {
         async_lead: bool,
     ) -> Option<Result<Settled<T>, CommitError<H::Error>>> {
         let arrived = Instant::now();
-        let mut core = self.lock();
+        // A lead on an async caller's own thread waits for nobody: not for the
+        // engine held long (a leader catching up holds it), nor for another
+        // leader's phase or a reader. It declines instead, with nothing judged.
+        let inline = leading_inline();
+        let mut core = if inline {
+            match self.lock_briefly() {
+                Some(core) => core,
+                None => return Some(Err(CommitError::WouldBlock)),
+            }
+        } else {
+            self.lock()
+        };
         if async_lead && std::mem::take(&mut core.async_lead_pending) && core.phase != Phase::Idle {
             // A group is open or opening: the async callers waiting for this
             // thread may queue into it themselves. (If idle, this thread takes the
@@ -94,6 +106,15 @@ impl<S> GroupCommit<S> {
                 return Some(Err(refused));
             }
             let blocked = core.readers_waiting > 0;
+            if inline && (blocked || core.phase != Phase::Idle) {
+                if async_lead && core.phase == Phase::Idle {
+                    // The async callers that wait for this lead's group wait for
+                    // the lead that follows (on the blocking pool) instead.
+                    core.async_lead_pending = true;
+                }
+                core.inline_leads.declined += 1;
+                return Some(Err(CommitError::WouldBlock));
+            }
             match core.phase {
                 Phase::Open if !blocked && core.queued.len() < self.limits.queued_records_max => {
                     let epoch = core.epoch;

@@ -81,6 +81,11 @@ pub const EXTRA_TURNS_MAX: u32 = 3;
 /// first, before it hears `HEAD_MOVED`.
 pub const HEAD_MOVED_RETRIES_MAX: u32 = 64;
 
+/// Longest a lead on an async caller's own thread (`lead_inline`) tries for the
+/// engine's mutex before it declines: others hold it for microseconds (a judged
+/// transaction, a group's bookkeeping), a leader catching up for longer.
+const INLINE_CORE_SPIN_US: u64 = 100;
+
 /// Where the group commit stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -119,9 +124,10 @@ pub enum CommitError<E> {
     /// Another writer appended first this many times in a row.
     HeadMovedTooOften { retries: u32 },
     /// A lead on an async caller's own thread ([`lead_inline`]) would have had
-    /// to wait for the exclusive section, or to catch up on much: nothing was
-    /// judged; the caller leads again on a thread that may block. No other lead
-    /// gives it.
+    /// to wait (for the engine, another leader's turn, a reader, the exclusive
+    /// section) or to catch up on what others appended: nothing of the caller's
+    /// was written or answered; the caller leads again on a thread that may
+    /// block. No other lead gives it.
     WouldBlock,
 }
 
@@ -263,6 +269,24 @@ impl<S> GroupCommit<S> {
     /// The state as it is (records may be in flight).
     pub fn lock(&self) -> MutexGuard<'_, Core<S>> {
         self.recover(self.core.lock())
+    }
+
+    /// The guard if it can be had within [`INLINE_CORE_SPIN_US`] of trying
+    /// (others hold it for microseconds; a leader catching up, for longer).
+    fn lock_briefly(&self) -> Option<MutexGuard<'_, Core<S>>> {
+        let start = std::time::Instant::now();
+        loop {
+            match self.core.try_lock() {
+                Ok(core) => return Some(core),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(self.recover(Err(p))),
+                Err(std::sync::TryLockError::WouldBlock)
+                    if start.elapsed() < std::time::Duration::from_micros(INLINE_CORE_SPIN_US) =>
+                {
+                    std::hint::spin_loop()
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     /// The guard, also after a panic while another thread held the mutex: the

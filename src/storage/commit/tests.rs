@@ -331,9 +331,11 @@ fn an_inline_lead_runs_on_the_callers_worker_and_a_pool_lead_does_not() {
 }
 
 /// Proves: a large group's async waiters woken by a leader on a runtime worker of
-/// its own (`lead_inline`, in a task on a one-worker runtime) hear `Durable`
-/// before that lead ends — not from a task spawned onto the worker the lead holds
-/// (it would run only after the lead).
+/// its own (`lead_inline`, in a task on a one-worker runtime) have `Durable` in
+/// their channels before that lead ends — the signal is not left to a task
+/// spawned onto the worker the lead holds, which would run only after the lead.
+/// (The waiting tasks themselves run when a worker is free: this proves their
+/// answers are given, not when they are read.)
 #[test]
 fn an_inline_leader_wakes_a_large_group_before_its_lead_ends() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
@@ -391,6 +393,81 @@ fn an_inline_lead_declines_a_taken_section_and_a_long_catch_up_with_nothing_judg
     let hooks = fake(None, false);
     assert_eq!(lead_one(&engine, &hooks, true).unwrap().answer, 1);
     assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 1, declined: 0 });
+}
+
+/// Proves: a lead on an async caller's own thread waits for nobody before it
+/// leads: with another leader's turn under way (kept inside its exclusive
+/// section), and with the engine's mutex held by someone else, it declines at
+/// once — `WouldBlock`, nothing judged, the decline counted where it could be —
+/// where a lead on a thread that may block waits and then commits.
+#[test]
+fn an_inline_lead_declines_another_leaders_turn_and_a_held_engine_without_waiting() {
+    let engine = GroupCommit::new((), 0, limits());
+    let hooks = fake(None, false);
+    // The inline lead on a thread of its own; what it answered, unless it waits.
+    let inline_answer = |let_go: &mut dyn FnMut()| {
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (engine, hooks) = (&engine, &hooks);
+            s.spawn(move || tx.send(lead_one(engine, hooks, true).map(|s| s.answer)).unwrap());
+            let answer = rx.recv_timeout(Duration::from_secs(60));
+            let_go(); // before asserting: a lead that waits must not hang the test
+            answer.expect("the inline lead waited")
+        })
+    };
+    let gate = hooks.gate.lock().unwrap();
+    std::thread::scope(|s| {
+        let other = s.spawn(|| append(&engine, &hooks).map(|s| s.answer));
+        while hooks.entered.load(Ordering::SeqCst) != 1 {
+            std::thread::yield_now();
+        }
+        // The other leader is inside its exclusive section: the phase is taken.
+        let mut gate = Some(gate);
+        let declined = inline_answer(&mut || drop(gate.take()));
+        assert!(matches!(declined, Err(CommitError::WouldBlock)), "{declined:?}");
+        assert_eq!(other.join().unwrap().unwrap(), 1);
+        assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 0, declined: 1 });
+    });
+    // The engine's mutex held by another thread for longer than the lead tries.
+    let mut held = Some(engine.lock());
+    let nothing_judged = held.as_ref().map(|c| (c.last_seq, c.queued.len()));
+    let declined = inline_answer(&mut || drop(held.take()));
+    assert!(matches!(declined, Err(CommitError::WouldBlock)), "{declined:?}");
+    assert_eq!(nothing_judged, Some((1, 0)));
+    let core = engine.lock();
+    assert_eq!((core.last_seq, core.queued.len()), (1, 0), "nothing judged");
+    drop(core);
+    assert_eq!(lead_one(&engine, &hooks, false).unwrap().answer, 2, "a lead that may block commits");
+    assert_eq!(lead_one(&engine, &hooks, true).unwrap().answer, 3, "alone and free: inline");
+    assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 1, declined: 1 });
+}
+
+/// Proves: a commit for a blocking caller made inside a lead on an async
+/// caller's own thread (a transaction's build that commits to another engine) is
+/// not an inline lead: it waits for the section taken elsewhere as any blocking
+/// caller would, instead of being withdrawn; and the inline lead around it is
+/// still one after it.
+#[test]
+fn a_blocking_commit_inside_an_inline_lead_is_not_inline() {
+    let inner = GroupCommit::new((), 0, limits());
+    let inner_hooks = Fake { taken_elsewhere: true, ..fake(None, false) };
+    let outer = GroupCommit::new((), 0, limits());
+    let outer_hooks = fake(None, false);
+    let led = lead_inline(|| {
+        let nested = append(&inner, &inner_hooks).map(|s| s.answer);
+        assert!(leading_inline(), "the inline lead is still one after the nested commit");
+        let own = outer.commit_async_lead(&outer_hooks, Admission::Callers, |core| {
+            let seq = core.queue(b"x".to_vec());
+            (seq, seq)
+        });
+        (nested, own.map(|s| s.answer))
+    })
+    .unwrap_or_else(|_| panic!("the lead panicked"));
+    assert!(!leading_inline(), "the flag ends with the lead");
+    assert_eq!(led.0.unwrap(), 1, "the nested blocking commit waited for the section and committed");
+    assert_eq!(led.1.unwrap(), 1);
+    assert_eq!(inner.lock().inline_leads(), InlineLeads { led: 0, declined: 0 });
+    assert_eq!(outer.lock().inline_leads(), InlineLeads { led: 1, declined: 0 });
 }
 
 /// Proves: a lead on an async caller's own thread ends its turn after its own

@@ -156,12 +156,15 @@ impl AppendLock {
     /// Before asking for the lock: if this writer last let it go to a waiter, step
     /// aside until another writer has had its turn (the count moved), nobody waits
     /// any more, or `deadline` or [`YIELD_WAIT_MS_MAX`] passed (then the count is
-    /// marked stale). Returns whether `give_up` said so meanwhile.
+    /// marked stale). Returns whether `give_up` said so meanwhile — then the step
+    /// aside is still owed (kept for this writer's next acquire): a caller that
+    /// would not wait must not take the waiter's turn away from the one after it.
     fn step_aside(&self, give_up: &dyn Fn() -> bool, deadline: Instant) -> bool {
         let Some((left_at, since)) = self.yielded.lock().expect("yielded").take() else { return false };
         let bound = Duration::from_millis(YIELD_WAIT_MS_MAX);
         loop {
             if give_up() {
+                *self.yielded.lock().expect("yielded") = Some((left_at, since));
                 return true;
             }
             if self.turn_count() != Some(left_at) || !self.waiter_seen() {
@@ -598,7 +601,9 @@ mod waiting_tests {
     /// holder steps aside once, to its bound, marks the count stale and does not
     /// step aside again while it stays; a waiter's turn moves the count and turns
     /// stepping aside back on; nobody waiting any more ends a step aside without
-    /// marking anything; a caller that gives up while stepping aside is withdrawn.
+    /// marking anything; a caller that gives up while stepping aside is withdrawn,
+    /// and the step aside stays owed to the next caller (an async caller leading
+    /// on its own thread gives up at once: it must not cost the waiter its turn).
     /// (No clock is waited on: the bound is a deadline already passed.)
     #[test]
     fn a_waiter_that_never_takes_the_lock_costs_one_step_aside_not_one_per_turn() {
@@ -644,5 +649,10 @@ mod waiting_tests {
         stopped.set_waiting(true);
         *a.yielded.lock().unwrap() = Some((1, Instant::now()));
         assert!(matches!(a.acquire_or_give_up(10_000, &|| true), Err(Error::Withdrawn { .. })));
+        // ...and the step aside is still owed: the next caller, who waits, steps
+        // aside for the waiter (here until the deadline already passed).
+        assert_eq!(a.yielded.lock().unwrap().map(|(t, _)| t), Some(1), "a caller that gave up kept the waiter's turn");
+        assert!(!a.step_aside(&|| false, Instant::now()));
+        assert_eq!(*a.stale_turn.lock().unwrap(), Some(1), "the step aside ran, to its bound");
     }
 }

@@ -27,7 +27,7 @@ use crate::format::{
 use crate::storage::backend::{AppendOutcome, Exclusive};
 use crate::storage::commit::{
     Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, Settled,
-    lead_on_blocking_pool,
+    lead_on_blocking_pool, leading_inline,
 };
 use crate::storage::error::{Error, Result};
 use crate::storage::options::LogOptions;
@@ -279,9 +279,15 @@ impl LogInner {
         };
         let lock = Arc::clone(&w.lock);
         let _held = lock.acquire_or_give_up(w.opts.lock_wait_ms_max, give_up)?;
-        if let Err(e) = w.catch_up() {
-            w.poison(&e);
-            return Err(e);
+        match w.catch_up() {
+            Ok(()) => {}
+            // A lead on an async caller's own thread declined to read what others
+            // appended: nothing was adopted, nothing is wrong.
+            Err(e @ Error::Withdrawn { .. }) => return Err(e),
+            Err(e) => {
+                w.poison(&e);
+                return Err(e);
+            }
         }
         w.shared.last_seq.store(w.tail.cursor.next_seq - 1, Ordering::Release);
         Ok(f(&mut Locked { opts: &self.opts, lock: &lock, w: &mut w }))
@@ -351,6 +357,15 @@ impl Hooks<()> for LogInner {
         // Under the append lock nobody else appends: the lock was broken.
         Err("another writer appended while this one held the append lock".into())
     }
+}
+
+/// A lead on an async caller's own thread (a runtime worker, `lead_inline`)
+/// reads nothing others appended: what they wrote may be a long read (a backlog,
+/// a new segment, a rewritten one, a torn tail to cut), so it declines, with
+/// nothing adopted and nothing judged, and the caller leads again on a thread
+/// that may take its time.
+fn declined_catch_up() -> Error {
+    Error::Withdrawn { waited_ms: 0 }
 }
 
 /// Refuse an empty call, a record over the limit, a batch over the batch limits.
@@ -494,7 +509,11 @@ impl Writer {
         loop {
             let path = self.tail.segment.clone();
             let mut meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
-            if stat_path(&path).is_ok_and(|m| m.dev != meta.dev || m.ino != meta.ino) && self.adopt_rewritten(&path)? {
+            let rewritten = stat_path(&path).is_ok_and(|m| m.dev != meta.dev || m.ino != meta.ino);
+            if rewritten && leading_inline() {
+                return Err(declined_catch_up());
+            }
+            if rewritten && self.adopt_rewritten(&path)? {
                 meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
             }
             let len = meta.len;
@@ -541,6 +560,9 @@ impl Writer {
             let next = segment_path(&self.dir, self.tail.cursor.next_seq);
             if stat_path(&next).is_err() {
                 return Ok(());
+            }
+            if leading_inline() {
+                return Err(declined_catch_up());
             }
             let (f, next_len) = open_regular(&next, self.opts.segment_file_bytes_max(), self.tail.cursor.next_seq)?;
             let mut bytes = vec![0u8; next_len as usize];
@@ -616,6 +638,11 @@ impl Writer {
             if crate::format::ends_at_mark(&probe[..n]) {
                 return Ok(());
             }
+        }
+        if leading_inline() {
+            // Others appended (or the end is not where this writer left it): read
+            // by a lead that may take its time.
+            return Err(declined_catch_up());
         }
         let mut window = match self.tail.layout {
             Layout::Appended => len - base,

@@ -25,7 +25,8 @@ fn scrape(d: &Daemon, accept: Option<&str>) -> (u16, String, String) {
 /// that does not negotiate get) is the text format 0.0.4 that `promtool check
 /// metrics` passes with no complaint (it failed with "no help text" on every
 /// `_total` family before); every family has HELP and TYPE; counters are
-/// counters named `_total` (appends and syncs were gauges); the process metrics,
+/// counters named `_total` (appends and syncs were gauges; the leads on a
+/// request's own worker are counters too); the process metrics,
 /// the build info, the limits, readiness and the home's heartbeat age are there;
 /// the commit latency is a histogram by operation.
 #[test]
@@ -69,11 +70,20 @@ fn a_plain_scrape_is_prometheus_text_that_promtool_accepts() {
         assert!(scrape.docs.contains_key(&s.metric) || scrape.docs.contains_key(family), "{} has no HELP", s.metric);
     }
     let type_of = |name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("# TYPE {name} "))).map(str::to_owned);
-    for counter in
-        ["fencelog_appends_total", "fencelog_syncs_total", "fencelog_http_requests_total", "process_cpu_seconds_total"]
-    {
+    for counter in [
+        "fencelog_appends_total",
+        "fencelog_syncs_total",
+        "fencelog_inline_leads_total",
+        "fencelog_inline_leads_declined_total",
+        "fencelog_http_requests_total",
+        "process_cpu_seconds_total",
+    ] {
         assert_eq!(type_of(counter).as_deref(), Some("counter"), "{counter}");
     }
+    // Each mutation led at most once on its worker (whether it led at all depends
+    // on the home's own heartbeats meanwhile).
+    let leads = value("fencelog_inline_leads_total") + value("fencelog_inline_leads_declined_total");
+    assert!(leads <= 2.0, "two mutations, {leads} leads on a worker");
     assert!(value("fencelog_appends_total") >= 2.0, "the home's claim and the claim of m");
     assert_eq!(value("fencelog_ready"), 1.0);
     assert!(value("fencelog_home_heartbeat_age_seconds") >= 0.0);

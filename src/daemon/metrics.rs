@@ -35,6 +35,8 @@ pub(crate) struct Metrics {
     pub(crate) commit_seconds: Family<Labels, Histogram>,
     appends: Counter,
     syncs: Counter,
+    inline_leads: Counter,
+    inline_leads_declined: Counter,
     head_seq: Gauge,
     log_bytes: Gauge,
     subjects: Family<Labels, Gauge>,
@@ -69,6 +71,8 @@ impl Metrics {
             commit_seconds: Family::new_with_constructor(histogram),
             appends: Counter::default(),
             syncs: Counter::default(),
+            inline_leads: Counter::default(),
+            inline_leads_declined: Counter::default(),
             head_seq: Gauge::default(),
             log_bytes: Gauge::default(),
             subjects: Family::default(),
@@ -109,6 +113,17 @@ impl Metrics {
             "syncs",
             "Syncs (or etcd transactions) made: records per sync = appends / syncs",
             self.syncs.clone(),
+        );
+        r.register(
+            "inline_leads",
+            "Commit groups a lone request led on its own runtime worker, not handed to the blocking pool",
+            self.inline_leads.clone(),
+        );
+        r.register(
+            "inline_leads_declined",
+            "Leads on a request's own worker that declined (the lock taken, others' records to read) and went to \
+             the blocking pool",
+            self.inline_leads_declined.clone(),
         );
         r.register("head_seq", "Last sequence of the log", self.head_seq.clone());
         r.register_with_unit("log", "Bytes of the log's segment files", Unit::Bytes, self.log_bytes.clone());
@@ -180,6 +195,9 @@ impl Metrics {
         let crate::storage::CommitStats { records: appends, syncs } = app.ledger.commit_stats();
         m.appends.inc_by(appends.saturating_sub(m.appends.get()));
         m.syncs.inc_by(syncs.saturating_sub(m.syncs.get()));
+        let inline = app.ledger.inline_leads();
+        m.inline_leads.inc_by(inline.led.saturating_sub(m.inline_leads.get()));
+        m.inline_leads_declined.inc_by(inline.declined.saturating_sub(m.inline_leads_declined.get()));
         let now = crate::storage::LogOptions::default().now_ms();
         let _ = app.ledger.refresh_with(|p| {
             m.head_seq.set(p.last_seq() as i64);

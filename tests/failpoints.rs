@@ -426,3 +426,27 @@ fn a_failed_sync_before_recovery_fills_the_index_fails_the_open() {
     log.close().unwrap();
     assert_eq!(fs::read(&index).unwrap().len(), 4 * 52);
 }
+
+/// Proves: a request to etcd is answered within its bound even when the etcd
+/// client's runtime cannot run it (its one thread blocked, here by a failpoint
+/// that sleeps in it for longer than the bound): `ETCD_UNAVAILABLE`, saying the
+/// runtime did not run the request — never a hang. (Before, the caller waited for
+/// the runtime's answer without a deadline of its own.)
+#[test]
+fn an_etcd_request_is_answered_unavailable_when_the_clients_runtime_is_stalled() {
+    use fencelog::storage::LogBackend;
+    use fencelog::storage::etcd::{ETCD_ANSWER_GRACE_MS, ETCD_REQUEST_TIMEOUT_MS, EtcdBackend, EtcdOptions};
+    let _fp = fail::FailScenario::setup();
+    let opts = EtcdOptions::parse(&common::etcd::shared().endpoints, &common::etcd::fresh_prefix("stall")).unwrap();
+    EtcdBackend::init(&opts).unwrap();
+    let loc = fencelog::storage::Location::Etcd(opts.clone());
+    let backend = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    assert_eq!(backend.head().unwrap().seq, 0);
+    // Longer than the caller's whole bound: the runtime's answer cannot come first.
+    let stall_ms = 2 * (ETCD_REQUEST_TIMEOUT_MS + ETCD_ANSWER_GRACE_MS);
+    fail::cfg("etcd::request", &format!("1*sleep({stall_ms})")).unwrap();
+    let e = backend.head().unwrap_err();
+    fail::remove("etcd::request");
+    assert_eq!(e.code(), "ETCD_UNAVAILABLE", "{e}");
+    assert!(e.to_string().contains("did not run the request"), "{e}");
+}

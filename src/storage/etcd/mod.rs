@@ -47,6 +47,9 @@ use crate::format::{
 pub const ETCD_REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// Longest wait to connect to a member, in ms.
 pub const ETCD_CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// How much longer than a request's own deadline its caller waits for the
+/// client's runtime to answer before it answers `ETCD_UNAVAILABLE` itself.
+pub const ETCD_ANSWER_GRACE_MS: u64 = 1_000;
 /// etcd's default `--max-txn-ops`: operations in one `Txn`.
 pub const ETCD_TXN_OPS_MAX: usize = 128;
 /// etcd's default `--max-request-bytes` (1.5 MiB).
@@ -245,6 +248,8 @@ impl Conn {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let rt = self.rt.as_ref().expect("a live connection");
         rt.spawn(async move {
+            // A stalled runtime (its one thread blocked) in tests.
+            fail::fail_point!("etcd::request");
             let deadline = tokio::time::Instant::now() + Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS);
             let mut pause = Duration::from_millis(RETRY_PAUSE_MS_FIRST);
             let r = loop {
@@ -258,11 +263,22 @@ impl Conn {
             };
             let _ = tx.send(r);
         });
-        match rx.recv() {
+        // The deadline is kept on this side too: a runtime whose thread is held
+        // (starved, or blocked by a bug) must not hold the caller past its bound.
+        match rx.recv_timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS + ETCD_ANSWER_GRACE_MS)) {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(e))) => Err(etcd_error(&self.describe, e)),
             Ok(Err(_)) => Err(unavailable(&self.describe, format!("no answer within {ETCD_REQUEST_TIMEOUT_MS} ms"))),
-            Err(_) => Err(unavailable(&self.describe, "the client's runtime stopped")),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(unavailable(
+                &self.describe,
+                format!(
+                    "no answer within {} ms: the client's runtime did not run the request",
+                    ETCD_REQUEST_TIMEOUT_MS + ETCD_ANSWER_GRACE_MS
+                ),
+            )),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(unavailable(&self.describe, "the client's runtime stopped"))
+            }
         }
     }
 
@@ -358,9 +374,14 @@ impl Conn {
             };
             let _ = tx.send(r);
         });
-        match rx.recv() {
+        match rx.recv_timeout(timeout + Duration::from_millis(ETCD_ANSWER_GRACE_MS)) {
             Ok(r) => r.map_err(|e| etcd_error(&self.describe, e)),
-            Err(_) => Err(unavailable(&self.describe, "the client's runtime stopped")),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(unavailable(&self.describe, "the client's runtime did not run the watch"))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(unavailable(&self.describe, "the client's runtime stopped"))
+            }
         }
     }
 }

@@ -865,6 +865,11 @@ async fn heartbeat(app: Arc<App>, cut: tokio::sync::mpsc::Sender<CutoverAsked>, 
         period_ms = period_ms.min((w / 2).max(10));
     }
     let mut tick = tokio::time::interval(Duration::from_millis(period_ms));
+    // After a heartbeat that took long (etcd unreachable: up to its request
+    // deadline), the next comes a period later — not a burst of the ticks missed
+    // meanwhile, back to back, each taking the commit engine's turn from the
+    // requests waiting for one.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;

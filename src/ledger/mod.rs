@@ -439,13 +439,15 @@ impl Ledger {
     /// `alone`), an append waits only on local storage
     /// (`LogBackend::append_is_local`: not etcd), no snapshot waits to be taken and
     /// the runtime has other workers (`storage::commit::may_lead_inline`: not a
-    /// current-thread runtime), it first leads on its own thread
-    /// (`storage::commit::lead_inline`): a lone
-    /// client's request is not handed to another thread and back. That lead never
-    /// waits for another process's turn of the append lock, nor catches up on more
-    /// than `INLINE_CATCH_UP_RECORDS_MAX` records: it declines instead, with
-    /// nothing judged, and the caller leads on the pool. Same judgement, same
-    /// answers. `caller: None` is this ledger's own process (as `submit`).
+    /// current-thread or one-worker runtime), it first leads on its own thread
+    /// (`storage::commit::lead_inline`): a lone client's request is not handed to
+    /// another thread and back. That lead waits for nobody (the engine, another
+    /// leader's turn, another process's turn of the append lock) and reads nothing
+    /// others appended (on a directory; elsewhere at most
+    /// `INLINE_CATCH_UP_RECORDS_MAX` records): it declines instead, with nothing
+    /// of the caller's written or answered, and the caller leads on the pool. Same
+    /// judgement, same answers. `caller: None` is this ledger's own process (as
+    /// `submit`).
     ///
     /// Dropping the future after the transaction was queued does not withdraw it
     /// (see `GroupCommit::commit_async`): run it in a task of its own when every

@@ -29,12 +29,15 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 healthy() { ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$1" --command-timeout=1s endpoint health >/dev/null 2>&1; }
 
-# Wait for member NAME (client port $2, pid $3) to answer, at most 30 s.
+# Wait for member NAME (client port $2) to answer, at most 30 s; fail at once if
+# any member of this start has exited (a port taken under it: the caller retries).
 wait_healthy() {
-  local name=$1 cport=$2 pid=$3
+  local name=$1 cport=$2 m
   for _ in $(seq 1 300); do
     healthy "$cport" && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "etcd member $name exited:" >&2; tail -5 "$dir/$name.log" >&2; return 1; }
+    for m in "${names[@]}"; do
+      kill -0 "$(cat "$dir/$m.pid")" 2>/dev/null || { echo "etcd member $m exited:" >&2; tail -5 "$dir/$m.log" >&2; return 1; }
+    done
     sleep 0.1
   done
   echo "etcd member $name did not answer within 30 s" >&2
@@ -53,7 +56,8 @@ member_json() {
 launch() {
   local name=$1
   # shellcheck disable=SC2046
-  setsid etcd $(cat "$dir/$name.args") >>"$dir/$name.log" 2>&1 < /dev/null &
+  # (Not holding the port lock's descriptor: the lock ends with this script.)
+  setsid etcd $(cat "$dir/$name.args") >>"$dir/$name.log" 2>&1 < /dev/null 9>&- &
   echo $! >"$dir/$name.pid"
 }
 
@@ -62,8 +66,20 @@ case "$cmd" in
     n=${3:-3}
     [ "$n" = 1 ] || [ "$n" = 3 ] || usage
     mkdir -p "$dir"; chmod 700 "$dir"
+    # Ports below the kernel's ephemeral range: a port in it can be taken between
+    # the check and etcd's bind by any outgoing connection's local end (or by a
+    # daemon listening on port 0), and a client reconnecting to a killed member's
+    # port could connect to itself.
+    ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    span=$(( ephemeral_low - 10000 - 2 * n ))
+    [ "$span" -ge 1000 ] || { echo "the ephemeral port range starts at $ephemeral_low: no room below it" >&2; exit 1; }
+    # Concurrent starts (tests run in parallel) choose and bind their ports one
+    # at a time: the lock is held until this start's members answer.
+    exec 9>>"${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock"
+    flock -w 120 9 || { echo "another etcd-cluster.sh start held the port lock for 120 s" >&2; exit 1; }
+    names=(); for i in $(seq 1 "$n"); do names+=("m$i"); done
     for attempt in 1 2 3 4 5; do
-      base=$(( 20000 + (RANDOM * 2 + $$) % 30000 ))
+      base=$(( 10000 + (RANDOM * 2 + $$) % span ))
       ports=(); ok=1
       for i in $(seq 0 $(( 2 * n - 1 ))); do
         p=$(( base + i )); port_free "$p" || { ok=0; break; }; ports+=("$p")
@@ -88,7 +104,7 @@ case "$cmd" in
       done
       failed=0
       for i in $(seq 1 "$n"); do
-        name=m$i; wait_healthy "$name" "${ports[$(( i - 1 ))]}" "$(cat "$dir/$name.pid")" || { failed=1; break; }
+        name=m$i; wait_healthy "$name" "${ports[$(( i - 1 ))]}" || { failed=1; break; }
       done
       if [ "$failed" = 1 ]; then
         for i in $(seq 1 "$n"); do kill -9 "$(cat "$dir/m$i.pid")" 2>/dev/null || true; done

@@ -350,7 +350,7 @@ impl Ledger {
     /// how often such a lead gave its turn to the blocking pool
     /// ([`submit_as_async`](Self::submit_as_async)).
     pub fn inline_leads(&self) -> storage::commit::InlineLeads {
-        self.group.lock().inline_leads()
+        self.group.inline_leads()
     }
 
     /// A copy of the projection as of the last catch-up (see `refresh`), without

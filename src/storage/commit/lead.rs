@@ -90,7 +90,10 @@ impl<S> GroupCommit<S> {
         let mut core = if inline {
             match self.lock_briefly() {
                 Some(core) => core,
-                None => return Some(Err(CommitError::WouldBlock)),
+                None => {
+                    self.declined_unlocked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Some(Err(CommitError::WouldBlock));
+                }
             }
         } else {
             self.lock()

@@ -230,6 +230,10 @@ pub struct GroupCommit<S> {
     changed: Condvar,
     /// The same, for async tasks.
     changed_async: tokio::sync::Notify,
+    /// Inline leads declined before they had the mutex (held past
+    /// `INLINE_CORE_SPIN_US`): counted outside it, since counting under it
+    /// would mean waiting for it.
+    declined_unlocked: std::sync::atomic::AtomicU64,
     limits: GroupLimits,
 }
 
@@ -262,8 +266,18 @@ impl<S> GroupCommit<S> {
             arrivals: Condvar::new(),
             changed: Condvar::new(),
             changed_async: tokio::sync::Notify::new(),
+            declined_unlocked: std::sync::atomic::AtomicU64::new(0),
             limits,
         }
+    }
+
+    /// How often an async caller led on its own thread, and how often such a lead
+    /// declined ([`lead_inline`]), those declined before they had the mutex
+    /// included.
+    pub fn inline_leads(&self) -> InlineLeads {
+        let counted = self.lock().inline_leads;
+        let unlocked = self.declined_unlocked.load(std::sync::atomic::Ordering::Relaxed);
+        InlineLeads { declined: counted.declined + unlocked, ..counted }
     }
 
     /// The state as it is (records may be in flight).

@@ -115,12 +115,6 @@ impl<S> Core<S> {
         self.head_moved
     }
 
-    /// How often an async caller led on its own thread, and how often such a lead
-    /// declined ([`lead_inline`](super::lead_inline)).
-    pub fn inline_leads(&self) -> InlineLeads {
-        self.inline_leads
-    }
-
     /// The failure of an attempt to lead that gave up after `since`.
     pub(super) fn lead_failed_since(&self, since: Instant) -> Option<Error> {
         self.lead_failed.as_ref().filter(|(at, _)| *at >= since).map(|(_, e)| e.clone())

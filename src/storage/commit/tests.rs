@@ -380,25 +380,26 @@ fn an_inline_lead_declines_a_taken_section_and_a_long_catch_up_with_nothing_judg
         {
             let core = engine.lock();
             assert_eq!((core.phase, core.last_seq, core.queued.len()), (Phase::Idle, 0, 0), "nothing judged");
-            assert_eq!(core.inline_leads(), InlineLeads { led: 0, declined: 1 });
+            assert_eq!(core.inline_leads, InlineLeads { led: 0, declined: 1 });
             assert!(core.poisoned().is_none());
         }
         let led = lead_one(&engine, &hooks, false).unwrap();
         assert_eq!(led.answer, 1);
         assert_eq!(engine.lock().durable_seq(), 1);
-        assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 0, declined: 1 }, "not an inline lead");
+        assert_eq!(engine.inline_leads(), InlineLeads { led: 0, declined: 1 }, "not an inline lead");
     }
     // Neither: the inline lead leads, and is counted.
     let engine = GroupCommit::new((), 0, limits());
     let hooks = fake(None, false);
     assert_eq!(lead_one(&engine, &hooks, true).unwrap().answer, 1);
-    assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 1, declined: 0 });
+    assert_eq!(engine.inline_leads(), InlineLeads { led: 1, declined: 0 });
 }
 
 /// Proves: a lead on an async caller's own thread waits for nobody before it
 /// leads: with another leader's turn under way (kept inside its exclusive
 /// section), and with the engine's mutex held by someone else, it declines at
-/// once — `WouldBlock`, nothing judged, the decline counted where it could be —
+/// once — `WouldBlock`, nothing judged, each decline counted (the one that
+/// could not have the mutex too) —
 /// where a lead on a thread that may block waits and then commits.
 #[test]
 fn an_inline_lead_declines_another_leaders_turn_and_a_held_engine_without_waiting() {
@@ -426,7 +427,7 @@ fn an_inline_lead_declines_another_leaders_turn_and_a_held_engine_without_waitin
         let declined = inline_answer(&mut || drop(gate.take()));
         assert!(matches!(declined, Err(CommitError::WouldBlock)), "{declined:?}");
         assert_eq!(other.join().unwrap().unwrap(), 1);
-        assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 0, declined: 1 });
+        assert_eq!(engine.inline_leads(), InlineLeads { led: 0, declined: 1 });
     });
     // The engine's mutex held by another thread for longer than the lead tries.
     let mut held = Some(engine.lock());
@@ -437,9 +438,10 @@ fn an_inline_lead_declines_another_leaders_turn_and_a_held_engine_without_waitin
     let core = engine.lock();
     assert_eq!((core.last_seq, core.queued.len()), (1, 0), "nothing judged");
     drop(core);
+    assert_eq!(engine.inline_leads(), InlineLeads { led: 0, declined: 2 }, "counted without the mutex");
     assert_eq!(lead_one(&engine, &hooks, false).unwrap().answer, 2, "a lead that may block commits");
     assert_eq!(lead_one(&engine, &hooks, true).unwrap().answer, 3, "alone and free: inline");
-    assert_eq!(engine.lock().inline_leads(), InlineLeads { led: 1, declined: 1 });
+    assert_eq!(engine.inline_leads(), InlineLeads { led: 1, declined: 2 });
 }
 
 /// Proves: a commit for a blocking caller made inside a lead on an async
@@ -466,8 +468,8 @@ fn a_blocking_commit_inside_an_inline_lead_is_not_inline() {
     assert!(!leading_inline(), "the flag ends with the lead");
     assert_eq!(led.0.unwrap(), 1, "the nested blocking commit waited for the section and committed");
     assert_eq!(led.1.unwrap(), 1);
-    assert_eq!(inner.lock().inline_leads(), InlineLeads { led: 0, declined: 0 });
-    assert_eq!(outer.lock().inline_leads(), InlineLeads { led: 1, declined: 0 });
+    assert_eq!(inner.inline_leads(), InlineLeads { led: 0, declined: 0 });
+    assert_eq!(outer.inline_leads(), InlineLeads { led: 1, declined: 0 });
 }
 
 /// Proves: a lead on an async caller's own thread ends its turn after its own

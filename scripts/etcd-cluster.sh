@@ -29,15 +29,22 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 healthy() { ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$1" --command-timeout=1s endpoint health >/dev/null 2>&1; }
 
+# Every member of this start still running? (Else say which, with its log.)
+all_alive() {
+  local m
+  for m in "${names[@]}"; do
+    kill -0 "$(cat "$dir/$m.pid")" 2>/dev/null || { echo "etcd member $m exited:" >&2; tail -5 "$dir/$m.log" >&2; return 1; }
+  done
+}
+
 # Wait for member NAME (client port $2) to answer, at most 30 s; fail at once if
 # any member of this start has exited (a port taken under it: the caller retries).
 wait_healthy() {
   local name=$1 cport=$2 m
   for _ in $(seq 1 300); do
-    healthy "$cport" && return 0
-    for m in "${names[@]}"; do
-      kill -0 "$(cat "$dir/$m.pid")" 2>/dev/null || { echo "etcd member $m exited:" >&2; tail -5 "$dir/$m.log" >&2; return 1; }
-    done
+    # Alive first: a port that answers may be another cluster's member.
+    all_alive || return 1
+    healthy "$cport" && all_alive && return 0
     sleep 0.1
   done
   echo "etcd member $name did not answer within 30 s" >&2
@@ -128,10 +135,12 @@ case "$cmd" in
     # Its peers may be down (a quorum being restored): wait for the process to
     # serve, not for the cluster.
     sed -i 's/--initial-cluster-state new/--initial-cluster-state existing/' "$dir/$name.args"
+    exec 9>>"${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock"
+    flock -w 120 9 || { echo "another etcd-cluster.sh start held the port lock for 120 s" >&2; exit 1; }
     launch "$name"
     pid=$(cat "$dir/$name.pid"); cport=$(member_json "$name" | sed 's/.*"client": \([0-9]*\).*/\1/')
     for _ in $(seq 1 300); do
-      (exec 3<>"/dev/tcp/127.0.0.1/$cport") 2>/dev/null && { member_json "$name"; echo; exit 0; }
+      (exec 3<>"/dev/tcp/127.0.0.1/$cport") 2>/dev/null && kill -0 "$pid" 2>/dev/null && { member_json "$name"; echo; exit 0; }
       kill -0 "$pid" 2>/dev/null || { tail -5 "$dir/$name.log" >&2; exit 1; }
       sleep 0.1
     done

@@ -3,6 +3,7 @@
 # "Beyond one machine" (Debian's etcd-server and etcd-client: etcd 3.4).
 #
 #   scripts/etcd-cluster.sh start DIR [MEMBERS]   # 1 or 3 (default 3) members, free ports
+#                                                 # below the ephemeral range
 #   scripts/etcd-cluster.sh restart DIR NAME      # start member NAME again (same data, ports)
 #   scripts/etcd-cluster.sh stop DIR              # stop every member started in DIR
 #
@@ -18,7 +19,7 @@
 # (fencelog keeps its groups within etcd's defaults: 1.5 MiB, 128 operations).
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" >&2; exit 2; }
+usage() { sed -n '2,15p' "$0" >&2; exit 2; }
 cmd=${1:-}; dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || usage
 command -v etcd >/dev/null || { echo "etcd is not installed (apt-get install etcd-server etcd-client)" >&2; exit 2; }

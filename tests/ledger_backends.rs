@@ -303,10 +303,10 @@ fn draining_refuses_new_transactions_and_settles_every_judged_one() {
         let p = l.projection();
         for (id, r) in &answers {
             match r {
-                Ok(seq) => assert_eq!(p.requests().get(id).map(|e| e.seq), Some(*seq), "{id}"),
+                Ok(seq) => assert_eq!(p.requests().get(id.as_str()).map(|e| e.seq), Some(*seq), "{id}"),
                 Err(code) => {
                     assert_eq!(code, "DRAINING");
-                    assert!(!p.requests().contains_key(id), "{id} was refused yet committed");
+                    assert!(!p.requests().contains_key(id.as_str()), "{id} was refused yet committed");
                 }
             }
         }

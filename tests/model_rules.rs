@@ -512,3 +512,74 @@ fn refusal_windows_are_bounded_in_number_and_age() {
     assert_eq!(m.p.refusal_recorded_ms(&key(5_000)), Some(t1 + 500), "the newest stays");
     assert_eq!(m.p.refusal_recorded_ms(&key(2)), None, "the oldest went first");
 }
+
+/// A projection with subjects (claimed, heartbeating, taken over, released),
+/// requests remembered, and a lease: the maps a snapshot holds most of.
+fn shared_maps_state() -> M {
+    let mut m = M::new();
+    for i in 0..40u64 {
+        let id = format!("req/{i}");
+        m.tagged(i, Some((&id, i as u8)), vec![claim(&format!("svc/{i}"), (i % 5) as u8, None, None)]).unwrap();
+    }
+    m.txn(50, vec![Event::Heartbeat { subject: "svc/1".into(), generation: 1 }]).unwrap();
+    m.txn(
+        5_000,
+        vec![Event::Takeover {
+            subject: "svc/2".into(),
+            expect_generation: 1,
+            expect_heartbeat_ms: 2,
+            owner: who(9),
+            stale_after_ms: 1_000,
+            reason: "stale".into(),
+        }],
+    )
+    .unwrap();
+    m.txn(5_001, vec![Event::Release { subject: "svc/3".into(), generation: 1 }]).unwrap();
+    m.txn(
+        5_002,
+        vec![Event::LeaseAcquire { resource: "db".into(), mode: LeaseMode::Write, holder: "h".into(), ttl_ms: 9 }],
+    )
+    .unwrap();
+    m
+}
+
+/// Proves: the projection's encoding — what every snapshot holds — is byte for
+/// byte what it was before its subjects and requests became shared entries
+/// (`Arc`): the digest below was computed by the build before that change
+/// (`95a66cb`) from the same state. A snapshot written by either build reads in
+/// the other.
+#[test]
+fn the_projection_encodes_to_the_same_bytes_as_before_its_maps_were_shared() {
+    let m = shared_maps_state();
+    let bytes = bincode::serde::encode_to_vec(&m.p, bincode::config::standard()).unwrap();
+    let decoded: Projection = bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap().0;
+    assert_eq!(decoded, m.p, "decodes to the same state");
+    assert_eq!(blake3::hash(&bytes).to_hex().as_str(), GOLDEN_PROJECTION_BLAKE3, "{} bytes", bytes.len());
+}
+
+const GOLDEN_PROJECTION_BLAKE3: &str = "4655a691ddd39a71ebbf65e369c9271c999432743369807788def075a4fd32e6";
+
+/// Proves: a clone of the projection (what a snapshot takes, under the commit
+/// engine's mutex) keeps the state it was taken at while the original moves on —
+/// the subject a later record changes, a subject it creates, a request it
+/// remembers — and the original is the same as a projection that never had a
+/// clone taken.
+#[test]
+fn a_clone_of_the_projection_keeps_its_state_while_the_original_moves_on() {
+    let mut m = shared_maps_state();
+    let mut untouched = shared_maps_state();
+    let taken = m.p.clone();
+    assert_eq!(taken, m.p);
+    let before = |p: &Projection| (p.subject("svc/1").cloned(), p.subject("new").cloned(), p.requests().len());
+    let then = before(&taken);
+    for m in [&mut m, &mut untouched] {
+        m.txn(6_000, vec![Event::Heartbeat { subject: "svc/1".into(), generation: 1 }]).unwrap();
+        m.tagged(6_001, Some(("req/new", 1)), vec![claim("new", 1, None, None)]).unwrap();
+    }
+    assert_eq!(before(&taken), then, "the clone is as it was taken");
+    assert_eq!(taken.subject("svc/1").unwrap().owner.as_ref().unwrap().heartbeat_ms, 50);
+    assert_eq!(m.p.subject("svc/1").unwrap().owner.as_ref().unwrap().heartbeat_ms, 6_000);
+    assert!(taken.subject("new").is_none() && m.p.subject("new").is_some());
+    assert!(!taken.requests().contains_key("req/new") && m.p.requests().contains_key("req/new"));
+    assert_eq!(m.p, untouched.p, "the original moved on as if no clone had been taken");
+}

@@ -808,14 +808,15 @@ pub fn state_of(
         valid(o)?;
     }
     // One subject is a lookup, not a walk of every subject.
-    let chosen: Box<dyn Iterator<Item = (&String, &crate::model::Subject)>> = match only {
+    type Named<'p> = (&'p std::sync::Arc<str>, &'p std::sync::Arc<crate::model::Subject>);
+    let chosen: Box<dyn Iterator<Item = Named<'_>>> = match only {
         Some(o) => Box::new(p.subjects().get_key_value(o).into_iter()),
         None => Box::new(p.subjects().iter()),
     };
     let subjects = chosen
         .map(|(name, s)| (name, s, status_of(here, s.owner.as_ref(), now_ms)))
         .map(|(name, s, (status, status_reason))| SubjectState {
-            subject: name.clone(),
+            subject: name.to_string(),
             generation: s.generation,
             owner: s.owner.as_ref().map(|o| o.identity.clone()),
             owner_pid_ns: s.owner.as_ref().map(|o| o.pid_ns),

@@ -4,6 +4,8 @@
 //! (refused attempts) or noted on what a sibling event installs (hosts,
 //! namespaces).
 
+use std::sync::Arc;
+
 use super::{Judging, Outcome, Projection, refuse};
 use crate::model::types::{validate_subject, validate_text};
 use crate::model::{
@@ -59,7 +61,7 @@ impl Projection {
         };
         // The record is kept either way; a subject that never existed gets
         // no entry from a refused attempt on it (a typo stays out of `state`).
-        if let Some(s) = self.subjects.get_mut(subject) {
+        if let Some(s) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut) {
             s.fenced_attempts += count;
         }
     }
@@ -69,7 +71,7 @@ impl Projection {
             return;
         };
         if matches!(code.as_str(), "FENCED" | "NOT_ACTIVE")
-            && let Some(s) = self.subjects.get_mut(subject)
+            && let Some(s) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut)
         {
             s.fenced_attempts += count;
         }
@@ -81,7 +83,7 @@ impl Projection {
             return;
         };
         // After the claim or takeover before it in the transaction.
-        if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
+        if let Some(o) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).and_then(|s| s.owner.as_mut()) {
             o.pid_ns = *pid_ns;
         }
     }
@@ -91,7 +93,7 @@ impl Projection {
             return;
         };
         // After the claim or takeover before it in the transaction.
-        if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
+        if let Some(o) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).and_then(|s| s.owner.as_mut()) {
             o.host = Some(host.clone());
         }
     }

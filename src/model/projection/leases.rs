@@ -2,6 +2,8 @@
 //! or by an owner's tenure) and a release; how a lease is granted, installed and
 //! ended.
 
+use std::sync::Arc;
+
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
@@ -237,7 +239,7 @@ impl Projection {
         let (owner, process) = match held_by {
             HeldBy::Text => (None, None),
             HeldBy::Owner(o) => {
-                if let Some(s) = self.subjects.get_mut(&o.subject) {
+                if let Some(s) = self.subjects.get_mut(o.subject.as_str()).map(Arc::make_mut) {
                     s.leases.insert(lease);
                 }
                 (Some(o.clone()), None)
@@ -269,7 +271,7 @@ impl Projection {
         let l = self.leases.get_mut(&id).expect("live lease");
         debug_assert!(l.is_live());
         l.state = state;
-        if let Some(s) = l.owner.as_ref().and_then(|o| self.subjects.get_mut(&o.subject)) {
+        if let Some(s) = l.owner.as_ref().and_then(|o| self.subjects.get_mut(o.subject.as_str()).map(Arc::make_mut)) {
             s.leases.remove(&id);
         }
         if let Some(r) = self.resources.get_mut(&l.resource) {

@@ -7,6 +7,7 @@
 //! `retention.rs` bounds what the projection remembers.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -190,17 +191,22 @@ pub enum Checked {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Projection {
     last_seq: u64,
-    subjects: BTreeMap<String, Subject>,
+    /// (Subjects and requests are shared with the projection's clones, a
+    /// snapshot's above all: a clone copies the maps' nodes and counts references,
+    /// never the entries — it is taken under the commit engine's mutex — and a
+    /// subject changed while a clone holds it is copied then, alone. Serialized
+    /// as the plain strings and values they hold: the same bytes.)
+    subjects: BTreeMap<Arc<str>, Arc<Subject>>,
     resources: BTreeMap<String, Resource>,
     leases: BTreeMap<u64, Lease>,
     last_lease_id: u64,
-    requests: BTreeMap<String, RequestEntry>,
+    requests: BTreeMap<Arc<str>, Arc<RequestEntry>>,
     processes: BTreeMap<u64, Process>,
     last_process_id: u64,
     /// Ended processes by the sequence that ended them, for bounded retention.
     terminal_processes: BTreeMap<u64, u64>,
     /// Request ids by commit sequence, for bounded retention.
-    request_order: BTreeMap<u64, String>,
+    request_order: BTreeMap<u64, Arc<str>>,
     /// Terminal leases by the sequence that ended them, for bounded retention, and
     /// how many there are (kept, not recounted: ending a lease must stay O(log n)).
     terminal_leases: BTreeMap<u64, Vec<u64>>,
@@ -225,7 +231,7 @@ impl Projection {
     }
 
     /// Every subject ever claimed, by name.
-    pub fn subjects(&self) -> &BTreeMap<String, Subject> {
+    pub fn subjects(&self) -> &BTreeMap<Arc<str>, Arc<Subject>> {
         &self.subjects
     }
 
@@ -245,7 +251,7 @@ impl Projection {
     }
 
     /// Request ids remembered (for idempotent retries), by id.
-    pub fn requests(&self) -> &BTreeMap<String, RequestEntry> {
+    pub fn requests(&self) -> &BTreeMap<Arc<str>, Arc<RequestEntry>> {
         &self.requests
     }
 
@@ -273,7 +279,7 @@ impl Projection {
     /// (a generation at its limit, a snapshot that lies). Feature `internals`.
     #[cfg(feature = "internals")]
     pub fn forge_subject(&mut self, name: &str) -> Option<&mut Subject> {
-        self.subjects.get_mut(name)
+        self.subjects.get_mut(name).map(Arc::make_mut)
     }
 
     /// Entries of the state a snapshot copies: subjects, resources, leases,
@@ -307,9 +313,9 @@ impl Projection {
     pub fn check(&self, seq: u64, txn: &Txn) -> Result<Checked, Refusal> {
         if let Some(tag) = &txn.request {
             validate_text("request id", &tag.id)?;
-            if let Some(entry) = self.requests.get(&tag.id) {
+            if let Some(entry) = self.requests.get(tag.id.as_str()) {
                 if entry.digest == tag.digest {
-                    return Ok(Checked::Deduplicated(entry.clone()));
+                    return Ok(Checked::Deduplicated(RequestEntry::clone(entry)));
                 }
                 return refuse(Refusal::RequestIdConflict { request: tag.id.clone(), committed_seq: entry.seq });
             }
@@ -434,7 +440,9 @@ impl Projection {
         // `check_event`: a valid name, the presented generation the current one
         // (else FENCED), an owner at it (else NOT_ACTIVE); `mutate`: its heartbeat.
         let owner = match validate_subject(subject) {
-            Ok(()) => self.subjects.get_mut(subject.as_str()).filter(|s| s.generation == *generation),
+            Ok(()) => {
+                self.subjects.get_mut(subject.as_str()).filter(|s| s.generation == *generation).map(Arc::make_mut)
+            }
             Err(_) => None,
         };
         match owner.and_then(|s| s.owner.as_mut()) {
@@ -455,7 +463,7 @@ impl Projection {
         };
         match c {
             Condition::SubjectAt { subject, generation } => {
-                let actual = self.subjects.get(subject).map_or(0, |s| s.generation);
+                let actual = self.subjects.get(subject.as_str()).map_or(0, |s| s.generation);
                 if actual != *generation {
                     return failed(
                         format!("subject {subject} at generation"),
@@ -465,7 +473,7 @@ impl Projection {
                 }
             }
             Condition::SubjectAbsent { subject } => {
-                if let Some(s) = self.subjects.get(subject).filter(|s| s.owner.is_some()) {
+                if let Some(s) = self.subjects.get(subject.as_str()).filter(|s| s.owner.is_some()) {
                     return failed(
                         format!("subject {subject} absent"),
                         "no owner".into(),

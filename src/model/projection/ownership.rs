@@ -1,6 +1,8 @@
 //! Owners and their tenures: judging and applying a claim, a heartbeat, a
 //! release, a fence rotation, a takeover and a note.
 
+use std::sync::Arc;
+
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
@@ -89,7 +91,7 @@ pub struct Subject {
 
 impl Projection {
     pub fn subject(&self, name: &str) -> Option<&Subject> {
-        self.subjects.get(name)
+        self.subjects.get(name).map(|s| &**s)
     }
 
     pub(super) fn current(&self, subject: &str) -> (u64, Option<&Owner>) {
@@ -335,7 +337,7 @@ impl Projection {
         let (Event::Heartbeat { subject, .. }, Outcome::Heartbeat { heartbeat_ms, .. }) = (e, o) else {
             return;
         };
-        if let Some(o) = self.subjects.get_mut(subject).and_then(|s| s.owner.as_mut()) {
+        if let Some(o) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).and_then(|s| s.owner.as_mut()) {
             o.heartbeat_ms = *heartbeat_ms;
         }
     }
@@ -345,7 +347,7 @@ impl Projection {
             return;
         };
         self.end_tenure_leases(subject, seq);
-        let s = self.subjects.get_mut(subject).expect("checked");
+        let s = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).expect("checked");
         let o = s.owner.take().expect("checked");
         let end = TenureEnd {
             generation: s.generation,
@@ -362,14 +364,14 @@ impl Projection {
         let (Event::RotateFence { subject, .. }, Outcome::Rotated { generation, .. }) = (e, o) else {
             return;
         };
-        self.subjects.get_mut(subject).expect("checked").generation = *generation;
+        self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).expect("checked").generation = *generation;
     }
 
     pub(super) fn mutate_note(&mut self, e: &Event, o: &Outcome) {
         let (Event::Note { subject, .. }, Outcome::Noted { authoritative, .. }) = (e, o) else {
             return;
         };
-        let s = self.subjects.get_mut(subject).expect("checked");
+        let s = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).expect("checked");
         if *authoritative { s.notes += 1 } else { s.late_notes += 1 }
     }
 
@@ -378,7 +380,7 @@ impl Projection {
         if ended.is_some() {
             self.end_tenure_leases(subject, seq);
         }
-        let s = self.subjects.entry(subject.to_owned()).or_default();
+        let s = Arc::make_mut(self.subjects.entry(Arc::from(subject)).or_default());
         if let Some(e) = ended {
             push_bounded(&mut s.ended, e);
         }

@@ -3,6 +3,8 @@
 //! trimming that keeps to them (in the record that adds the one past the bound).
 //! What is forgotten here is still in the log.
 
+use std::sync::Arc;
+
 use super::evidence::{REFUSAL_WINDOWS_MAX, REFUSAL_WINDOWS_RETAIN_MS};
 use super::{Outcome, Projection, RequestEntry, TenureEnd};
 
@@ -20,8 +22,9 @@ pub const TERMINAL_PROCESSES_RETAINED: usize = 1_000;
 
 impl Projection {
     pub(super) fn remember_request(&mut self, seq: u64, id: &str, digest: [u8; 32], outcomes: Vec<Outcome>) {
-        self.requests.insert(id.to_owned(), RequestEntry { seq, digest, outcomes });
-        self.request_order.insert(seq, id.to_owned());
+        let id: Arc<str> = Arc::from(id);
+        self.requests.insert(Arc::clone(&id), Arc::new(RequestEntry { seq, digest, outcomes }));
+        self.request_order.insert(seq, id);
         while self.request_order.len() > REQUESTS_RETAINED {
             let (_, old) = self.request_order.pop_first().expect("non-empty");
             self.requests.remove(&old);

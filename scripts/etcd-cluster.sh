@@ -3,9 +3,14 @@
 # "Beyond one machine" (Debian's etcd-server and etcd-client: etcd 3.4).
 #
 #   scripts/etcd-cluster.sh start DIR [MEMBERS]   # 1 or 3 (default 3) members, free ports
-#                                                 # below the ephemeral range
+#                                                 # outside the ephemeral range
 #   scripts/etcd-cluster.sh restart DIR NAME      # start member NAME again (same data, ports)
 #   scripts/etcd-cluster.sh stop DIR              # stop every member started in DIR
+#
+# Concurrent starts and restarts (tests run in parallel) choose and bind their
+# ports one at a time, under a lock on ${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock
+# (waited for at most 120 s). A member counts as started only once its own
+# process listens on its ports, and as up once it answers.
 #
 # `start` prints one JSON line once every member answers:
 #   {"endpoints": "127.0.0.1:P1,127.0.0.1:P2,...",
@@ -19,53 +24,89 @@
 # (fencelog keeps its groups within etcd's defaults: 1.5 MiB, 128 operations).
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" >&2; exit 2; }
+usage() { sed -n '2,19p' "$0" >&2; exit 2; }
 cmd=${1:-}; dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || usage
 command -v etcd >/dev/null || { echo "etcd is not installed (apt-get install etcd-server etcd-client)" >&2; exit 2; }
 command -v etcdctl >/dev/null || { echo "etcdctl is not installed (apt-get install etcd-client)" >&2; exit 2; }
+command -v flock >/dev/null || { echo "flock is not installed (apt-get install util-linux)" >&2; exit 2; }
 
 # Is a loopback port free? (Nothing listens: a connection is refused.)
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-healthy() { ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$1" --command-timeout=1s endpoint health >/dev/null 2>&1; }
-
-# Every member of this start still running? (Else say which, with its log.)
-all_alive() {
-  local m
-  for m in "${names[@]}"; do
-    kill -0 "$(cat "$dir/$m.pid")" 2>/dev/null || { echo "etcd member $m exited:" >&2; tail -5 "$dir/$m.log" >&2; return 1; }
+# Does process $1 itself listen on loopback port $2? (/proc/net/tcp's listening
+# sockets on that port, matched against the process's descriptors: a port that
+# answers may be another process's.)
+listens() {
+  local pid=$1 hex inode fds
+  hex=$(printf '%04X' "$2")
+  fds=$(ls -l "/proc/$pid/fd" 2>/dev/null) || return 1
+  for inode in $(awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' /proc/net/tcp); do
+    grep -q "socket:\[$inode\]" <<<"$fds" && return 0
   done
-}
-
-# Wait for member NAME (client port $2) to answer, at most 30 s; fail at once if
-# any member of this start has exited (a port taken under it: the caller retries).
-wait_healthy() {
-  local name=$1 cport=$2 m
-  for _ in $(seq 1 300); do
-    # Alive first: a port that answers may be another cluster's member.
-    all_alive || return 1
-    healthy "$cport" && all_alive && return 0
-    sleep 0.1
-  done
-  echo "etcd member $name did not answer within 30 s" >&2
   return 1
 }
 
+healthy() { ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$1" --command-timeout=1s endpoint health >/dev/null 2>&1; }
+
+# The port lock (fd 9), opened read-only so that a lock file another user
+# created serves too. Released by `unlock`, or when this script exits.
+lock() {
+  local f=${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock
+  [ -e "$f" ] || : >>"$f"
+  exec 9<"$f"
+  flock -w 120 9 || { echo "waited 120 s for the port lock ($f) held by another start" >&2; exit 1; }
+}
+unlock() { exec 9<&-; }
+
+pid_of() { cat "$dir/$1.pid"; }
+port_of() { sed -n "s/.*--listen-$2-urls http:\/\/127.0.0.1:\([0-9]*\).*/\1/p" "$dir/$1.args"; }
+
+# Did member $1 exit? (Then say so, with its log.)
+exited() {
+  kill -0 "$(pid_of "$1")" 2>/dev/null && return 1
+  echo "etcd member $1 exited:" >&2; tail -5 "$dir/$1.log" >&2
+  return 0
+}
+
+# Wait, at most 30 s, until every member named listens on its client and peer
+# ports itself; fail at once when one has exited (its port taken under it).
+wait_bound() {
+  local m deadline=$(( SECONDS + 30 )) all
+  while :; do
+    all=1
+    for m in "$@"; do
+      exited "$m" && return 1
+      listens "$(pid_of "$m")" "$(port_of "$m" client)" && listens "$(pid_of "$m")" "$(port_of "$m" peer)" || all=0
+    done
+    [ "$all" = 1 ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || { echo "etcd members $* did not listen within 30 s" >&2; return 1; }
+    sleep 0.05
+  done
+}
+
+# Wait, at most 30 s, until every member named answers; fail at once when one
+# has exited.
+wait_healthy() {
+  local m deadline=$(( SECONDS + 30 ))
+  for m in "$@"; do
+    until healthy "$(port_of "$m" client)"; do
+      exited "$m" && return 1
+      [ "$SECONDS" -lt "$deadline" ] || { echo "etcd member $m did not answer within 30 s" >&2; return 1; }
+      sleep 0.1
+    done
+  done
+}
+
 member_json() {
-  local name=$1
-  local cport peer pid
-  cport=$(sed -n 's/.*--listen-client-urls http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/$name.args")
-  peer=$(sed -n 's/.*--listen-peer-urls http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/$name.args")
-  pid=$(cat "$dir/$name.pid")
-  printf '{"name": "%s", "pid": %s, "client": %s, "peer": %s}' "$name" "$pid" "$cport" "$peer"
+  printf '{"name": "%s", "pid": %s, "client": %s, "peer": %s}' "$1" "$(pid_of "$1")" "$(port_of "$1" client)" "$(port_of "$1" peer)"
 }
 
 launch() {
   local name=$1
+  # (Without the port lock's descriptor: the lock ends with this script.)
   # shellcheck disable=SC2046
-  # (Not holding the port lock's descriptor: the lock ends with this script.)
-  setsid etcd $(cat "$dir/$name.args") >>"$dir/$name.log" 2>&1 < /dev/null 9>&- &
+  setsid etcd $(cat "$dir/$name.args") >>"$dir/$name.log" 2>&1 < /dev/null 9<&- &
   echo $! >"$dir/$name.pid"
 }
 
@@ -74,20 +115,21 @@ case "$cmd" in
     n=${3:-3}
     [ "$n" = 1 ] || [ "$n" = 3 ] || usage
     mkdir -p "$dir"; chmod 700 "$dir"
-    # Ports below the kernel's ephemeral range: a port in it can be taken between
-    # the check and etcd's bind by any outgoing connection's local end (or by a
-    # daemon listening on port 0), and a client reconnecting to a killed member's
-    # port could connect to itself.
-    ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-    span=$(( ephemeral_low - 10000 - 2 * n ))
-    [ "$span" -ge 1000 ] || { echo "the ephemeral port range starts at $ephemeral_low: no room below it" >&2; exit 1; }
-    # Concurrent starts (tests run in parallel) choose and bind their ports one
-    # at a time: the lock is held until this start's members answer.
-    exec 9>>"${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock"
-    flock -w 120 9 || { echo "another etcd-cluster.sh start held the port lock for 120 s" >&2; exit 1; }
+    # Ports outside the kernel's ephemeral range (below it, or above it when it
+    # starts too low): a port in it can be taken between the check and etcd's
+    # bind by any outgoing connection's local end (or by a daemon listening on
+    # port 0), and a client reconnecting to a killed member's port could connect
+    # to itself.
+    read -r ephemeral_low ephemeral_high < /proc/sys/net/ipv4/ip_local_port_range || { ephemeral_low=32768; ephemeral_high=60999; }
+    first=10000; span=$(( ephemeral_low - first - 2 * n ))
+    if [ "$span" -lt 1000 ]; then
+      first=$(( ephemeral_high + 1 )); span=$(( 65536 - first - 2 * n ))
+      [ "$span" -ge 1000 ] || { echo "no room outside the ephemeral port range ($ephemeral_low-$ephemeral_high)" >&2; exit 1; }
+    fi
     names=(); for i in $(seq 1 "$n"); do names+=("m$i"); done
+    lock
     for attempt in 1 2 3 4 5; do
-      base=$(( 10000 + (RANDOM * 2 + $$) % span ))
+      base=$(( first + (RANDOM * 2 + $$) % span ))
       ports=(); ok=1
       for i in $(seq 0 $(( 2 * n - 1 ))); do
         p=$(( base + i )); port_free "$p" || { ok=0; break; }; ports+=("$p")
@@ -110,42 +152,44 @@ case "$cmd" in
         : >"$dir/$name.log"
         launch "$name"
       done
-      failed=0
-      for i in $(seq 1 "$n"); do
-        name=m$i; wait_healthy "$name" "${ports[$(( i - 1 ))]}" || { failed=1; break; }
-      done
-      if [ "$failed" = 1 ]; then
-        for i in $(seq 1 "$n"); do kill -9 "$(cat "$dir/m$i.pid")" 2>/dev/null || true; done
-        grep -q "address already in use" "$dir"/m*.log && continue
+      if ! wait_bound "${names[@]}"; then
+        for m in "${names[@]}"; do kill -9 "$(pid_of "$m")" 2>/dev/null || true; done
+        taken=0
+        for m in "${names[@]}"; do grep -q "address already in use" "$dir/$m.log" && taken=1; done
+        [ "$taken" = 1 ] && continue
+        exit 1
+      fi
+      # Every port is bound by its own member: the next start may choose.
+      unlock
+      if ! wait_healthy "${names[@]}"; then
+        for m in "${names[@]}"; do kill -9 "$(pid_of "$m")" 2>/dev/null || true; done
         exit 1
       fi
       endpoints=""; members=""
-      for i in $(seq 1 "$n"); do
-        endpoints+="${endpoints:+,}127.0.0.1:${ports[$(( i - 1 ))]}"
-        members+="${members:+, }$(member_json "m$i")"
+      for m in "${names[@]}"; do
+        endpoints+="${endpoints:+,}127.0.0.1:$(port_of "$m" client)"
+        members+="${members:+, }$(member_json "$m")"
       done
       echo "{\"endpoints\": \"$endpoints\", \"members\": [$members]}"
       exit 0
     done
-    echo "no free loopback ports found for $n etcd members" >&2
+    echo "5 tries found no free loopback ports for $n etcd members, or lost them to other processes before etcd bound them" >&2
     exit 1
     ;;
   restart)
     name=${3:?member name}
     [ -f "$dir/$name.args" ] || { echo "no member $name in $dir" >&2; exit 2; }
     # Its peers may be down (a quorum being restored): wait for the process to
-    # serve, not for the cluster.
+    # listen on its own ports, not for the cluster to answer.
     sed -i 's/--initial-cluster-state new/--initial-cluster-state existing/' "$dir/$name.args"
-    exec 9>>"${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock"
-    flock -w 120 9 || { echo "another etcd-cluster.sh start held the port lock for 120 s" >&2; exit 1; }
-    launch "$name"
-    pid=$(cat "$dir/$name.pid"); cport=$(member_json "$name" | sed 's/.*"client": \([0-9]*\).*/\1/')
-    for _ in $(seq 1 300); do
-      (exec 3<>"/dev/tcp/127.0.0.1/$cport") 2>/dev/null && kill -0 "$pid" 2>/dev/null && { member_json "$name"; echo; exit 0; }
-      kill -0 "$pid" 2>/dev/null || { tail -5 "$dir/$name.log" >&2; exit 1; }
-      sleep 0.1
+    lock
+    for port in "$(port_of "$name" client)" "$(port_of "$name" peer)"; do
+      port_free "$port" || { echo "member $name's port $port was taken by another process while it was down" >&2; exit 1; }
     done
-    echo "etcd member $name did not listen within 30 s" >&2; exit 1
+    launch "$name"
+    wait_bound "$name" || exit 1
+    unlock
+    member_json "$name"; echo
     ;;
   stop)
     for f in "$dir"/m*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true; done

@@ -71,6 +71,15 @@ fn assert_runner_starts_nothing(dir: &Path, id: u64) {
     assert_eq!(out.status.code(), Some(fencelog::supervisor::runner::EXIT_ALREADY_STARTED));
 }
 
+/// Wait, at most 20 s, for `cond` to hold.
+fn comes_true(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "waited 20 s for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn lines(path: &Path) -> usize {
     fs::read_to_string(path).map(|s| s.lines().count()).unwrap_or(0)
 }
@@ -1271,6 +1280,9 @@ fn process_wait_settles_a_process_whose_runner_and_command_are_gone() {
     assert_eq!(code, 0, "{v}");
     let v = until(&dir, 1, "running", |v| v["status"] == "running");
     let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
+    // `running` is the start on record; the command itself runs once the runner
+    // has opened its gate (a runner killed before that leaves nothing running).
+    comes_true("the command to run", || lines(&marker) == 1);
     kill9(runner);
     wait_gone(runner);
     // Its command still runs: a short wait is answered `running`, nothing recorded.
@@ -1307,6 +1319,10 @@ fn process_show_settles_a_process_whose_runner_and_command_are_gone() {
     assert_eq!(code, 0, "{v}");
     let v = until(&dir, 1, "running", |v| v["status"] == "running");
     let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
+    // The gate (the command's process) has become `sleep`: the command runs.
+    comes_true("the command to run", || {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    });
     kill9(runner);
     wait_gone(runner);
     let head = |dir: &Path| fl(dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]).1;

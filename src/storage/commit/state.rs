@@ -14,7 +14,9 @@ use crate::storage::error::Error;
 pub struct InlineLeads {
     /// Turns led there (the group opened).
     pub led: u64,
-    /// Turns given back: the exclusive section was taken, or the catch-up long.
+    /// Turns given back to a lead on the pool: the exclusive section was taken,
+    /// the catch-up long, another leader's turn or a reader under way, or the
+    /// engine's mutex held past `INLINE_CORE_SPIN_US`.
     pub declined: u64,
 }
 

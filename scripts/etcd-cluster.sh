@@ -187,7 +187,7 @@ case "$cmd" in
       port_free "$port" || { echo "member $name's port $port was taken by another process while it was down" >&2; exit 1; }
     done
     launch "$name"
-    wait_bound "$name" || exit 1
+    wait_bound "$name" || { kill -9 "$(pid_of "$name")" 2>/dev/null || true; exit 1; }
     unlock
     member_json "$name"; echo
     ;;

@@ -316,6 +316,8 @@ fn kill_9_of_the_runner_is_completed_unknown_on_recovery_and_recovery_is_idempot
     // A live runner is left alone.
     let (code, r) = fl(&dir, &["recover"]);
     assert_eq!((code, r["left_running"].clone()), (0, serde_json::json!([1])), "{r}");
+    // The command itself runs (the runner has opened its gate) before the kill.
+    comes_true("the command to run", || lines(&marker) == 1);
     kill9(runner);
     wait_gone(runner);
     let (code, r) = fl(&dir, &["recover"]);

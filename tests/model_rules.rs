@@ -564,6 +564,22 @@ const GOLDEN_PROJECTION_BLAKE3: &str = "4655a691ddd39a71ebbf65e369c9271c99943274
 /// the subject a later record changes, a subject it creates, a request it
 /// remembers — and the original is the same as a projection that never had a
 /// clone taken.
+/// Proves: a decoded projection (a snapshot's) holds each remembered request's id
+/// once, shared by the entry and the order by sequence, as the one that remembered
+/// them did; decoding alone gives each id two copies.
+#[test]
+fn a_decoded_projection_shares_each_request_id_between_its_entry_and_its_order() {
+    let m = shared_maps_state();
+    let counts = |p: &Projection| p.requests().keys().map(std::sync::Arc::strong_count).collect::<Vec<_>>();
+    assert_eq!(counts(&m.p), vec![2; 40]);
+    let bytes = bincode::serde::encode_to_vec(&m.p, bincode::config::standard()).unwrap();
+    let mut decoded: Projection = bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap().0;
+    assert_eq!(counts(&decoded), vec![1; 40], "decoding gives the order its own copies");
+    decoded.share_request_ids();
+    assert_eq!(counts(&decoded), vec![2; 40]);
+    assert_eq!(decoded, m.p);
+}
+
 #[test]
 fn a_clone_of_the_projection_keeps_its_state_while_the_original_moves_on() {
     let mut m = shared_maps_state();
@@ -582,4 +598,11 @@ fn a_clone_of_the_projection_keeps_its_state_while_the_original_moves_on() {
     assert!(taken.subject("new").is_none() && m.p.subject("new").is_some());
     assert!(!taken.requests().contains_key("req/new") && m.p.requests().contains_key("req/new"));
     assert_eq!(m.p, untouched.p, "the original moved on as if no clone had been taken");
+    // Shared, not copied: an entry neither side changed is one entry in both; the
+    // one the original changed was copied for it alone.
+    let same = |name: &str| std::ptr::eq(taken.subject(name).unwrap(), m.p.subject(name).unwrap());
+    assert!(same("svc/5") && same("svc/39"), "an untouched subject is shared by the clone and the original");
+    assert!(!same("svc/1"), "a subject changed after the clone was copied");
+    let request = |p: &Projection| std::sync::Arc::as_ptr(p.requests().get("req/7").unwrap());
+    assert_eq!(request(&taken), request(&m.p), "an untouched remembered request is shared");
 }

@@ -1321,10 +1321,10 @@ fn process_show_settles_a_process_whose_runner_and_command_are_gone() {
     assert_eq!(code, 0, "{v}");
     let v = until(&dir, 1, "running", |v| v["status"] == "running");
     let (runner, pid) = (v["runner_pid"].as_u64().unwrap() as u32, v["pid"].as_u64().unwrap() as u32);
-    // The gate (the command's process) has become `sleep`: the command runs.
-    comes_true("the command to run", || {
-        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
-    });
+    // The gate (`fencelog __gate`, the command's process) has exec'd the command:
+    // its executable is no longer fencelog (whatever binary `sleep` is here).
+    let fencelog = fs::canonicalize(FENCELOG).unwrap();
+    comes_true("the command to run", || fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe != fencelog));
     kill9(runner);
     wait_gone(runner);
     let head = |dir: &Path| fl(dir, &["inspect", "head", dir.to_str().unwrap(), "--json"]).1;

@@ -56,13 +56,14 @@ pub fn decode(body: &[u8], seq: u64) -> Result<Projection, String> {
     }
     let body = &body[SCHEMA_PREFIX_BYTES..];
     let cfg = bincode::config::standard().with_limit::<DECODE_BYTES_MAX>();
-    let (p, used): (Projection, usize) = bincode::serde::decode_from_slice(body, cfg).map_err(|e| e.to_string())?;
+    let (mut p, used): (Projection, usize) = bincode::serde::decode_from_slice(body, cfg).map_err(|e| e.to_string())?;
     if used != body.len() {
         return Err(format!("{} trailing bytes", body.len() - used));
     }
     if p.last_seq() != seq {
         return Err(format!("covers sequence {} but says {seq}", p.last_seq()));
     }
+    p.share_request_ids();
     Ok(p)
 }
 
@@ -110,8 +111,8 @@ impl Ledger {
                 .put_snapshot(p.last_seq(), &chain_head, &body)
                 .map_err(|e| tracing::warn!(error = %e, "snapshot not written"))
                 .ok();
-            // The copy of the projection and its encoding (together about twice the
-            // state) are freed now: the embedding program may give the pages back
+            // The clone of the projection (its maps' nodes; the entries are shared
+            // until the original changes them) and its encoding are freed now: the embedding program may give the pages back
             // (the daemon does: `LedgerOptions::after_snapshot`).
             drop((p, body));
             if let Some(f) = after {

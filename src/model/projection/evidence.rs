@@ -83,7 +83,13 @@ impl Projection {
             return;
         };
         // After the claim or takeover before it in the transaction.
-        if let Some(o) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).and_then(|s| s.owner.as_mut()) {
+        if let Some(o) = self
+            .subjects
+            .get_mut(subject.as_str())
+            .filter(|s| s.owner.is_some())
+            .map(Arc::make_mut)
+            .and_then(|s| s.owner.as_mut())
+        {
             o.pid_ns = *pid_ns;
         }
     }
@@ -93,7 +99,13 @@ impl Projection {
             return;
         };
         // After the claim or takeover before it in the transaction.
-        if let Some(o) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).and_then(|s| s.owner.as_mut()) {
+        if let Some(o) = self
+            .subjects
+            .get_mut(subject.as_str())
+            .filter(|s| s.owner.is_some())
+            .map(Arc::make_mut)
+            .and_then(|s| s.owner.as_mut())
+        {
             o.host = Some(host.clone());
         }
     }

@@ -440,9 +440,11 @@ impl Projection {
         // `check_event`: a valid name, the presented generation the current one
         // (else FENCED), an owner at it (else NOT_ACTIVE); `mutate`: its heartbeat.
         let owner = match validate_subject(subject) {
-            Ok(()) => {
-                self.subjects.get_mut(subject.as_str()).filter(|s| s.generation == *generation).map(Arc::make_mut)
-            }
+            Ok(()) => self
+                .subjects
+                .get_mut(subject.as_str())
+                .filter(|s| s.generation == *generation && s.owner.is_some())
+                .map(Arc::make_mut),
             Err(_) => None,
         };
         match owner.and_then(|s| s.owner.as_mut()) {

@@ -337,7 +337,13 @@ impl Projection {
         let (Event::Heartbeat { subject, .. }, Outcome::Heartbeat { heartbeat_ms, .. }) = (e, o) else {
             return;
         };
-        if let Some(o) = self.subjects.get_mut(subject.as_str()).map(Arc::make_mut).and_then(|s| s.owner.as_mut()) {
+        if let Some(o) = self
+            .subjects
+            .get_mut(subject.as_str())
+            .filter(|s| s.owner.is_some())
+            .map(Arc::make_mut)
+            .and_then(|s| s.owner.as_mut())
+        {
             o.heartbeat_ms = *heartbeat_ms;
         }
     }

@@ -31,6 +31,17 @@ impl Projection {
         }
     }
 
+    /// After decoding (a snapshot): each remembered request's id in the order by
+    /// sequence becomes the one string its entry's key holds, as when it was
+    /// remembered (decoding gives each its own copy: about 5 MB at the bound).
+    pub fn share_request_ids(&mut self) {
+        for id in self.request_order.values_mut() {
+            if let Some((key, _)) = self.requests.get_key_value(id) {
+                *id = Arc::clone(key);
+            }
+        }
+    }
+
     /// Lease `id` ended at `seq`: the oldest ended leases past
     /// [`TERMINAL_LEASES_RETAINED`] are forgotten.
     pub(super) fn remember_terminal_lease(&mut self, seq: u64, id: u64) {

@@ -31,8 +31,16 @@ command -v etcd >/dev/null || { echo "etcd is not installed (apt-get install etc
 command -v etcdctl >/dev/null || { echo "etcdctl is not installed (apt-get install etcd-client)" >&2; exit 2; }
 command -v flock >/dev/null || { echo "flock is not installed (apt-get install util-linux)" >&2; exit 2; }
 
-# Is a loopback port free? (Nothing listens: a connection is refused.)
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Is port $1 free? (No TCP socket, IPv4 or IPv6, listens or is connected on it,
+# TIME_WAIT aside. Read from /proc: a connection attempt could wait on a listener
+# whose queue is full. A socket only bound is not listed: a member that loses its
+# port to one exits, which `wait_bound` sees.)
+port_free() {
+  local hex
+  hex=$(printf '%04X' "$1")
+  ! awk -v p=":$hex" '$4 != "06" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
 
 # Does process $1 itself listen on loopback port $2? (/proc/net/tcp's listening
 # sockets on that port, matched against the process's descriptors: a port that
@@ -54,6 +62,8 @@ healthy() { ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$1" --command-timeout=1
 lock() {
   local f=${TMPDIR:-/tmp}/fencelog-etcd-cluster.lock
   [ -e "$f" ] || : >>"$f"
+  # (A FIFO there would block the open below for ever.)
+  [ -f "$f" ] || { echo "the port lock $f is not a regular file" >&2; exit 1; }
   exec 9<"$f"
   flock -w 120 9 || { echo "waited 120 s for the port lock ($f) held by another start" >&2; exit 1; }
 }
@@ -85,12 +95,13 @@ wait_bound() {
   done
 }
 
-# Wait, at most 30 s, until every member named answers; fail at once when one
-# has exited.
+# Wait, at most 30 s, until every member named answers, on a port its own
+# process listens on (not another cluster's member on a port it lost); fail at
+# once when one has exited.
 wait_healthy() {
   local m deadline=$(( SECONDS + 30 ))
   for m in "$@"; do
-    until healthy "$(port_of "$m" client)"; do
+    until healthy "$(port_of "$m" client)" && listens "$(pid_of "$m")" "$(port_of "$m" client)"; do
       exited "$m" && return 1
       [ "$SECONDS" -lt "$deadline" ] || { echo "etcd member $m did not answer within 30 s" >&2; return 1; }
       sleep 0.1
@@ -192,7 +203,13 @@ case "$cmd" in
     member_json "$name"; echo
     ;;
   stop)
-    for f in "$dir"/m*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true; done
+    # Only a member of this cluster: a pid file outliving its process (a reboot)
+    # may name another process by now.
+    for f in "$dir"/m*.pid; do
+      [ -f "$f" ] || continue
+      pid=$(cat "$f")
+      tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$dir/" && kill -9 "$pid" 2>/dev/null || true
+    done
     ;;
   *) usage ;;
 esac

@@ -31,14 +31,16 @@ command -v etcd >/dev/null || { echo "etcd is not installed (apt-get install etc
 command -v etcdctl >/dev/null || { echo "etcdctl is not installed (apt-get install etcd-client)" >&2; exit 2; }
 command -v flock >/dev/null || { echo "flock is not installed (apt-get install util-linux)" >&2; exit 2; }
 
-# Is port $1 free? (No TCP socket, IPv4 or IPv6, listens or is connected on it,
-# TIME_WAIT aside. Read from /proc: a connection attempt could wait on a listener
-# whose queue is full. A socket only bound is not listed: a member that loses its
-# port to one exits, which `wait_bound` sees.)
+# Is port $1 free? (No TCP socket, IPv4 or IPv6, of a live process listens or is
+# connected on it: LISTEN, ESTABLISHED, SYN_SENT, SYN_RECV or CLOSE_WAIT. The
+# closing states a killed member's connections linger in hold no one (etcd binds
+# with SO_REUSEADDR). Read from /proc: a connection attempt could wait on a
+# listener whose queue is full. A socket only bound is not listed: a member that
+# loses its port to one exits, which `wait_bound` sees.)
 port_free() {
   local hex
   hex=$(printf '%04X' "$1")
-  ! awk -v p=":$hex" '$4 != "06" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
+  ! awk -v p=":$hex" '$4 ~ /^(01|02|03|08|0A)$/ && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
     /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 

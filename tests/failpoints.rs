@@ -450,3 +450,36 @@ fn an_etcd_request_is_answered_unavailable_when_the_clients_runtime_is_stalled()
     assert_eq!(e.code(), "ETCD_UNAVAILABLE", "{e}");
     assert!(e.to_string().contains("did not run the request"), "{e}");
 }
+
+/// Proves: an append whose `Txn` etcd applied but whose answer was lost (the
+/// connection reset under it: a failpoint turns the answer into
+/// `ETCD_UNAVAILABLE`) is told from the head and answered as appended, once — not
+/// refused, not sent again (the log holds it once, the next append follows it) —
+/// and one whose answer was lost before it landed is sent again and lands once.
+#[test]
+fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
+    use fencelog::storage::etcd::{EtcdBackend, EtcdOptions};
+    use fencelog::storage::{AppendOutcome, LogBackend};
+    let _fp = fail::FailScenario::setup();
+    let opts = EtcdOptions::parse(&common::etcd::shared().endpoints, &common::etcd::fresh_prefix("lost")).unwrap();
+    EtcdBackend::init(&opts).unwrap();
+    let loc = fencelog::storage::Location::Etcd(opts.clone());
+    let backend = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    let landed = |r: fencelog::storage::Result<AppendOutcome>| match r {
+        Ok(AppendOutcome::Appended(a)) => (a.first_seq, a.last_seq),
+        other => panic!("expected appended, got {other:?}"),
+    };
+    fail::cfg("etcd::txn_answer_lost", "1*return").unwrap();
+    assert_eq!(landed(backend.append_if_head(0, vec![b"one".to_vec(), b"two".to_vec()])), (1, 2));
+    fail::remove("etcd::txn_answer_lost");
+    assert_eq!(landed(backend.append_if_head(2, vec![b"three".to_vec()])), (3, 3));
+    fail::cfg("etcd::txn_not_sent", "1*return").unwrap();
+    assert_eq!(landed(backend.append_if_head(3, vec![b"four".to_vec()])), (4, 4));
+    fail::remove("etcd::txn_not_sent");
+    // Another writer of the same log sees each record once, at its sequence.
+    let other = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    assert_eq!(other.head().unwrap().seq, 4);
+    let mut payloads = vec![];
+    other.reader(1).poll(&mut |r| payloads.push(r.payload.to_vec())).unwrap();
+    assert_eq!(payloads, [&b"one"[..], b"two", b"three", b"four"]);
+}

@@ -163,11 +163,15 @@ impl Retry {
 
 /// A connection: the client and the runtime its requests run on. Every request
 /// is handed to that runtime and waited for on the caller's thread (any thread:
-/// a blocking pool's, a plain one), with its deadline.
+/// a blocking pool's, a plain one), with its deadline — but a `Txn` of a caller
+/// that may drive a runtime itself ([`may_drive_a_runtime`]: a commit engine's
+/// leader, the CLI) goes out on a second connection ([`Here`]).
 struct Conn {
     rt: Option<tokio::runtime::Runtime>,
     client: Client,
     describe: String,
+    opts: EtcdOptions,
+    here: Mutex<HereState>,
 }
 
 impl Drop for Conn {
@@ -175,6 +179,66 @@ impl Drop for Conn {
         // Never a blocking shutdown (the backend may be dropped on an async thread).
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+/// A second connection, on a single-threaded runtime that the caller of a `Txn`
+/// drives itself while it waits (`block_on`): the request goes out, and its
+/// answer is read, on the caller's thread. Handed to the client's runtime
+/// instead, each `Txn` crossed two threads and back; on 2 cores shared with a
+/// 3-member cluster, a ledger heartbeat's p50 fell by about 150 µs
+/// (`docs/BENCHMARKS.md`). Nothing runs on it between requests: it has no
+/// keep-alive pings (a ping's deadline passed while nobody drove the runtime
+/// would close the connection under the next request); a dead peer is found by
+/// the request's own deadline, and a connection closed meanwhile when the runtime
+/// next runs ([`Conn::txn_here`] lets it see its sockets before sending).
+struct Here {
+    rt: Option<tokio::runtime::Runtime>,
+    client: Client,
+}
+
+impl Drop for Here {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+enum HereState {
+    /// Not needed yet.
+    Unmade,
+    Made(Box<Here>),
+    /// Could not be made, at this instant: tried again after [`HERE_RETRY_MS`]
+    /// (meanwhile `Txn`s go through the client's runtime).
+    Failed(std::time::Instant),
+}
+
+/// How long after a failed attempt the second connection is tried again.
+const HERE_RETRY_MS: u64 = 1_000;
+
+/// `f` until it answers, sent again while `retry` allows it and the deadline
+/// (`within` from now) leaves room for the pause; `Err` when the deadline passed
+/// first.
+async fn with_retries<T, F>(
+    client: Client,
+    retry: Retry,
+    within: Duration,
+    f: impl Fn(Client) -> F,
+) -> std::result::Result<std::result::Result<T, etcd_client::Error>, tokio::time::error::Elapsed>
+where
+    F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    let mut pause = Duration::from_millis(RETRY_PAUSE_MS_FIRST);
+    loop {
+        match tokio::time::timeout_at(deadline, f(client.clone())).await {
+            Ok(Err(e)) if retry.again(&e) && tokio::time::Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(RETRY_PAUSE_MS_MAX));
+            }
+            other => return other,
         }
     }
 }
@@ -204,6 +268,12 @@ fn etcd_error(describe: &str, e: etcd_client::Error) -> Error {
     }
 }
 
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(ETCD_CONNECT_TIMEOUT_MS))
+        .with_timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
+}
+
 impl Conn {
     fn connect(opts: &EtcdOptions) -> Result<Conn> {
         let describe = opts.describe();
@@ -213,10 +283,7 @@ impl Conn {
             .enable_all()
             .build()
             .map_err(|e| Error::io("start the etcd client's runtime", "etcd")(e))?;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_millis(ETCD_CONNECT_TIMEOUT_MS))
-            .with_timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        let options = connect_options().with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
         let eps = opts.endpoints.clone();
         let connecting = rt.spawn(async move { Client::connect(eps, Some(options)).await });
         let client = rt
@@ -228,7 +295,67 @@ impl Conn {
             })
             .map_err(|e| unavailable(&describe, e))?
             .map_err(|e| etcd_error(&describe, e))?;
-        Ok(Conn { rt: Some(rt), client, describe })
+        Ok(Conn { rt: Some(rt), client, describe, opts: opts.clone(), here: Mutex::new(HereState::Unmade) })
+    }
+
+    /// The second connection ([`Here`]), on a runtime of its own, within the
+    /// request's deadline.
+    fn connect_here(&self) -> std::result::Result<Here, String> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let (eps, options) = (self.opts.endpoints.clone(), connect_options());
+        let connected = rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS), Client::connect(eps, Some(options)))
+                .await
+        });
+        let here = |client| Here { rt: Some(rt), client };
+        match connected {
+            Ok(Ok(client)) => Ok(here(client)),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {ETCD_REQUEST_TIMEOUT_MS} ms")),
+        }
+    }
+
+    /// A `Txn` on the second connection, driven by this thread, if this thread
+    /// may drive a runtime and nobody else drives it now (else `None`: the
+    /// client's runtime serves it).
+    fn txn_here(&self, txn: &Txn, within: Duration) -> Option<Result<etcd_client::TxnResponse>> {
+        if !crate::storage::commit::may_drive_a_runtime() {
+            return None;
+        }
+        let mut here = self.here.try_lock().ok()?;
+        let retry_after = Duration::from_millis(HERE_RETRY_MS);
+        if match &*here {
+            HereState::Unmade => true,
+            HereState::Failed(at) => at.elapsed() >= retry_after,
+            HereState::Made(_) => false,
+        } {
+            *here = match self.connect_here() {
+                Ok(h) => HereState::Made(Box::new(h)),
+                Err(e) => {
+                    tracing::debug!(cluster = %self.describe, error = %e, "no second connection for appends");
+                    HereState::Failed(std::time::Instant::now())
+                }
+            };
+        }
+        let HereState::Made(h) = &*here else { return None };
+        let rt = h.rt.as_ref().expect("a live connection");
+        let r = rt.block_on(async {
+            // Let the connections see their sockets first (a peer that closed one
+            // while nobody drove this runtime), so the request is not sent on it.
+            for _ in 0..2 {
+                tokio::task::yield_now().await;
+            }
+            with_retries(h.client.clone(), Retry::NeverSent, within, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        });
+        Some(match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(etcd_error(&self.describe, e)),
+            Err(_) => Err(unavailable(&self.describe, format!("no answer within {} ms", within.as_millis()))),
+        })
     }
 
     /// Run one request on the connection's runtime, waiting at most
@@ -244,36 +371,41 @@ impl Conn {
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
     {
+        self.run_within(retry, Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS), f)
+    }
+
+    /// [`run`](Self::run) with a deadline of `within` (at most
+    /// [`ETCD_REQUEST_TIMEOUT_MS`]: what is left of a larger operation's).
+    fn run_within<T: Send + 'static, F>(
+        &self,
+        retry: Retry,
+        within: Duration,
+        f: impl Fn(Client) -> F + Send + 'static,
+    ) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+    {
+        let within = within.min(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS));
         let client = self.client.clone();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let rt = self.rt.as_ref().expect("a live connection");
         rt.spawn(async move {
             // A stalled runtime (its one thread blocked) in tests.
             fail::fail_point!("etcd::request");
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS);
-            let mut pause = Duration::from_millis(RETRY_PAUSE_MS_FIRST);
-            let r = loop {
-                match tokio::time::timeout_at(deadline, f(client.clone())).await {
-                    Ok(Err(e)) if retry.again(&e) && tokio::time::Instant::now() + pause < deadline => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(RETRY_PAUSE_MS_MAX));
-                    }
-                    other => break other,
-                }
-            };
-            let _ = tx.send(r);
+            let _ = tx.send(with_retries(client, retry, within, f).await);
         });
         // The deadline is kept on this side too: a runtime whose thread is held
         // (starved, or blocked by a bug) must not hold the caller past its bound.
-        match rx.recv_timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS + ETCD_ANSWER_GRACE_MS)) {
+        let grace = Duration::from_millis(ETCD_ANSWER_GRACE_MS);
+        match rx.recv_timeout(within + grace) {
             Ok(Ok(Ok(v))) => Ok(v),
             Ok(Ok(Err(e))) => Err(etcd_error(&self.describe, e)),
-            Ok(Err(_)) => Err(unavailable(&self.describe, format!("no answer within {ETCD_REQUEST_TIMEOUT_MS} ms"))),
+            Ok(Err(_)) => Err(unavailable(&self.describe, format!("no answer within {} ms", within.as_millis()))),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(unavailable(
                 &self.describe,
                 format!(
                     "no answer within {} ms: the client's runtime did not run the request",
-                    ETCD_REQUEST_TIMEOUT_MS + ETCD_ANSWER_GRACE_MS
+                    (within + grace).as_millis()
                 ),
             )),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
@@ -283,7 +415,11 @@ impl Conn {
     }
 
     fn get(&self, key: Vec<u8>, opts: Option<GetOptions>) -> Result<etcd_client::GetResponse> {
-        self.run(Retry::Unavailable, move |c| {
+        self.get_within(key, opts, Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
+    }
+
+    fn get_within(&self, key: Vec<u8>, opts: Option<GetOptions>, within: Duration) -> Result<etcd_client::GetResponse> {
+        self.run_within(Retry::Unavailable, within, move |c| {
             let (key, opts) = (key.clone(), opts.clone());
             async move { c.kv_client().max_decoding_message_size(MESSAGE_BYTES_MAX).get(key, opts).await }
         })
@@ -342,10 +478,25 @@ impl Conn {
     }
 
     fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
-        self.run(Retry::NeverSent, move |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
+        self.txn_within(txn, Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
+    }
+
+    /// A `Txn` with a deadline of `within` (at most [`ETCD_REQUEST_TIMEOUT_MS`]).
+    fn txn_within(&self, txn: Txn, within: Duration) -> Result<etcd_client::TxnResponse> {
+        // A `Txn` lost on its way, its answer with it (tests).
+        fail::fail_point!("etcd::txn_not_sent", |_| Err(unavailable(&self.describe, "lost on its way (injected)")));
+        let within = within.min(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS));
+        let r = self.txn_here(&txn, within).unwrap_or_else(|| {
+            self.run_within(Retry::NeverSent, within, move |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+        });
+        // A `Txn` that etcd applied whose answer never came back (tests).
+        fail::fail_point!("etcd::txn_answer_lost", r.is_ok(), |_| {
+            Err(unavailable(&self.describe, "the answer was lost (injected)"))
+        });
+        r
     }
 
     /// Wait at most `timeout` for the key `key` to change after `revision`;
@@ -392,6 +543,13 @@ struct Meta {
     fencelog_log: u32,
     format_version: u16,
     created_ms: u64,
+}
+
+/// An append in flight, as the log would hold it once it landed.
+struct Ours {
+    first_seq: u64,
+    first_frame: Vec<u8>,
+    head: Head,
 }
 
 /// Records before `below_seq` were archived (`fencelog archive`): `link` is the
@@ -597,9 +755,24 @@ impl EtcdBackend {
         self.read_head_at().map(|(h, _)| h)
     }
 
+    /// Whether the log holds `ours`' first frame at its sequence: that append
+    /// landed (its `Txn` wrote its frames and the head together).
+    fn holds(&self, ours: &Ours, within: Duration) -> Result<bool> {
+        let r = self.conn.get_within(keys::record(&self.prefix, ours.first_seq), None, within)?;
+        Ok(r.kvs().first().is_some_and(|kv| kv.value() == ours.first_frame.as_slice()))
+    }
+
     /// The head, and the revision of the store it was read at.
     fn read_head_at(&self) -> Result<(Head, i64)> {
-        let r = self.conn.get(keys::key(&self.prefix, keys::HEAD), None)?;
+        self.read_head_at_within(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
+    }
+
+    fn read_head_within(&self, within: Duration) -> Result<Head> {
+        self.read_head_at_within(within).map(|(h, _)| h)
+    }
+
+    fn read_head_at_within(&self, within: Duration) -> Result<(Head, i64)> {
+        let r = self.conn.get_within(keys::key(&self.prefix, keys::HEAD), None, within)?;
         let revision = r.header().map_or(0, |h| h.revision());
         let Some(kv) = r.kvs().first() else {
             return Err(self.corruption(0, "the log's marker is there but its head key is missing".into()));
@@ -870,9 +1043,11 @@ impl LogBackend for EtcdBackend {
         let before = keys::head_value(expect_seq, &cursor.prev_link);
         let mut c = *cursor;
         let mut ops = Vec::with_capacity(payloads.len() + 1);
+        let mut first_frame = None;
         for p in &payloads {
             let mut frame = Vec::with_capacity(p.len() + 80);
             c.prev_link = encode_frame(&mut frame, &c.prev_link, c.next_seq, &writer, now_ms, p);
+            first_frame.get_or_insert_with(|| frame.clone());
             ops.push(TxnOp::put(keys::record(&self.prefix, c.next_seq), frame, None));
             c.next_seq += 1;
         }
@@ -882,7 +1057,55 @@ impl LogBackend for EtcdBackend {
             .when([Compare::value(head_key.clone(), CompareOp::Equal, before)])
             .and_then(ops)
             .or_else([TxnOp::get(head_key, None)]);
-        let resp = self.conn.txn(txn)?;
+        let ours = Ours {
+            first_seq: expect_seq + 1,
+            first_frame: first_frame.expect("a record at least"),
+            head: Head { seq: last_seq, link: c.prev_link },
+        };
+        let appended = |cursor: &mut Cursor| {
+            *cursor = c;
+            self.appended.fetch_add(payloads.len() as u64, Ordering::Relaxed);
+            self.txns.fetch_add(1, Ordering::Relaxed);
+            Ok(AppendOutcome::Appended(Appended { first_seq: expect_seq + 1, last_seq, chain_head: c.prev_link }))
+        };
+        // An answer lost (`ETCD_UNAVAILABLE`: the connection reset under the
+        // request — a member killed —, or no answer in time) leaves the outcome
+        // open: the head tells it. Still the one compared against: not applied
+        // (or not yet: the request is sent again, and the compare lets at most one
+        // of the two apply); ours: applied; another writer's: applied if our first
+        // frame is at its sequence, else never (its compare cannot hold again).
+        // One deadline for the whole append, the telling included.
+        let deadline = std::time::Instant::now() + Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS);
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        let mut lost = false;
+        let resp = loop {
+            match self.conn.txn_within(txn.clone(), left()) {
+                Ok(resp) => break resp,
+                Err(e @ Error::EtcdUnavailable { .. }) => {
+                    lost = true;
+                    if left().is_zero() {
+                        return Err(e);
+                    }
+                    let Ok(head) = self.read_head_within(left()) else { return Err(e) };
+                    if head == ours.head || (head.seq != expect_seq && self.holds(&ours, left())?) {
+                        return appended(&mut cursor);
+                    }
+                    if head.seq != expect_seq || head.link != cursor.prev_link {
+                        *cursor = Cursor { next_seq: head.seq + 1, prev_link: head.link };
+                        return Ok(AppendOutcome::HeadMoved { actual: head.seq });
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    tracing::debug!(cluster = %self.opts.describe(), error = %e, "an append's answer was lost and it did not land: sent again");
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if !resp.succeeded() && lost && self.holds(&ours, left())? {
+            // The lost attempt landed after the head was read.
+            return appended(&mut cursor);
+        }
         if !resp.succeeded() {
             let actual = resp.op_responses().into_iter().find_map(|r| match r {
                 TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| keys::parse_head(kv.value())),
@@ -892,10 +1115,7 @@ impl LogBackend for EtcdBackend {
             *cursor = Cursor { next_seq: seq + 1, prev_link: link };
             return Ok(AppendOutcome::HeadMoved { actual: seq });
         }
-        *cursor = c;
-        self.appended.fetch_add(payloads.len() as u64, Ordering::Relaxed);
-        self.txns.fetch_add(1, Ordering::Relaxed);
-        Ok(AppendOutcome::Appended(Appended { first_seq: expect_seq + 1, last_seq, chain_head: c.prev_link }))
+        appended(&mut cursor)
     }
 
     fn exclusive(

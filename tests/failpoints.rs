@@ -482,4 +482,35 @@ fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
     let mut payloads = vec![];
     other.reader(1).poll(&mut |r| payloads.push(r.payload.to_vec())).unwrap();
     assert_eq!(payloads, [&b"one"[..], b"two", b"three", b"four"]);
+    // Another writer appends between the lost answer and the reading of the head:
+    // the head is not ours, but our first frame is at its sequence — landed.
+    let other = std::sync::Arc::new(other);
+    let next = {
+        let other = other.clone();
+        move |payload: &'static [u8]| {
+            let other = other.clone();
+            move || {
+                let at = other.head().unwrap().seq;
+                assert!(matches!(other.append_if_head(at, vec![payload.to_vec()]), Ok(AppendOutcome::Appended(_))));
+            }
+        }
+    };
+    fail::cfg_callback("etcd::before_telling", next(b"other on top")).unwrap();
+    fail::cfg("etcd::txn_answer_lost", "1*return").unwrap();
+    assert_eq!(landed(backend.append_if_head(4, vec![b"five".to_vec()])), (5, 5));
+    fail::remove("etcd::txn_answer_lost");
+    // The same, but the append was lost before it landed: the other writer's
+    // record holds its place, and it never will land — `HeadMoved`.
+    fail::cfg_callback("etcd::before_telling", next(b"other instead")).unwrap();
+    fail::cfg("etcd::txn_not_sent", "1*return").unwrap();
+    assert!(matches!(backend.append_if_head(6, vec![b"never".to_vec()]), Ok(AppendOutcome::HeadMoved { actual: 7 })));
+    fail::remove("etcd::txn_not_sent");
+    fail::remove("etcd::before_telling");
+    assert_eq!(landed(backend.append_if_head(7, vec![b"eight".to_vec()])), (8, 8));
+    let mut payloads = vec![];
+    other.reader(1).poll(&mut |r| payloads.push(r.payload.to_vec())).unwrap();
+    assert_eq!(
+        payloads,
+        [&b"one"[..], b"two", b"three", b"four", b"five", b"other on top", b"other instead", b"eight"]
+    );
 }

@@ -75,14 +75,11 @@ where
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
     {
         let owner = pending.0.take().expect("taken once");
-        let led = tokio::task::block_in_place(|| {
-            let _may_block = MayBlock::begin();
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lead(&owner)))
-        });
+        let led =
+            tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lead(&owner))));
         return led.map_err(LeadFailed::Panicked);
     }
     let led = tokio::task::spawn_blocking(move || {
-        let _may_block = MayBlock::begin();
         let owner = pending.0.take().expect("taken once");
         lead(&owner)
     })
@@ -134,33 +131,6 @@ pub fn may_lead_inline() -> bool {
 
 thread_local! {
     static LEADING_INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// This thread leads on the blocking pool, or in place with the runtime told
-/// ([`lead_on_blocking_pool`]), until dropped.
-struct MayBlock(bool);
-
-impl MayBlock {
-    fn begin() -> MayBlock {
-        MayBlock(MAY_BLOCK.with(|f| f.replace(true)))
-    }
-}
-
-impl Drop for MayBlock {
-    fn drop(&mut self) {
-        MAY_BLOCK.with(|f| f.set(self.0));
-    }
-}
-
-/// Whether this thread may block on a runtime of its own (drive it with
-/// `block_on` while it waits for an answer): a thread outside any runtime (a
-/// plain caller, the CLI), or one leading for an async caller on the blocking
-/// pool or in place ([`lead_on_blocking_pool`]) — never a runtime's worker (an
-/// inline lead, an async caller), where `block_on` is refused and the wait would
-/// hold up the worker's tasks.
-pub fn may_drive_a_runtime() -> bool {
-    !leading_inline() && (MAY_BLOCK.with(std::cell::Cell::get) || tokio::runtime::Handle::try_current().is_err())
 }
 
 /// This thread leads for an async caller on its own thread ([`lead_inline`])

@@ -64,8 +64,7 @@ mod state;
 mod tests;
 
 pub use async_path::{
-    AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_inline, lead_on_blocking_pool, leading_inline,
-    may_drive_a_runtime, may_lead_inline,
+    AsyncCommit, AsyncTurn, LeadFailed, LeadOn, lead_inline, lead_on_blocking_pool, leading_inline, may_lead_inline,
 };
 pub use state::{Core, InlineLeads};
 

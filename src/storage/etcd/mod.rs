@@ -163,15 +163,11 @@ impl Retry {
 
 /// A connection: the client and the runtime its requests run on. Every request
 /// is handed to that runtime and waited for on the caller's thread (any thread:
-/// a blocking pool's, a plain one), with its deadline — but a `Txn` of a caller
-/// that may drive a runtime itself ([`may_drive_a_runtime`]: a commit engine's
-/// leader, the CLI) goes out on a second connection ([`Here`]).
+/// a blocking pool's, a plain one), with its deadline.
 struct Conn {
     rt: Option<tokio::runtime::Runtime>,
     client: Client,
     describe: String,
-    opts: EtcdOptions,
-    here: Mutex<HereState>,
 }
 
 impl Drop for Conn {
@@ -182,41 +178,6 @@ impl Drop for Conn {
         }
     }
 }
-
-/// A second connection, on a single-threaded runtime that the caller of a `Txn`
-/// drives itself while it waits (`block_on`): the request goes out, and its
-/// answer is read, on the caller's thread. Handed to the client's runtime
-/// instead, each `Txn` crossed two threads and back; on 2 cores shared with a
-/// 3-member cluster, a ledger heartbeat's p50 fell by about 150 µs
-/// (`docs/BENCHMARKS.md`). Nothing runs on it between requests: it has no
-/// keep-alive pings (a ping's deadline passed while nobody drove the runtime
-/// would close the connection under the next request); a dead peer is found by
-/// the request's own deadline, and a connection closed meanwhile when the runtime
-/// next runs ([`Conn::txn_here`] lets it see its sockets before sending).
-struct Here {
-    rt: Option<tokio::runtime::Runtime>,
-    client: Client,
-}
-
-impl Drop for Here {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-enum HereState {
-    /// Not needed yet.
-    Unmade,
-    Made(Box<Here>),
-    /// Could not be made, at this instant: tried again after [`HERE_RETRY_MS`]
-    /// (meanwhile `Txn`s go through the client's runtime).
-    Failed(std::time::Instant),
-}
-
-/// How long after a failed attempt the second connection is tried again.
-const HERE_RETRY_MS: u64 = 1_000;
 
 /// `f` until it answers, sent again while `retry` allows it and the deadline
 /// (`within` from now) leaves room for the pause; `Err` when the deadline passed
@@ -268,12 +229,6 @@ fn etcd_error(describe: &str, e: etcd_client::Error) -> Error {
     }
 }
 
-fn connect_options() -> ConnectOptions {
-    ConnectOptions::new()
-        .with_connect_timeout(Duration::from_millis(ETCD_CONNECT_TIMEOUT_MS))
-        .with_timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
-}
-
 impl Conn {
     fn connect(opts: &EtcdOptions) -> Result<Conn> {
         let describe = opts.describe();
@@ -283,7 +238,10 @@ impl Conn {
             .enable_all()
             .build()
             .map_err(|e| Error::io("start the etcd client's runtime", "etcd")(e))?;
-        let options = connect_options().with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_millis(ETCD_CONNECT_TIMEOUT_MS))
+            .with_timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS))
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
         let eps = opts.endpoints.clone();
         let connecting = rt.spawn(async move { Client::connect(eps, Some(options)).await });
         let client = rt
@@ -295,67 +253,7 @@ impl Conn {
             })
             .map_err(|e| unavailable(&describe, e))?
             .map_err(|e| etcd_error(&describe, e))?;
-        Ok(Conn { rt: Some(rt), client, describe, opts: opts.clone(), here: Mutex::new(HereState::Unmade) })
-    }
-
-    /// The second connection ([`Here`]), on a runtime of its own, within the
-    /// request's deadline.
-    fn connect_here(&self) -> std::result::Result<Here, String> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-        let (eps, options) = (self.opts.endpoints.clone(), connect_options());
-        let connected = rt.block_on(async {
-            tokio::time::timeout(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS), Client::connect(eps, Some(options)))
-                .await
-        });
-        let here = |client| Here { rt: Some(rt), client };
-        match connected {
-            Ok(Ok(client)) => Ok(here(client)),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {ETCD_REQUEST_TIMEOUT_MS} ms")),
-        }
-    }
-
-    /// A `Txn` on the second connection, driven by this thread, if this thread
-    /// may drive a runtime and nobody else drives it now (else `None`: the
-    /// client's runtime serves it).
-    fn txn_here(&self, txn: &Txn, within: Duration) -> Option<Result<etcd_client::TxnResponse>> {
-        if !crate::storage::commit::may_drive_a_runtime() {
-            return None;
-        }
-        let mut here = self.here.try_lock().ok()?;
-        let retry_after = Duration::from_millis(HERE_RETRY_MS);
-        if match &*here {
-            HereState::Unmade => true,
-            HereState::Failed(at) => at.elapsed() >= retry_after,
-            HereState::Made(_) => false,
-        } {
-            *here = match self.connect_here() {
-                Ok(h) => HereState::Made(Box::new(h)),
-                Err(e) => {
-                    tracing::debug!(cluster = %self.describe, error = %e, "no second connection for appends");
-                    HereState::Failed(std::time::Instant::now())
-                }
-            };
-        }
-        let HereState::Made(h) = &*here else { return None };
-        let rt = h.rt.as_ref().expect("a live connection");
-        let r = rt.block_on(async {
-            // Let the connections see their sockets first (a peer that closed one
-            // while nobody drove this runtime), so the request is not sent on it.
-            for _ in 0..2 {
-                tokio::task::yield_now().await;
-            }
-            with_retries(h.client.clone(), Retry::NeverSent, within, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-        });
-        Some(match r {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(etcd_error(&self.describe, e)),
-            Err(_) => Err(unavailable(&self.describe, format!("no answer within {} ms", within.as_millis()))),
-        })
+        Ok(Conn { rt: Some(rt), client, describe })
     }
 
     /// Run one request on the connection's runtime, waiting at most
@@ -485,12 +383,9 @@ impl Conn {
     fn txn_within(&self, txn: Txn, within: Duration) -> Result<etcd_client::TxnResponse> {
         // A `Txn` lost on its way, its answer with it (tests).
         fail::fail_point!("etcd::txn_not_sent", |_| Err(unavailable(&self.describe, "lost on its way (injected)")));
-        let within = within.min(Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS));
-        let r = self.txn_here(&txn, within).unwrap_or_else(|| {
-            self.run_within(Retry::NeverSent, within, move |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
+        let r = self.run_within(Retry::NeverSent, within, move |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
         });
         // A `Txn` that etcd applied whose answer never came back (tests).
         fail::fail_point!("etcd::txn_answer_lost", r.is_ok(), |_| {
@@ -1078,33 +973,56 @@ impl LogBackend for EtcdBackend {
         let deadline = std::time::Instant::now() + Duration::from_millis(ETCD_REQUEST_TIMEOUT_MS);
         let left = || deadline.saturating_duration_since(std::time::Instant::now());
         let mut lost = false;
+        let mut pause = Duration::from_millis(RETRY_PAUSE_MS_FIRST);
         let resp = loop {
             match self.conn.txn_within(txn.clone(), left()) {
                 Ok(resp) => break resp,
                 Err(e @ Error::EtcdUnavailable { .. }) => {
                     lost = true;
+                    // Nothing left of the deadline (the answer did not come in
+                    // time): not told, the error stands.
                     if left().is_zero() {
                         return Err(e);
                     }
+                    // Another writer appending meanwhile (tests).
+                    fail::fail_point!("etcd::before_telling");
                     let Ok(head) = self.read_head_within(left()) else { return Err(e) };
-                    if head == ours.head || (head.seq != expect_seq && self.holds(&ours, left())?) {
+                    let landed = head == ours.head
+                        || (head.seq != expect_seq
+                            && match self.holds(&ours, left()) {
+                                Ok(held) => held,
+                                Err(_) => return Err(e),
+                            });
+                    if landed {
                         return appended(&mut cursor);
                     }
                     if head.seq != expect_seq || head.link != cursor.prev_link {
                         *cursor = Cursor { next_seq: head.seq + 1, prev_link: head.link };
                         return Ok(AppendOutcome::HeadMoved { actual: head.seq });
                     }
-                    if std::time::Instant::now() >= deadline {
+                    if left() <= pause {
                         return Err(e);
                     }
                     tracing::debug!(cluster = %self.opts.describe(), error = %e, "an append's answer was lost and it did not land: sent again");
+                    // (Not at once: a connection that fails fast is not hammered.)
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(RETRY_PAUSE_MS_MAX));
                 }
                 Err(e) => return Err(e),
             }
         };
-        if !resp.succeeded() && lost && self.holds(&ours, left())? {
-            // The lost attempt landed after the head was read.
-            return appended(&mut cursor);
+        // A resent `Txn` whose compare failed: the lost attempt may have landed
+        // after the head was read.
+        if !resp.succeeded() && lost {
+            let held = self.holds(&ours, left()).map_err(|e| {
+                unavailable(
+                    &self.opts.describe(),
+                    format!("an append whose answer was lost was sent again; whether the first landed could not be told: {e}"),
+                )
+            })?;
+            if held {
+                return appended(&mut cursor);
+            }
         }
         if !resp.succeeded() {
             let actual = resp.op_responses().into_iter().find_map(|r| match r {

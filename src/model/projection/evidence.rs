@@ -83,13 +83,7 @@ impl Projection {
             return;
         };
         // After the claim or takeover before it in the transaction.
-        if let Some(o) = self
-            .subjects
-            .get_mut(subject.as_str())
-            .filter(|s| s.owner.is_some())
-            .map(Arc::make_mut)
-            .and_then(|s| s.owner.as_mut())
-        {
+        if let Some(o) = self.owner_mut(subject) {
             o.pid_ns = *pid_ns;
         }
     }
@@ -99,13 +93,7 @@ impl Projection {
             return;
         };
         // After the claim or takeover before it in the transaction.
-        if let Some(o) = self
-            .subjects
-            .get_mut(subject.as_str())
-            .filter(|s| s.owner.is_some())
-            .map(Arc::make_mut)
-            .and_then(|s| s.owner.as_mut())
-        {
+        if let Some(o) = self.owner_mut(subject) {
             o.host = Some(host.clone());
         }
     }

@@ -275,6 +275,13 @@ impl Projection {
         self.undecodable
     }
 
+    /// The owner of `subject`, writable, if it has one: the subject is copied
+    /// first only if a clone of the projection shares it (and only then: one
+    /// without an owner is left shared).
+    pub(super) fn owner_mut(&mut self, subject: &str) -> Option<&mut Owner> {
+        self.subjects.get_mut(subject).filter(|s| s.owner.is_some()).map(Arc::make_mut).and_then(|s| s.owner.as_mut())
+    }
+
     /// A subject's state, writable: for tests that forge a state no log reaches
     /// (a generation at its limit, a snapshot that lies). Feature `internals`.
     #[cfg(feature = "internals")]

@@ -337,13 +337,7 @@ impl Projection {
         let (Event::Heartbeat { subject, .. }, Outcome::Heartbeat { heartbeat_ms, .. }) = (e, o) else {
             return;
         };
-        if let Some(o) = self
-            .subjects
-            .get_mut(subject.as_str())
-            .filter(|s| s.owner.is_some())
-            .map(Arc::make_mut)
-            .and_then(|s| s.owner.as_mut())
-        {
+        if let Some(o) = self.owner_mut(subject) {
             o.heartbeat_ms = *heartbeat_ms;
         }
     }

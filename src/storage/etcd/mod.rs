@@ -963,9 +963,9 @@ impl LogBackend for EtcdBackend {
             self.txns.fetch_add(1, Ordering::Relaxed);
             Ok(AppendOutcome::Appended(Appended { first_seq: expect_seq + 1, last_seq, chain_head: c.prev_link }))
         };
-        // An answer lost (`ETCD_UNAVAILABLE`: the connection reset under the
-        // request — a member killed —, or no answer in time) leaves the outcome
-        // open: the head tells it. Still the one compared against: not applied
+        // An answer of unavailability while time is left (the connection reset
+        // under the request — a member killed —, a leader change) leaves the
+        // outcome open: the head tells it. Still the one compared against: not applied
         // (or not yet: the request is sent again, and the compare lets at most one
         // of the two apply); ours: applied; another writer's: applied if our first
         // frame is at its sequence, else never (its compare cannot hold again).

@@ -549,13 +549,9 @@ fn watch_and_follow_on_etcd_see_what_another_host_appends() {
 /// failed on it.)
 #[test]
 fn appends_keep_landing_while_followers_die_and_return_between_them() {
-    use fencelog::storage::etcd::{EtcdBackend, EtcdOptions};
     use fencelog::storage::{AppendOutcome, LogBackend};
     let mut cluster = Cluster::start(3);
-    let opts = EtcdOptions::parse(&cluster.endpoints, &etcd::fresh_prefix("idle-conn")).unwrap();
-    EtcdBackend::init(&opts).unwrap();
-    let loc = fencelog::storage::Location::Etcd(opts.clone());
-    let backend = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    let (opts, backend) = etcd::new_backend(&cluster.endpoints, "followers-die");
     let mut head = backend.head().unwrap().seq;
     let mut appends = |n: usize, when: &str| {
         for i in 0..n {

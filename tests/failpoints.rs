@@ -435,12 +435,9 @@ fn a_failed_sync_before_recovery_fills_the_index_fails_the_open() {
 #[test]
 fn an_etcd_request_is_answered_unavailable_when_the_clients_runtime_is_stalled() {
     use fencelog::storage::LogBackend;
-    use fencelog::storage::etcd::{ETCD_ANSWER_GRACE_MS, ETCD_REQUEST_TIMEOUT_MS, EtcdBackend, EtcdOptions};
+    use fencelog::storage::etcd::{ETCD_ANSWER_GRACE_MS, ETCD_REQUEST_TIMEOUT_MS};
     let _fp = fail::FailScenario::setup();
-    let opts = EtcdOptions::parse(&common::etcd::shared().endpoints, &common::etcd::fresh_prefix("stall")).unwrap();
-    EtcdBackend::init(&opts).unwrap();
-    let loc = fencelog::storage::Location::Etcd(opts.clone());
-    let backend = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    let (_, backend) = common::etcd::new_backend(&common::etcd::shared().endpoints, "stall");
     assert_eq!(backend.head().unwrap().seq, 0);
     // Longer than the caller's whole bound: the runtime's answer cannot come first.
     let stall_ms = 2 * (ETCD_REQUEST_TIMEOUT_MS + ETCD_ANSWER_GRACE_MS);
@@ -458,13 +455,9 @@ fn an_etcd_request_is_answered_unavailable_when_the_clients_runtime_is_stalled()
 /// and one whose answer was lost before it landed is sent again and lands once.
 #[test]
 fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
-    use fencelog::storage::etcd::{EtcdBackend, EtcdOptions};
     use fencelog::storage::{AppendOutcome, LogBackend};
     let _fp = fail::FailScenario::setup();
-    let opts = EtcdOptions::parse(&common::etcd::shared().endpoints, &common::etcd::fresh_prefix("lost")).unwrap();
-    EtcdBackend::init(&opts).unwrap();
-    let loc = fencelog::storage::Location::Etcd(opts.clone());
-    let backend = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    let (opts, backend) = common::etcd::new_backend(&common::etcd::shared().endpoints, "lost");
     let landed = |r: fencelog::storage::Result<AppendOutcome>| match r {
         Ok(AppendOutcome::Appended(a)) => (a.first_seq, a.last_seq),
         other => panic!("expected appended, got {other:?}"),
@@ -477,7 +470,7 @@ fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
     assert_eq!(landed(backend.append_if_head(3, vec![b"four".to_vec()])), (4, 4));
     fail::remove("etcd::txn_not_sent");
     // Another writer of the same log sees each record once, at its sequence.
-    let other = EtcdBackend::open(&opts, &loc.log_options(Default::default())).unwrap();
+    let other = common::etcd::open_backend(&opts);
     assert_eq!(other.head().unwrap().seq, 4);
     let mut payloads = vec![];
     other.reader(1).poll(&mut |r| payloads.push(r.payload.to_vec())).unwrap();

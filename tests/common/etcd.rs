@@ -141,3 +141,21 @@ pub fn fresh_location(what: &str) -> fencelog::storage::Location {
         fencelog::storage::etcd::EtcdOptions::parse(&shared().endpoints, &fresh_prefix(what)).unwrap(),
     )
 }
+
+/// A fresh log (created) under a new prefix on `endpoints`, and the etcd backend
+/// open on it, as a writer opens it.
+pub fn new_backend(
+    endpoints: &str,
+    what: &str,
+) -> (fencelog::storage::etcd::EtcdOptions, fencelog::storage::etcd::EtcdBackend) {
+    let opts = fencelog::storage::etcd::EtcdOptions::parse(endpoints, &fresh_prefix(what)).unwrap();
+    fencelog::storage::etcd::EtcdBackend::init(&opts).unwrap();
+    let backend = open_backend(&opts);
+    (opts, backend)
+}
+
+/// Another writer's backend on the log under `opts`.
+pub fn open_backend(opts: &fencelog::storage::etcd::EtcdOptions) -> fencelog::storage::etcd::EtcdBackend {
+    let loc = fencelog::storage::Location::Etcd(opts.clone());
+    fencelog::storage::etcd::EtcdBackend::open(opts, &loc.log_options(Default::default())).unwrap()
+}

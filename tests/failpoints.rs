@@ -507,3 +507,101 @@ fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
         [&b"one"[..], b"two", b"three", b"four", b"five", b"other on top", b"other instead", b"eight"]
     );
 }
+
+/// Proves: a reader answers from another writer's records only once they are
+/// durable — it syncs what it read itself (a reader takes no lock, and may read a
+/// group whose writer has not synced it yet) — and a failed sync of the reader's
+/// gives no answer from them. What the reader knows durable needs no sync of its
+/// own: its own writer's records, and what it reads in the exclusive section
+/// (its catch-up before a group: every writer syncs before it lets go). After
+/// the failure, the reader stopped before the record it could not vouch for and
+/// reads it again once it can: nothing skipped, nothing applied twice.
+#[test]
+fn a_reader_answers_from_another_writers_records_only_once_it_has_made_them_durable() {
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let opts = LedgerOptions::default;
+    let a = Ledger::open(d.path(), opts()).unwrap();
+    let owner = me();
+    a.submit(None, claim("a/1", &owner)).unwrap();
+    let b = Ledger::open(d.path(), opts()).unwrap();
+    fail::cfg("reader::fdatasync", "return").unwrap();
+    // Its own records, and the catch-up before its group (in the section).
+    a.submit(None, claim("a/2", &owner)).unwrap();
+    assert!(a.refresh().unwrap().subject("a/2").is_some(), "its own records need no sync of the reader's");
+    b.submit(None, claim("b/1", &owner)).unwrap();
+    assert!(b.refresh().unwrap().subject("a/2").is_some(), "read in the section before its group");
+    let c = b.submit(None, claim("b/2", &owner)).unwrap();
+    // Another writer's records, read outside the section: the reader's sync fails.
+    let err = a.refresh().unwrap_err();
+    assert_eq!(err.code(), "IO_ERROR", "{err}");
+    assert!(err.to_string().contains("fdatasync what was read"), "{err}");
+    let Err(err) = Ledger::read_only(d.path(), &opts()) else { panic!("a read-only view answered") };
+    assert_eq!(err.code(), "IO_ERROR", "a read-only view gives no answer either: {err}");
+    let err = fencelog::storage::verify_dir(d.path(), LogOptions::default().body_max()).unwrap_err();
+    assert_eq!(err.code(), "IO_ERROR", "nor does the inspector's scan: {err}");
+    // The sync works again: the reader reads on from where it stopped.
+    let syncs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = syncs.clone();
+    fail::cfg_callback("reader::fdatasync", move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })
+    .unwrap();
+    let p = a.refresh().unwrap();
+    assert_eq!(syncs.load(std::sync::atomic::Ordering::SeqCst), 1, "one sync vouches for the chunk read");
+    assert_eq!(p.last_seq(), c.seq.unwrap());
+    assert!(p.subject("b/1").is_some() && p.subject("b/2").is_some());
+    assert_eq!(p.subject("a/1").map(|s| s.generation), Some(1), "nothing applied twice");
+    assert_eq!(a.refresh().unwrap().last_seq(), c.seq.unwrap());
+    assert_eq!(syncs.load(std::sync::atomic::Ordering::SeqCst), 1, "nothing new read: no sync");
+    let a_last = a.submit(None, claim("a/3", &owner)).unwrap();
+    assert_eq!(a_last.seq, Some(c.seq.unwrap() + 1), "the writer goes on, unpoisoned");
+}
+
+/// Proves, across real processes: a group its writer has written and not yet
+/// synced (the writer's `fdatasync` paused by a failpoint, the append lock held)
+/// is answered from by a reader process only after that reader made it durable:
+/// `request show` with its own sync failing exits 1 `IO_ERROR` and says nothing
+/// about the request; without the failure it answers `committed`. The writer is
+/// then killed with SIGKILL before its sync, and the record the reader answered
+/// from is in the log, intact.
+#[test]
+fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
+    const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    assert!(Command::new(FENCELOG).args(["init", "--dir", dir]).status().unwrap().success());
+    let seg = segment_path(d.path(), 1);
+    let before = fencelog::storage::frames_end(&seg).unwrap();
+    let pid = std::process::id().to_string();
+    let claim = ["claim", "--dir", dir, "--subject", "fp/held", "--pid", &pid, "--request-id", "r-held"];
+    let mut writer = Command::new(FENCELOG)
+        .args(claim)
+        .env("FAILPOINTS", "segment::fdatasync=pause")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The writer's group is in the file (its sync paused): wait for it there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while fencelog::storage::frames_end(&seg).unwrap() == before {
+        assert!(writer.try_wait().unwrap().is_none(), "the writer exited before its sync");
+        assert!(std::time::Instant::now() < deadline, "the writer's group never reached the file");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let show = ["request", "show", "--dir", dir, "r-held"];
+    let out = Command::new(FENCELOG).args(show).env("FAILPOINTS", "reader::fdatasync=return").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((out.status.code(), v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
+    assert!(v.get("status").is_none(), "no answer about the request: {v}");
+    let out = Command::new(FENCELOG).args(show).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((out.status.code(), v["status"].as_str()), (Some(0), Some("committed")), "{v}");
+    assert!(writer.try_wait().unwrap().is_none(), "the writer is still before its sync");
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    let out = Command::new(FENCELOG).args(show).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((out.status.code(), v["status"].as_str()), (Some(0), Some("committed")), "{v}");
+    assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
+}

@@ -226,6 +226,17 @@ fn open_checked(path: &Path, bytes_max: u64, seq: u64, write: bool) -> Result<(F
 /// What every whole-file read of a segment goes through: no input makes it read
 /// without bound, block on a FIFO, or follow a symlink.
 pub(crate) fn read_regular(path: &Path, bytes_max: u64, seq: u64) -> Result<Vec<u8>> {
+    read_regular_then(path, bytes_max, seq, |_| Ok(()))
+}
+
+/// [`read_regular`], then `then` on the file it read (before the bytes are
+/// given: a reader's sync of what it read).
+pub(crate) fn read_regular_then(
+    path: &Path,
+    bytes_max: u64,
+    seq: u64,
+    then: impl FnOnce(&std::fs::File) -> Result<()>,
+) -> Result<Vec<u8>> {
     let (f, len) = open_regular(path, bytes_max, seq)?;
     debug_assert!(len <= bytes_max, "open_regular bounds the length");
     let mut b = vec![0u8; len as usize];
@@ -239,6 +250,7 @@ pub(crate) fn read_regular(path: &Path, bytes_max: u64, seq: u64) -> Result<Vec<
         }
     }
     b.truncate(got);
+    then(&f)?;
     Ok(b)
 }
 

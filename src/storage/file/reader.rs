@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::ahead::with_links_ahead;
-use super::dir::{list_segments, listing, open_regular, read_regular};
+use super::dir::{list_segments, listing, open_regular, read_regular, read_regular_then};
 use super::recovery::{Mapped, check_header_continuity, is_torn_creation};
 use crate::format::{
     Action, BODY_FIXED_BYTES, Cursor, Damage, FRAME_HEADER_BYTES, FRAMES_END_MARK, GENESIS_LINK, Layout, RecordRef,
@@ -179,8 +179,10 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
         // memory; sealed ones are mapped.
         let held = if is_last {
             // What is there: a writer sealing it may have cut it to its last
-            // record since it was measured.
-            read_regular(path, bytes_max, name_seq).map(Held::Owned)
+            // record since it was measured. Made durable before it is scanned:
+            // its writer may not have synced its last group yet. (A sealed
+            // segment was synced by its writer before the next one was created.)
+            read_regular_then(path, bytes_max, name_seq, |f| make_read_durable(f, path)).map(Held::Owned)
         } else {
             Mapped::open(path, bytes_max, name_seq).map(Held::Mapped)
         };
@@ -434,6 +436,31 @@ fn zeros_in_file(f: &fs::File, from: u64, to: u64) -> std::io::Result<bool> {
 /// whether anything was appended since.
 pub(crate) const PROBE_BYTES: usize = 4096;
 
+/// Make what a reader read from `f` durable before it is answered from: a reader
+/// takes no lock, so the last segment may hold a commit group its writer has
+/// written and not yet synced (and could still cut back, or lose to a power cut).
+/// `fdatasync` from the reader's own descriptor makes every byte written before
+/// it durable. A file system that cannot sync at all (`EINVAL`: nothing there was
+/// ever made durable by a writer either) or is mounted read-only (`EROFS`: nobody
+/// writes there) has nothing to make durable; any other failure (an I/O error)
+/// is the reader's answer: nothing read is given.
+pub(crate) fn make_read_durable(f: &fs::File, path: &Path) -> Result<()> {
+    // `return`: the sync fails; `return(skip)`: it is not made (tests whose
+    // kernel fails every `fdatasync` of the process, to reach a writer's own).
+    fail::fail_point!("reader::fdatasync", |arg: Option<String>| match arg.as_deref() {
+        Some("skip") => Ok(()),
+        _ => Err(Error::io(READ_SYNC_OP, path)(std::io::Error::other("injected fdatasync failure"))),
+    });
+    match f.sync_data() {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EROFS)) => Ok(()),
+        Err(e) => Err(Error::io(READ_SYNC_OP, path)(e)),
+    }
+}
+
+/// What a reader's failed sync is called (in `IO_ERROR`'s message).
+const READ_SYNC_OP: &str = "fdatasync what was read before answering from it";
+
 /// How many times a tailer reads damage (or a short read) again before it believes
 /// it, and the pause before each look.
 const LIVE_REREADS_MAX: u32 = 3;
@@ -476,6 +503,14 @@ pub struct Tailer {
     zeros_checked: bool,
     /// `offset` is where the frames were last seen to end (not a place of damage).
     at_frames_end: bool,
+    /// Records up to this sequence are known durable: made so by this reader
+    /// ([`make_read_durable`]), read in the exclusive section, or appended by this
+    /// reader's own writer. A record after it is visited only once the chunk it
+    /// was read in has been synced.
+    durable_seq: u64,
+    /// The polls read in the exclusive section (the file backend's append lock):
+    /// every writer syncs its group before it lets go, so what they read is durable.
+    in_section: bool,
 }
 
 impl Tailer {
@@ -493,7 +528,20 @@ impl Tailer {
             layout: Layout::Appended,
             zeros_checked: false,
             at_frames_end: false,
+            durable_seq: 0,
+            in_section: false,
         }
+    }
+
+    /// Whether the next polls read in the exclusive section (see `in_section`).
+    pub fn set_in_section(&mut self, yes: bool) {
+        self.in_section = yes;
+    }
+
+    /// Records up to `last_seq` were appended, and synced, by this reader's own
+    /// writer: visited without a sync of this reader's.
+    pub fn durable_through(&mut self, last_seq: u64) {
+        self.durable_seq = self.durable_seq.max(last_seq);
     }
 
     /// Has the segment this reader is in been cut back below what it read, or
@@ -775,7 +823,7 @@ impl Tailer {
                 Err(e) => return Err(Error::io("read", path)(e)),
             }
             let bytes = &*bytes;
-            let (outcome, marked) = self.scan_chunk(bytes, at, &mut pass.visited, visit);
+            let (outcome, marked) = self.scan_chunk(bytes, at, &mut pass.visited, visit)?;
             // Past a page of zeros the damage is judged as it stands (a torn
             // tail is looked at again next poll; anything else is read again
             // whole before it is believed): no poll at a torn tail reads all
@@ -815,30 +863,63 @@ impl Tailer {
     /// Verify the frames in `bytes`, read from byte `at` of the open segment,
     /// visiting (and counting in `visited`) the records from `visit_from` on. The
     /// outcome, and whether the frames end at a whole end mark.
+    ///
+    /// A record not known durable (after `durable_seq`, outside the exclusive
+    /// section) is visited only after the segment was synced from this reader
+    /// ([`make_read_durable`]), once per chunk: the chunk was read before that
+    /// sync, so the sync covers every record in it. If the sync fails, no record
+    /// from there on is visited: the tailer stops before it (its offset and
+    /// cursor there, so a later poll starts again at it) and the poll fails.
     fn scan_chunk(
         &mut self,
         bytes: &[u8],
         at: u64,
         visited: &mut u64,
         visit: &mut impl FnMut(&RecordRef<'_>),
-    ) -> (ScanOutcome, bool) {
+    ) -> Result<(ScanOutcome, bool)> {
         let visit_from = self.visit_from;
         let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
+        let (_, path, file) = self.file.as_ref().expect("open");
+        let (durable_seq, in_section) = (self.durable_seq, self.in_section);
         // Links are checked from `visit_from` on: helpers only where they are.
         let (checks_links, prev) = (cursor.next_seq >= visit_from, cursor.prev_link);
+        let (mut synced, mut failed) = (false, None);
+        let mut last_link = prev;
         let mut scan = |ahead: Option<&crate::format::LinksAhead<'_>>| {
-            scan_segment_frames_ahead(bytes, 0, at, cursor, body_max, layout, visit_from, ahead, |_, r| {
-                if r.seq >= visit_from {
-                    *visited += 1;
-                    visit(r);
+            // `in_chunk`: the record's offset in `bytes`.
+            scan_segment_frames_ahead(bytes, 0, at, cursor, body_max, layout, visit_from, ahead, |in_chunk, r| {
+                let link_before = std::mem::replace(&mut last_link, r.link);
+                if r.seq < visit_from || failed.is_some() {
+                    return;
                 }
+                if !(in_section || synced || r.seq <= durable_seq) {
+                    match make_read_durable(file, path) {
+                        Ok(()) => synced = true,
+                        Err(e) => {
+                            failed = Some((e, at + in_chunk, Cursor { next_seq: r.seq, prev_link: link_before }));
+                            return;
+                        }
+                    }
+                }
+                *visited += 1;
+                visit(r);
             })
         };
         let outcome = if checks_links { with_links_ahead(bytes, 0, prev, body_max, scan) } else { scan(None) };
+        if let Some((e, offset, stopped_at)) = failed {
+            self.offset = offset;
+            self.cursor = stopped_at;
+            self.zeros_checked = false;
+            self.at_frames_end = false;
+            return Err(e);
+        }
+        if in_section || synced {
+            self.durable_seq = self.durable_seq.max(self.cursor.next_seq.saturating_sub(1));
+        }
         // The frames end at a whole end mark: where a writer left them.
         let marked = matches!(outcome, ScanOutcome::ZeroTail { offset }
             if bytes[offset as usize..].starts_with(&FRAMES_END_MARK));
-        (outcome, marked)
+        Ok((outcome, marked))
     }
 
     /// Move the offset past what a read verified, and say where the poll goes

@@ -355,6 +355,8 @@ fn failed_snapshot_writes_cost_only_the_snapshot() {
 #[test]
 fn a_cli_command_whose_sync_fails_is_not_committed_and_a_retry_commits_once() {
     const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+    // Its own reads (`verify_dir`) reach failpoints too: serialised with the others.
+    let _fp = fail::FailScenario::setup();
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_str().unwrap();
     assert!(Command::new(FENCELOG).args(["init", "--dir", dir]).status().unwrap().success());
@@ -513,11 +515,13 @@ fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
 /// group whose writer has not synced it yet) — and a failed sync of the reader's
 /// gives no answer from them. What the reader knows durable needs no sync of its
 /// own: its own writer's records, and what it reads in the exclusive section
-/// (its catch-up before a group: every writer syncs before it lets go). After
-/// the failure, the reader stopped before the record it could not vouch for and
-/// reads it again once it can: nothing skipped, nothing applied twice.
+/// (its catch-up before a group: every writer syncs before it lets go). A failed
+/// sync stops the reader right before the record it could not vouch for, after
+/// its own records of the same read: the ledger is not poisoned, and reads that
+/// record again once it can — nothing skipped, nothing applied twice.
 #[test]
 fn a_reader_answers_from_another_writers_records_only_once_it_has_made_them_durable() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
     let d = tempfile::tempdir().unwrap();
     let _fp = fail::FailScenario::setup();
     let opts = LedgerOptions::default;
@@ -531,8 +535,11 @@ fn a_reader_answers_from_another_writers_records_only_once_it_has_made_them_dura
     assert!(a.refresh().unwrap().subject("a/2").is_some(), "its own records need no sync of the reader's");
     b.submit(None, claim("b/1", &owner)).unwrap();
     assert!(b.refresh().unwrap().subject("a/2").is_some(), "read in the section before its group");
+    // A read that meets its own record first (a/3: its group read b/1 in the
+    // section) and then another writer's (b/2): the reader's sync fails at b/2.
+    let a3 = a.submit(None, claim("a/3", &owner)).unwrap();
     let c = b.submit(None, claim("b/2", &owner)).unwrap();
-    // Another writer's records, read outside the section: the reader's sync fails.
+    assert_eq!(c.seq, Some(a3.seq.unwrap() + 1));
     let err = a.refresh().unwrap_err();
     assert_eq!(err.code(), "IO_ERROR", "{err}");
     assert!(err.to_string().contains("fdatasync what was read"), "{err}");
@@ -540,34 +547,47 @@ fn a_reader_answers_from_another_writers_records_only_once_it_has_made_them_dura
     assert_eq!(err.code(), "IO_ERROR", "a read-only view gives no answer either: {err}");
     let err = fencelog::storage::verify_dir(d.path(), LogOptions::default().body_max()).unwrap_err();
     assert_eq!(err.code(), "IO_ERROR", "nor does the inspector's scan: {err}");
-    // The sync works again: the reader reads on from where it stopped.
-    let syncs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // Not poisoned: the writer goes on (its catch-up is in the section).
+    let a4 = a.submit(None, claim("a/4", &owner)).unwrap();
+    assert_eq!(a4.seq, Some(c.seq.unwrap() + 1), "the writer goes on, unpoisoned");
+    // The sync works again: one sync vouches for what one read found.
+    let syncs = std::sync::Arc::new(AtomicU64::new(0));
     let counted = syncs.clone();
     fail::cfg_callback("reader::fdatasync", move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        counted.fetch_add(1, SeqCst);
     })
     .unwrap();
     let p = a.refresh().unwrap();
-    assert_eq!(syncs.load(std::sync::atomic::Ordering::SeqCst), 1, "one sync vouches for the chunk read");
-    assert_eq!(p.last_seq(), c.seq.unwrap());
-    assert!(p.subject("b/1").is_some() && p.subject("b/2").is_some());
-    assert_eq!(p.subject("a/1").map(|s| s.generation), Some(1), "nothing applied twice");
-    assert_eq!(a.refresh().unwrap().last_seq(), c.seq.unwrap());
-    assert_eq!(syncs.load(std::sync::atomic::Ordering::SeqCst), 1, "nothing new read: no sync");
-    let a_last = a.submit(None, claim("a/3", &owner)).unwrap();
-    assert_eq!(a_last.seq, Some(c.seq.unwrap() + 1), "the writer goes on, unpoisoned");
+    assert_eq!(syncs.load(SeqCst), 0, "b/2 was read in a's section before a/4, and a/4 is a's own");
+    assert_eq!(p.last_seq(), a4.seq.unwrap());
+    b.submit(None, claim("b/3", &owner)).unwrap();
+    let e = b.submit(None, claim("b/4", &owner)).unwrap();
+    let p = a.refresh().unwrap();
+    assert_eq!(syncs.load(SeqCst), 1, "one sync vouches for one read of b's two records");
+    assert_eq!(p.last_seq(), e.seq.unwrap());
+    for s in ["a/1", "a/2", "a/3", "a/4", "b/1", "b/2", "b/3", "b/4"] {
+        assert_eq!(p.subject(s).map(|x| x.generation), Some(1), "{s}: applied once");
+    }
+    assert_eq!(a.refresh().unwrap().last_seq(), e.seq.unwrap());
+    assert_eq!(syncs.load(SeqCst), 1, "nothing new read: no sync");
 }
 
 /// Proves, across real processes: a group its writer has written and not yet
 /// synced (the writer's `fdatasync` paused by a failpoint, the append lock held)
 /// is answered from by a reader process only after that reader made it durable:
-/// `request show` with its own sync failing exits 1 `IO_ERROR` and says nothing
-/// about the request; without the failure it answers `committed`. The writer is
-/// then killed with SIGKILL before its sync, and the record the reader answered
-/// from is in the log, intact.
+/// `request show` whose sync fails — a failpoint, and a real EIO from the kernel
+/// (a seccomp filter on `fdatasync`) — exits 1 `IO_ERROR` and says nothing about
+/// the request; without the failure it answers `committed`. The writer is then
+/// killed with SIGKILL before its sync, still marked as the lock's holder: the
+/// next writer (a retry of the same request) makes the log durable before it
+/// reads under the lock — if that sync fails its turn fails (`IO_ERROR`), it
+/// does not answer "deduplicated" from the dead writer's group — and then
+/// answers it, once.
 #[test]
 fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+    // Its own reads (`frames_end`, `verify_dir`) reach failpoints too.
+    let _fp = fail::FailScenario::setup();
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_str().unwrap();
     assert!(Command::new(FENCELOG).args(["init", "--dir", dir]).status().unwrap().success());
@@ -590,18 +610,44 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let show = ["request", "show", "--dir", dir, "r-held"];
-    let out = Command::new(FENCELOG).args(show).env("FAILPOINTS", "reader::fdatasync=return").output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((out.status.code(), v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
+    let json = |out: std::process::Output| -> (Option<i32>, serde_json::Value) {
+        (out.status.code(), serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null))
+    };
+    let (code, v) =
+        json(Command::new(FENCELOG).args(show).env("FAILPOINTS", "reader::fdatasync=return").output().unwrap());
+    assert_eq!((code, v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
     assert!(v.get("status").is_none(), "no answer about the request: {v}");
-    let out = Command::new(FENCELOG).args(show).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((out.status.code(), v["status"].as_str()), (Some(0), Some("committed")), "{v}");
+    let mut eio = Command::new(common::torture_bin());
+    eio.args(["eio", "fdatasync", FENCELOG]).args(show);
+    let (code, v) = json(eio.output().unwrap());
+    assert_eq!((code, v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "kernel EIO: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("Input/output error"), "{v}");
+    let (code, v) = json(Command::new(FENCELOG).args(show).output().unwrap());
+    assert_eq!((code, v["status"].as_str()), (Some(0), Some("committed")), "{v}");
     assert!(writer.try_wait().unwrap().is_none(), "the writer is still before its sync");
     writer.kill().unwrap();
     writer.wait().unwrap();
-    let out = Command::new(FENCELOG).args(show).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((out.status.code(), v["status"].as_str()), (Some(0), Some("committed")), "{v}");
+    let lock = std::fs::read(d.path().join(fencelog::storage::LOCK_FILE)).unwrap();
+    assert_eq!(
+        u64::from_le_bytes(lock[8..16].try_into().unwrap()),
+        u64::from(writer.id()),
+        "the killed writer is still marked as the lock's holder"
+    );
+    let (code, v) = json(
+        Command::new(FENCELOG)
+            .args(claim)
+            .env("FAILPOINTS", "lock::sync_after_unclean_holder=return")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!((code, v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("died holding the append lock"), "{v}");
+    let (code, v) = json(Command::new(FENCELOG).args(claim).output().unwrap());
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!((v["seq"].as_u64(), v["deduplicated"].as_bool()), (Some(1), Some(true)), "{v}");
+    let lock = std::fs::read(d.path().join(fencelog::storage::LOCK_FILE)).unwrap();
+    assert_eq!(u64::from_le_bytes(lock[8..16].try_into().unwrap()), 0, "the retry let go cleanly");
+    let (code, v) = json(Command::new(FENCELOG).args(show).output().unwrap());
+    assert_eq!((code, v["status"].as_str()), (Some(0), Some("committed")), "{v}");
     assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
 }

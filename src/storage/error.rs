@@ -141,11 +141,22 @@ fn holder_text(pid: Option<u32>) -> String {
     pid.map_or_else(|| "; the holder could not be identified".into(), |p| format!("; it is held by pid {p}"))
 }
 
+/// What a reader's failed sync of what it read is called (in `IO_ERROR`'s message).
+pub(crate) const READ_SYNC_OP: &str = "fdatasync what was read before answering from it";
+
 impl Error {
     /// The backend could not be reached now (etcd without a quorum): the log is
     /// neither known damaged nor this writer poisoned; a later attempt may work.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::EtcdUnavailable { .. } | Error::CutUnderReader { .. })
+    }
+
+    /// A reader's sync of what it read failed ([`READ_SYNC_OP`]): it visited
+    /// nothing from the record it could not vouch for on, and stopped before it
+    /// (a later read starts there), so whoever applied what it visited still
+    /// follows the log.
+    pub fn is_read_not_vouched(&self) -> bool {
+        matches!(self, Error::Io { op, .. } if *op == READ_SYNC_OP)
     }
 
     /// A stable, machine-readable code for each kind of failure.

@@ -40,6 +40,18 @@
 //! count stale: no holder of this writer steps aside again until a waiter's turn
 //! moves it, so a waiter that says it waits and never takes the lock (a stopped
 //! process) costs one bounded step aside, not one per turn.
+//!
+//! **Who let go cleanly.** Every holder syncs each group it writes before it lets
+//! go (or cuts it back), so what the next holder finds in the log is durable —
+//! unless the holder died first (`kill -9` between its write and its sync): the
+//! kernel frees its lock, and its group may sit in the page cache only. So a
+//! holder writes its pid into `LOCK` (bytes 8..16, little endian) once it holds
+//! the lock, and 0 when it lets go; the next holder that finds a pid there (or
+//! cannot read the mark) makes the log's last segment durable (`fdatasync`) before
+//! it does anything else, and fails its turn (`IO_ERROR`, the mark left) if that
+//! sync fails. What a holder reads under the lock is then durable: a reader in the
+//! section needs no sync of its own. (A writer of an earlier build writes no mark:
+//! while one appends during an upgrade, a `kill -9` of it mid-group is not seen.)
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -83,6 +95,10 @@ const YIELD_POLL_US: u64 = 50;
 /// The byte of `LOCK` that waiting writers hold a shared OFD lock on.
 const WAITING_BYTE: i64 = 1;
 
+/// Where in `LOCK` the holder's pid stands while it holds the lock (0 once it let
+/// go cleanly): bytes `HOLDER_MARK_AT..HOLDER_MARK_AT + 8`, little endian.
+const HOLDER_MARK_AT: u64 = 8;
+
 /// An OFD lock request on `WAITING_BYTE` (`F_OFD_SETLK` / `F_OFD_GETLK`).
 fn waiting_byte(file: &File, cmd: libc::c_int, l_type: libc::c_int) -> std::io::Result<libc::c_int> {
     crate::sys::fs::ofd_byte_lock(file, cmd, l_type, WAITING_BYTE)
@@ -102,6 +118,9 @@ pub(crate) struct Held<'a> {
     lock: &'a AppendLock,
     dir: Option<File>,
     legacy: Option<File>,
+    /// This holder's pid is marked in `LOCK`: cleared when it lets go (unless it
+    /// panicked holding the lock: bytes may be half written and unsynced).
+    marked: bool,
 }
 
 /// Spin on `try_lock` this long before queueing in the kernel.
@@ -277,7 +296,7 @@ impl AppendLock {
             Acquired::GaveUp => return Err(withdrawn()),
             Acquired::Absent | Acquired::TimedOut => return Err(timeout(&self.dir)),
         };
-        let mut held = Held { lock: self, dir: Some(dir), legacy: None };
+        let mut held = Held { lock: self, dir: Some(dir), legacy: None, marked: false };
         match self.legacy.acquire(deadline, &mut contended, give_up)? {
             Acquired::Locked(f) => held.legacy = Some(f),
             Acquired::Absent => {} // a log being created: `LOCK` comes right after its first segment
@@ -290,9 +309,60 @@ impl AppendLock {
             self.count_turn();
         }
         drop(waiting);
+        // The last holder let go without clearing its mark (it died holding the
+        // lock): its last group may be in the page cache only. Made durable
+        // before anyone reads it under the lock; if that fails, the turn does
+        // (the mark stays for the next holder).
+        if self.holder_mark() != Some(0) {
+            sync_last_segment(&self.dir.path)?;
+        }
+        held.marked = self.set_holder_mark(u64::from(std::process::id()));
         Ok(held)
     }
+
+    /// The pid marked in `LOCK` by the holder that has not let go cleanly (0:
+    /// the last one did), or `None` when it cannot be read (no `LOCK` yet).
+    fn holder_mark(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut t = self.turns.lock().expect("turns");
+        if t.is_none() {
+            *t = self.legacy.open_for_turns();
+        }
+        let mut b = [0u8; 8];
+        match t.as_ref()?.read_at(&mut b, HOLDER_MARK_AT) {
+            Ok(8) => Some(u64::from_le_bytes(b)),
+            // Written by a build without the mark (or a new log): nobody died in it.
+            Ok(_) => Some(0),
+            Err(_) => None,
+        }
+    }
+
+    /// Write `pid` as the holder's mark; whether it was written.
+    fn set_holder_mark(&self, pid: u64) -> bool {
+        use std::os::unix::fs::FileExt;
+        let t = self.turns.lock().expect("turns");
+        t.as_ref().is_some_and(|f| f.write_all_at(&pid.to_le_bytes(), HOLDER_MARK_AT).is_ok())
+    }
 }
+
+/// Make the last segment of the log in `dir` durable: what a holder that died
+/// between its write and its sync left in the page cache. (Sealed segments were
+/// synced before their successor was created.)
+fn sync_last_segment(dir: &Path) -> Result<()> {
+    let Some((_, path)) = super::dir::list_segments(dir)?.pop() else { return Ok(()) };
+    fail::fail_point!("lock::sync_after_unclean_holder", |_| {
+        Err(Error::io(UNCLEAN_SYNC_OP, &path)(std::io::Error::other("injected fdatasync failure")))
+    });
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(Error::io(UNCLEAN_SYNC_OP, &path))?;
+    f.sync_data().map_err(Error::io(UNCLEAN_SYNC_OP, &path))
+}
+
+/// What a failed sync after a holder that died is called (in `IO_ERROR`'s message).
+const UNCLEAN_SYNC_OP: &str = "fdatasync what a writer that died holding the append lock left";
 
 enum Acquired {
     Locked(File),
@@ -416,6 +486,11 @@ impl Target {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
+        // Let go cleanly: everything this holder wrote is synced or cut back. Not
+        // after a panic holding the lock (bytes may be written and not synced).
+        if self.marked && !std::thread::panicking() {
+            self.lock.set_holder_mark(0);
+        }
         // Let go to a waiter: this writer steps aside at its next acquire, until
         // the count moves from where it is now.
         self.lock.note_yield();
@@ -540,6 +615,36 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         churners.into_iter().for_each(|t| t.join().unwrap());
         assert_eq!(named, 500, "the holder was not found in every read of /proc/locks");
+    }
+
+    #[test]
+    fn a_holder_is_marked_while_it_holds_and_unmarked_only_when_it_lets_go_cleanly() {
+        // Proves: the holder's pid stands in `LOCK` while it holds the lock and is
+        // cleared when it lets go; a holder that panics holding it leaves its
+        // mark (the next one then syncs the last segment before it holds).
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(LOCK_FILE), b"").unwrap();
+        let seg = d.path().join("00000000000000000001.seg");
+        std::fs::write(&seg, b"not read here").unwrap();
+        let mark = || {
+            let b = std::fs::read(d.path().join(LOCK_FILE)).unwrap();
+            b.get(8..16).map(|m| u64::from_le_bytes(m.try_into().unwrap()))
+        };
+        let lock = AppendLock::open(d.path()).unwrap();
+        let held = lock.acquire(1_000).unwrap();
+        assert_eq!(mark(), Some(u64::from(std::process::id())));
+        drop(held);
+        assert_eq!(mark(), Some(0), "let go cleanly");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _held = lock.acquire(1_000).unwrap();
+            panic!("holding the lock");
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(mark(), Some(u64::from(std::process::id())), "a panic holding the lock leaves the mark");
+        // (That the next holder's sync then comes first, and fails its turn when
+        // it fails: `tests/failpoints.rs`, where failpoints are serialised.)
+        drop(lock.acquire(1_000).unwrap());
+        assert_eq!(mark(), Some(0));
     }
 
     #[test]

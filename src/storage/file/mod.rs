@@ -41,8 +41,8 @@ impl RecordReader for Tailer {
     }
     /// Read back all the same (a local read is cheap), but without a sync of the
     /// reader's: its own writer synced them.
-    fn skip_own(&mut self, _first_seq: u64, last_seq: u64, _chain_head: ChainLink) {
-        self.durable_through(last_seq);
+    fn skip_own(&mut self, first_seq: u64, last_seq: u64, _chain_head: ChainLink) {
+        self.durable_through(first_seq, last_seq);
     }
     fn reading_in_section(&mut self, yes: bool) {
         self.set_in_section(yes);

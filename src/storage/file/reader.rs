@@ -16,7 +16,7 @@ use crate::format::{
     SEGMENT_BYTES_HARD_MAX, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, SegmentHeaderError, classify,
     decode_frame, hex, scan_segment_frames, scan_segment_frames_ahead, segment_file_bytes_max,
 };
-use crate::storage::error::{Error, Result};
+use crate::storage::error::{Error, READ_SYNC_OP, Result};
 use crate::storage::problem::{Problem, ProblemKind, problem};
 
 /// What a read found.
@@ -440,10 +440,11 @@ pub(crate) const PROBE_BYTES: usize = 4096;
 /// takes no lock, so the last segment may hold a commit group its writer has
 /// written and not yet synced (and could still cut back, or lose to a power cut).
 /// `fdatasync` from the reader's own descriptor makes every byte written before
-/// it durable. A file system that cannot sync at all (`EINVAL`: nothing there was
-/// ever made durable by a writer either) or is mounted read-only (`EROFS`: nobody
-/// writes there) has nothing to make durable; any other failure (an I/O error)
-/// is the reader's answer: nothing read is given.
+/// it durable. A file that cannot be synced at all (`EINVAL`: a file system
+/// without `fsync`, such as a read-only image a log was copied to — no writer
+/// could ever have synced a record there either) is read as it is; any other
+/// failure is the reader's answer: nothing read is given (`EROFS` too: on ext4
+/// a file system that aborted, whose dirty pages will never reach the disk).
 pub(crate) fn make_read_durable(f: &fs::File, path: &Path) -> Result<()> {
     // `return`: the sync fails; `return(skip)`: it is not made (tests whose
     // kernel fails every `fdatasync` of the process, to reach a writer's own).
@@ -453,13 +454,10 @@ pub(crate) fn make_read_durable(f: &fs::File, path: &Path) -> Result<()> {
     });
     match f.sync_data() {
         Ok(()) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EROFS)) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
         Err(e) => Err(Error::io(READ_SYNC_OP, path)(e)),
     }
 }
-
-/// What a reader's failed sync is called (in `IO_ERROR`'s message).
-const READ_SYNC_OP: &str = "fdatasync what was read before answering from it";
 
 /// How many times a tailer reads damage (or a short read) again before it believes
 /// it, and the pause before each look.
@@ -509,8 +507,12 @@ pub struct Tailer {
     /// was read in has been synced.
     durable_seq: u64,
     /// The polls read in the exclusive section (the file backend's append lock):
-    /// every writer syncs its group before it lets go, so what they read is durable.
+    /// every writer syncs its group before it lets go, and the holder made the last
+    /// segment durable if one did not (`lock.rs`), so what they read is durable.
     in_section: bool,
+    /// The open segment had a successor before this reader read it: its writer
+    /// synced it before creating that successor, so its records are durable.
+    sealed: bool,
 }
 
 impl Tailer {
@@ -530,6 +532,7 @@ impl Tailer {
             at_frames_end: false,
             durable_seq: 0,
             in_section: false,
+            sealed: false,
         }
     }
 
@@ -538,10 +541,14 @@ impl Tailer {
         self.in_section = yes;
     }
 
-    /// Records up to `last_seq` were appended, and synced, by this reader's own
-    /// writer: visited without a sync of this reader's.
-    pub fn durable_through(&mut self, last_seq: u64) {
-        self.durable_seq = self.durable_seq.max(last_seq);
+    /// Records `first_seq..=last_seq` were appended, and synced, by this reader's
+    /// own writer: visited without a sync of this reader's. Only when nothing
+    /// before them is left unvouched (the reader has read, or vouched for,
+    /// everything up to `first_seq`): the mark covers every record up to it.
+    pub fn durable_through(&mut self, first_seq: u64, last_seq: u64) {
+        if self.cursor.next_seq >= first_seq || self.durable_seq + 1 >= first_seq {
+            self.durable_seq = self.durable_seq.max(last_seq);
+        }
     }
 
     /// Has the segment this reader is in been cut back below what it read, or
@@ -635,6 +642,9 @@ impl Tailer {
         };
         let prev = continuing.then_some(self.cursor);
         check_header_continuity(&path, first_seq, &header, prev.as_ref(), first_seq == 1)?;
+        // Before any of its records is read: a successor now means a sealed, synced
+        // segment (its records need no sync of this reader's).
+        self.sealed = self.later_segment_exists(first_seq)?;
         self.cursor = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         self.file = Some((first_seq, path, f));
         self.offset = SEGMENT_HEADER_BYTES as u64;
@@ -865,7 +875,8 @@ impl Tailer {
     /// outcome, and whether the frames end at a whole end mark.
     ///
     /// A record not known durable (after `durable_seq`, outside the exclusive
-    /// section) is visited only after the segment was synced from this reader
+    /// section, in a segment that had no successor when it was opened) is
+    /// visited only after the segment was synced from this reader
     /// ([`make_read_durable`]), once per chunk: the chunk was read before that
     /// sync, so the sync covers every record in it. If the sync fails, no record
     /// from there on is visited: the tailer stops before it (its offset and
@@ -880,7 +891,7 @@ impl Tailer {
         let visit_from = self.visit_from;
         let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
         let (_, path, file) = self.file.as_ref().expect("open");
-        let (durable_seq, in_section) = (self.durable_seq, self.in_section);
+        let (durable_seq, vouched) = (self.durable_seq, self.in_section || self.sealed);
         // Links are checked from `visit_from` on: helpers only where they are.
         let (checks_links, prev) = (cursor.next_seq >= visit_from, cursor.prev_link);
         let (mut synced, mut failed) = (false, None);
@@ -892,7 +903,7 @@ impl Tailer {
                 if r.seq < visit_from || failed.is_some() {
                     return;
                 }
-                if !(in_section || synced || r.seq <= durable_seq) {
+                if !(vouched || synced || r.seq <= durable_seq) {
                     match make_read_durable(file, path) {
                         Ok(()) => synced = true,
                         Err(e) => {
@@ -913,7 +924,7 @@ impl Tailer {
             self.at_frames_end = false;
             return Err(e);
         }
-        if in_section || synced {
+        if vouched || synced {
             self.durable_seq = self.durable_seq.max(self.cursor.next_seq.saturating_sub(1));
         }
         // The frames end at a whole end mark: where a writer left them.

@@ -510,66 +510,76 @@ fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
     );
 }
 
-/// Proves: a reader answers from another writer's records only once they are
-/// durable — it syncs what it read itself (a reader takes no lock, and may read a
-/// group whose writer has not synced it yet) — and a failed sync of the reader's
-/// gives no answer from them. What the reader knows durable needs no sync of its
-/// own: its own writer's records, and what it reads in the exclusive section
-/// (its catch-up before a group: every writer syncs before it lets go). A failed
-/// sync stops the reader right before the record it could not vouch for, after
-/// its own records of the same read: the ledger is not poisoned, and reads that
-/// record again once it can — nothing skipped, nothing applied twice.
+/// Proves: a reader visits what the append lock's holders say is durable (the
+/// durable mark in `LOCK`, written after each of their syncs) without a sync of
+/// its own, and a group after it — written by its writer and not yet synced —
+/// only once it has synced the segment itself. A failed sync gives no answer from
+/// the group, and that reader stays failed (a sync tried again could pass over
+/// pages that never reached the disk); a new reader syncs, and answers.
 #[test]
-fn a_reader_answers_from_another_writers_records_only_once_it_has_made_them_durable() {
+fn a_reader_visits_a_group_in_flight_only_after_its_own_sync() {
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
     let d = tempfile::tempdir().unwrap();
     let _fp = fail::FailScenario::setup();
     let opts = LedgerOptions::default;
     let a = Ledger::open(d.path(), opts()).unwrap();
-    let owner = me();
-    a.submit(None, claim("a/1", &owner)).unwrap();
     let b = Ledger::open(d.path(), opts()).unwrap();
-    fail::cfg("reader::fdatasync", "return").unwrap();
-    // Its own records, and the catch-up before its group (in the section).
-    a.submit(None, claim("a/2", &owner)).unwrap();
-    assert!(a.refresh().unwrap().subject("a/2").is_some(), "its own records need no sync of the reader's");
+    let owner = me();
     b.submit(None, claim("b/1", &owner)).unwrap();
-    assert!(b.refresh().unwrap().subject("a/2").is_some(), "read in the section before its group");
-    // A read that meets its own record first (a/3: its group read b/1 in the
-    // section) and then another writer's (b/2): the reader's sync fails at b/2.
-    let a3 = a.submit(None, claim("a/3", &owner)).unwrap();
-    let c = b.submit(None, claim("b/2", &owner)).unwrap();
-    assert_eq!(c.seq, Some(a3.seq.unwrap() + 1));
-    let err = a.refresh().unwrap_err();
-    assert_eq!(err.code(), "IO_ERROR", "{err}");
-    assert!(err.to_string().contains("fdatasync what was read"), "{err}");
-    let Err(err) = Ledger::read_only(d.path(), &opts()) else { panic!("a read-only view answered") };
-    assert_eq!(err.code(), "IO_ERROR", "a read-only view gives no answer either: {err}");
-    let err = fencelog::storage::verify_dir(d.path(), LogOptions::default().body_max()).unwrap_err();
-    assert_eq!(err.code(), "IO_ERROR", "nor does the inspector's scan: {err}");
-    // Not poisoned: the writer goes on (its catch-up is in the section).
-    let a4 = a.submit(None, claim("a/4", &owner)).unwrap();
-    assert_eq!(a4.seq, Some(c.seq.unwrap() + 1), "the writer goes on, unpoisoned");
-    // The sync works again: one sync vouches for what one read found.
     let syncs = std::sync::Arc::new(AtomicU64::new(0));
     let counted = syncs.clone();
-    fail::cfg_callback("reader::fdatasync", move || {
-        counted.fetch_add(1, SeqCst);
-    })
-    .unwrap();
-    let p = a.refresh().unwrap();
-    assert_eq!(syncs.load(SeqCst), 0, "b/2 was read in a's section before a/4, and a/4 is a's own");
-    assert_eq!(p.last_seq(), a4.seq.unwrap());
-    b.submit(None, claim("b/3", &owner)).unwrap();
-    let e = b.submit(None, claim("b/4", &owner)).unwrap();
-    let p = a.refresh().unwrap();
-    assert_eq!(syncs.load(SeqCst), 1, "one sync vouches for one read of b's two records");
-    assert_eq!(p.last_seq(), e.seq.unwrap());
-    for s in ["a/1", "a/2", "a/3", "a/4", "b/1", "b/2", "b/3", "b/4"] {
-        assert_eq!(p.subject(s).map(|x| x.generation), Some(1), "{s}: applied once");
-    }
-    assert_eq!(a.refresh().unwrap().last_seq(), e.seq.unwrap());
-    assert_eq!(syncs.load(SeqCst), 1, "nothing new read: no sync");
+    let count_syncs = move || {
+        let counted = counted.clone();
+        fail::cfg_callback("reader::fdatasync", move || {
+            counted.fetch_add(1, SeqCst);
+        })
+        .unwrap();
+    };
+    count_syncs();
+    assert!(a.refresh().unwrap().subject("b/1").is_some());
+    assert!(Ledger::read_only(d.path(), &opts()).unwrap().projection.subject("b/1").is_some());
+    assert_eq!(syncs.load(SeqCst), 0, "b/1 is under the durable mark: no reader synced");
+    let seg = segment_path(d.path(), 1);
+    let before = fencelog::storage::frames_end(&seg).unwrap();
+    fail::cfg("segment::fdatasync", "pause").unwrap();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| b.submit(None, claim("b/2", &owner)));
+        // Whatever the checks find, the writer is let go (else the scope waits
+        // for it for ever).
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // b's group is in the file, its sync paused: wait for it there.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while fencelog::storage::frames_end(&seg).unwrap() == before {
+                assert!(!writer.is_finished(), "the writer finished before its sync");
+                assert!(std::time::Instant::now() < deadline, "b's group never reached the file");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            fail::cfg("reader::fdatasync", "return").unwrap();
+            let err = a.refresh().unwrap_err();
+            assert_eq!(err.code(), "IO_ERROR", "{err}");
+            assert!(err.to_string().contains("fdatasync what was read"), "{err}");
+            let Err(err) = Ledger::read_only(d.path(), &opts()) else { panic!("a read-only view answered") };
+            assert_eq!(err.code(), "IO_ERROR", "a read-only view gives no answer either: {err}");
+            let err = fencelog::storage::verify_dir(d.path(), LogOptions::default().body_max()).unwrap_err();
+            assert_eq!(err.code(), "IO_ERROR", "nor does the inspector's scan: {err}");
+            count_syncs();
+            let err = a.refresh().unwrap_err();
+            assert_eq!(err.code(), "IO_ERROR", "the reader whose sync failed stays failed: {err}");
+            assert_eq!(syncs.load(SeqCst), 0, "it did not sync again");
+            let view = Ledger::read_only(d.path(), &opts()).unwrap();
+            assert!(view.projection.subject("b/2").is_some(), "a new reader answers once it synced");
+            assert_eq!(syncs.load(SeqCst), 1, "one sync, of the group in flight");
+        }));
+        fail::remove("segment::fdatasync");
+        let landed = writer.join().unwrap();
+        if let Err(p) = checked {
+            std::panic::resume_unwind(p);
+        }
+        assert!(landed.is_ok(), "b's group lands");
+    });
+    let view = Ledger::read_only(d.path(), &opts()).unwrap();
+    assert!(view.projection.subject("b/2").is_some());
+    assert_eq!(syncs.load(SeqCst), 1, "b/2 is under the durable mark now: no sync");
 }
 
 /// Proves, across real processes: a group its writer has written and not yet
@@ -595,17 +605,28 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     let before = fencelog::storage::frames_end(&seg).unwrap();
     let pid = std::process::id().to_string();
     let claim = ["claim", "--dir", dir, "--subject", "fp/held", "--pid", &pid, "--request-id", "r-held"];
-    let mut writer = Command::new(FENCELOG)
-        .args(claim)
-        .env("FAILPOINTS", "segment::fdatasync=pause")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    /// The writer, killed however the test ends (it never syncs by itself).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut writer = Killed(
+        Command::new(FENCELOG)
+            .args(claim)
+            .env("FAILPOINTS", "segment::fdatasync=pause")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let writer_pid = writer.0.id();
     // The writer's group is in the file (its sync paused): wait for it there.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while fencelog::storage::frames_end(&seg).unwrap() == before {
-        assert!(writer.try_wait().unwrap().is_none(), "the writer exited before its sync");
+        assert!(writer.0.try_wait().unwrap().is_none(), "the writer exited before its sync");
         assert!(std::time::Instant::now() < deadline, "the writer's group never reached the file");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
@@ -624,13 +645,14 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     assert!(v["error"]["message"].as_str().unwrap().contains("Input/output error"), "{v}");
     let (code, v) = json(Command::new(FENCELOG).args(show).output().unwrap());
     assert_eq!((code, v["status"].as_str()), (Some(0), Some("committed")), "{v}");
-    assert!(writer.try_wait().unwrap().is_none(), "the writer is still before its sync");
-    writer.kill().unwrap();
-    writer.wait().unwrap();
+    assert!(writer.0.try_wait().unwrap().is_none(), "the writer is still before its sync");
+    let lock = std::fs::read(d.path().join(fencelog::storage::LOCK_FILE)).unwrap();
+    assert_eq!(u64::from_le_bytes(lock[16..24].try_into().unwrap()), 0, "nothing is said durable before its sync");
+    drop(writer);
     let lock = std::fs::read(d.path().join(fencelog::storage::LOCK_FILE)).unwrap();
     assert_eq!(
         u64::from_le_bytes(lock[8..16].try_into().unwrap()),
-        u64::from(writer.id()),
+        u64::from(writer_pid),
         "the killed writer is still marked as the lock's holder"
     );
     let (code, v) = json(
@@ -647,6 +669,7 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     assert_eq!((v["seq"].as_u64(), v["deduplicated"].as_bool()), (Some(1), Some(true)), "{v}");
     let lock = std::fs::read(d.path().join(fencelog::storage::LOCK_FILE)).unwrap();
     assert_eq!(u64::from_le_bytes(lock[8..16].try_into().unwrap()), 0, "the retry let go cleanly");
+    assert_eq!(u64::from_le_bytes(lock[16..24].try_into().unwrap()), 1, "record 1 is durable, and said so");
     let (code, v) = json(Command::new(FENCELOG).args(show).output().unwrap());
     assert_eq!((code, v["status"].as_str()), (Some(0), Some("committed")), "{v}");
     assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());

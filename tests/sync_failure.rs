@@ -59,10 +59,6 @@ fn stale_heartbeat(dir: &Path) -> u64 {
     }
 }
 
-/// A reader's own sync of what it read, not made (a failpoint): for the runs
-/// whose kernel fails every `fdatasync` and `fsync` of the process.
-const READER_SYNC_SKIPPED: &str = "reader::fdatasync=return(skip)";
-
 fn takeover_args(hb: &str) -> Vec<&str> {
     vec!["takeover", "--subject", "s", "--expect-generation", "1", "--expect-heartbeat-ms", hb, "--request-id", "t-1"]
 }
@@ -95,11 +91,7 @@ fn a_takeover_whose_sync_fails_leaves_the_old_owner_in_place() {
         let hb = stale_owner(&dir).to_string();
         let (code, v) = match how {
             "failpoint" => run(&dir, &takeover_args(&hb), &[("FAILPOINTS", "segment::fdatasync=return")], None),
-            // The kernel fails every `fdatasync` of the process: the reader's
-            // sync of what its opening replay read would fail first (IO_ERROR,
-            // nothing written; `failpoints.rs` proves that path). Skipped here,
-            // so that the takeover's own sync meets the EIO.
-            _ => run(&dir, &takeover_args(&hb), &[("FAILPOINTS", READER_SYNC_SKIPPED)], Some("fdatasync")),
+            _ => run(&dir, &takeover_args(&hb), &[], Some("fdatasync")),
         };
         assert_eq!((code, common::code_of(&v)), (1, "NOT_COMMITTED"), "{how}: {v}");
         if how == "eio" {
@@ -136,8 +128,7 @@ fn a_failed_sync_that_cannot_be_cut_back_halts_the_log_until_repair() {
                 &[("FAILPOINTS", "segment::fdatasync=return;segment::cut_back=return")],
                 None,
             ),
-            // As above: the reader's sync is skipped, the writer's fail.
-            _ => run(&dir, &takeover_args(&hb), &[("FAILPOINTS", READER_SYNC_SKIPPED)], Some("fdatasync,fsync")),
+            _ => run(&dir, &takeover_args(&hb), &[], Some("fdatasync,fsync")),
         };
         assert_eq!((code, common::code_of(&v)), (1, "SYNC_FAILED"), "{how}: {v}");
         assert_eq!(v["error"]["seq"], 2, "{how}: the group began at record 2: {v}");

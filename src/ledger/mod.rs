@@ -798,11 +798,7 @@ impl Hooks<LedgerState> for Ledger {
         if self.backend.optimistic() && !core.stale && alone {
             return Ok(());
         }
-        // In the exclusive section: what the tailer reads is durable already.
-        core.tailer.reading_in_section(true);
-        let caught_up = self.catch_up_with(core);
-        core.tailer.reading_in_section(false);
-        caught_up
+        self.catch_up_with(core)
     }
 
     /// A lead on an async caller's own thread leaves a rebuild, and a long tail of

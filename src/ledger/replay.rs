@@ -55,15 +55,6 @@ impl Ledger {
         }
         if let Err(e) = applied {
             let transient = matches!(&e, LedgerError::Storage(s) if s.is_transient());
-            let read_not_vouched = matches!(&e, LedgerError::Storage(s) if s.is_read_not_vouched());
-            if read_not_vouched && read_to == last + 1 {
-                // The reader stopped right after the last record applied: the
-                // state follows the log up to there, and a later catch-up reads on.
-                if last > inner.last_seq() {
-                    inner.caught_up_to(last);
-                }
-                return Err(e);
-            }
             if !transient && (last != inner.last_seq() || read_to != read_from) {
                 // Records were applied, or read past, before the failure: the
                 // projection no longer follows the log (a later catch-up would not

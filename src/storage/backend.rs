@@ -58,13 +58,6 @@ pub trait RecordReader: Send {
     /// `first_seq` may go past them without reading them back (a reader of a
     /// remote log saves the round trip; a local one may ignore this).
     fn skip_own(&mut self, _first_seq: u64, _last_seq: u64, _chain_head: ChainLink) {}
-    /// Whether the next polls are made in the backend's exclusive section, where
-    /// every record is durable (each writer syncs its group before it lets go). A
-    /// reader of a local log makes what it reads durable before it visits it
-    /// otherwise — it takes no lock, so it may read a group its writer has not
-    /// yet synced — and may save that sync here. A remote log's records are
-    /// durable before anyone can read them.
-    fn reading_in_section(&mut self, _yes: bool) {}
 }
 
 /// What the holder of [`LogBackend::exclusive`] may do.

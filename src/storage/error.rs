@@ -151,14 +151,6 @@ impl Error {
         matches!(self, Error::EtcdUnavailable { .. } | Error::CutUnderReader { .. })
     }
 
-    /// A reader's sync of what it read failed ([`READ_SYNC_OP`]): it visited
-    /// nothing from the record it could not vouch for on, and stopped before it
-    /// (a later read starts there), so whoever applied what it visited still
-    /// follows the log.
-    pub fn is_read_not_vouched(&self) -> bool {
-        matches!(self, Error::Io { op, .. } if *op == READ_SYNC_OP)
-    }
-
     /// A stable, machine-readable code for each kind of failure.
     pub fn code(&self) -> &'static str {
         match self {

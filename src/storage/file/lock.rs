@@ -31,7 +31,7 @@
 //! to 150× its p50 — a waiter lost the race again and again. So the lock counts
 //! the turns waiters get: a writer that waited adds one to a counter in `LOCK`
 //! (bytes 0..8, little endian; advisory, written only under the lock; an
-//! uncontended take writes nothing, and every release asks once whether someone
+//! uncontended take does not count, and every release asks once whether someone
 //! waits). A holder that lets go while another writer certainly waits (the query
 //! succeeded and saw its lock) notes the count, and before it asks again it steps
 //! aside until the count has moved (a waiter had its turn), nobody waits any more,
@@ -49,9 +49,14 @@
 //! the lock, and 0 when it lets go; the next holder that finds a pid there (or
 //! cannot read the mark) makes the log's last segment durable (`fdatasync`) before
 //! it does anything else, and fails its turn (`IO_ERROR`, the mark left) if that
-//! sync fails. What a holder reads under the lock is then durable: a reader in the
-//! section needs no sync of its own. (A writer of an earlier build writes no mark:
-//! while one appends during an upgrade, a `kill -9` of it mid-group is not seen.)
+//! sync fails. What a holder reads under the lock is then durable. The holder also
+//! writes the last sequence it knows durable (bytes 16..24) after each of its syncs
+//! and after it caught up: readers, which take no lock, visit records up to it
+//! without a sync of their own, and sync the last segment themselves before they
+//! visit one after it (a group in flight, or a dead writer's). (A writer of an
+//! earlier build writes neither mark: while one appends during an upgrade, a
+//! `kill -9` of it mid-group is not seen by the next holder, and readers sync to
+//! read what it appended.)
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -68,7 +73,9 @@ pub(crate) struct AppendLock {
     dir: Target,
     /// The `LOCK` file, taken second: what writers of earlier builds lock, so that
     /// an old and a new binary appending to one log during an upgrade still exclude
-    /// each other. (Deleting it weakens only that; the directory lock holds.)
+    /// each other. (Deleting it weakens that and its marks — the next holder then
+    /// syncs the last segment at every turn, readers every read — but the
+    /// directory lock holds.)
     legacy: Target,
     /// A description of `LOCK` that holds the "waiting" byte lock while this
     /// writer waits, and asks whether others wait while it holds (`None` while
@@ -98,6 +105,13 @@ const WAITING_BYTE: i64 = 1;
 /// Where in `LOCK` the holder's pid stands while it holds the lock (0 once it let
 /// go cleanly): bytes `HOLDER_MARK_AT..HOLDER_MARK_AT + 8`, little endian.
 const HOLDER_MARK_AT: u64 = 8;
+
+/// Where in `LOCK` the last sequence known durable stands (bytes
+/// `DURABLE_MARK_AT..DURABLE_MARK_AT + 8`, little endian): written by the holder
+/// after each sync of its own, and after it caught up (what it found is durable:
+/// the last holder let go cleanly, or this one synced it). Readers visit records
+/// up to it without a sync of their own.
+const DURABLE_MARK_AT: u64 = 16;
 
 /// An OFD lock request on `WAITING_BYTE` (`F_OFD_SETLK` / `F_OFD_GETLK`).
 fn waiting_byte(file: &File, cmd: libc::c_int, l_type: libc::c_int) -> std::io::Result<libc::c_int> {
@@ -304,7 +318,7 @@ impl AppendLock {
             Acquired::GaveUp => return Err(withdrawn()),
         }
         // A waiter's turn is counted: a writer that let the lock go to it steps
-        // aside until then. (An uncontended take is not: it costs nothing more.)
+        // aside until then. (An uncontended take is not.)
         if waiting.1 {
             self.count_turn();
         }
@@ -337,12 +351,46 @@ impl AppendLock {
         }
     }
 
+    /// As the holder: records up to `seq` are durable (see [`DURABLE_MARK_AT`]).
+    /// Best effort: a reader that cannot read it syncs what it reads itself.
+    pub(crate) fn set_durable_mark(&self, seq: u64) {
+        use std::os::unix::fs::FileExt;
+        let t = self.turns.lock().expect("turns");
+        if let Some(f) = t.as_ref() {
+            let _ = f.write_all_at(&seq.to_le_bytes(), DURABLE_MARK_AT);
+        }
+    }
+
     /// Write `pid` as the holder's mark; whether it was written.
     fn set_holder_mark(&self, pid: u64) -> bool {
         use std::os::unix::fs::FileExt;
         let t = self.turns.lock().expect("turns");
         t.as_ref().is_some_and(|f| f.write_all_at(&pid.to_le_bytes(), HOLDER_MARK_AT).is_ok())
     }
+}
+
+/// The last sequence the holders of the append lock say is durable (see
+/// [`DURABLE_MARK_AT`]), read from `lock` (the log's `LOCK`, opened by
+/// [`open_for_marks`]); `None` when there is no such mark (a `LOCK` written only by
+/// builds without it, or none).
+pub(crate) fn durable_mark(lock: &File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 8];
+    match lock.read_at(&mut b, DURABLE_MARK_AT) {
+        Ok(8) => Some(u64::from_le_bytes(b)),
+        _ => None,
+    }
+}
+
+/// The log's `LOCK`, opened for reading its marks (never through a link, never a
+/// FIFO or device); `None` if there is none.
+pub(crate) fn open_for_marks(dir: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(LOCK_FILE))
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.file_type().is_file()))
 }
 
 /// Make the last segment of the log in `dir` durable: what a holder that died

@@ -39,14 +39,6 @@ impl RecordReader for Tailer {
     fn prev_link(&self) -> ChainLink {
         Tailer::prev_link(self)
     }
-    /// Read back all the same (a local read is cheap), but without a sync of the
-    /// reader's: its own writer synced them.
-    fn skip_own(&mut self, first_seq: u64, last_seq: u64, _chain_head: ChainLink) {
-        self.durable_through(first_seq, last_seq);
-    }
-    fn reading_in_section(&mut self, yes: bool) {
-        self.set_in_section(yes);
-    }
 }
 
 fn outcome(r: Result<Appended>) -> Result<AppendOutcome> {

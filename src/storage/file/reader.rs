@@ -100,7 +100,32 @@ pub fn read_records(
 /// The reader's core: every intact record and every damaged region, in log order.
 /// Past damage it resynchronises on the next intact frame (or the next segment), so
 /// it decodes as much as it can; it never writes.
+///
+/// A record of the last segment after the durable mark of `LOCK` (a group in
+/// flight, a dead writer's: `lock.rs`) is visited only once this reader has
+/// synced the segment ([`make_read_durable`]); if that fails, the scan stops
+/// there and fails.
 pub fn scan_dir(dir: &Path, from_seq: u64, body_max: u32, on: impl FnMut(ScanItem<'_>) -> bool) -> Result<ReadSummary> {
+    scan_dir_with(dir, from_seq, body_max, ReadSync::BeyondMark, on)
+}
+
+/// Whether a scan makes what it visits durable first ([`scan_dir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadSync {
+    /// Records after the durable mark are synced before they are visited.
+    BeyondMark,
+    /// Nothing is synced: the caller answers nothing from the records (it holds
+    /// the append lock to find damage to cut, say).
+    Never,
+}
+
+pub(crate) fn scan_dir_with(
+    dir: &Path,
+    from_seq: u64,
+    body_max: u32,
+    sync: ReadSync,
+    on: impl FnMut(ScanItem<'_>) -> bool,
+) -> Result<ReadSummary> {
     if !dir.is_dir() {
         return Err(Error::NotALogDirectory {
             path: dir.into(),
@@ -115,7 +140,10 @@ pub fn scan_dir(dir: &Path, from_seq: u64, body_max: u32, on: impl FnMut(ScanIte
     }
     let start = segments.iter().rposition(|(s, _)| *s <= from_seq).unwrap_or(0);
     let sum = ReadSummary { segments: segments.len(), chain_head: hex(&GENESIS_LINK), ..Default::default() };
-    let mut scan = DirScan { on, sum, stopped: false, from_seq, body_max };
+    // Read before any segment is: records up to it were durable before they were read.
+    let durable_mark = super::lock::open_for_marks(dir).and_then(|f| super::lock::durable_mark(&f)).unwrap_or(0);
+    let gate = ReadGate { sync, durable_mark, file: None, synced: false, failed: None };
+    let mut scan = DirScan { on, sum, stopped: false, from_seq, body_max, gate };
     let mut cursor: Option<Cursor> = None;
     if let Some((segment, offset, seq)) = super::halt::halted_at(dir) {
         let detail = format!(
@@ -139,6 +167,9 @@ pub fn scan_dir(dir: &Path, from_seq: u64, body_max: u32, on: impl FnMut(ScanIte
         }
         let is_last = i + 1 == segments.len();
         cursor = scan.segment(path, *name_seq, i == 0, is_last, cursor)?;
+        if let Some(e) = scan.gate.failed.take() {
+            return Err(e);
+        }
     }
     let mut sum = scan.sum;
     if let Some(link) = sum.head_link {
@@ -156,6 +187,45 @@ struct DirScan<F> {
     stopped: bool,
     from_seq: u64,
     body_max: u32,
+    gate: ReadGate,
+}
+
+/// What a scan syncs before it visits a record ([`scan_dir`]).
+struct ReadGate {
+    sync: ReadSync,
+    /// Records up to it are durable (the durable mark of `LOCK` when the scan began).
+    durable_mark: u64,
+    /// The last segment, read into memory: what is synced (`None` for a sealed
+    /// one, synced by its writer before the next was created).
+    file: Option<(fs::File, PathBuf)>,
+    /// The last segment was synced after it was read.
+    synced: bool,
+    /// The sync failed: nothing more is visited.
+    failed: Option<Error>,
+}
+
+impl ReadGate {
+    /// May the record `seq` be visited? Syncs the last segment first (once) when
+    /// it is after the durable mark.
+    fn admits(&mut self, seq: u64) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        if self.sync == ReadSync::Never || self.synced || seq <= self.durable_mark {
+            return true;
+        }
+        let Some((f, path)) = &self.file else { return true };
+        match make_read_durable(f, path) {
+            Ok(()) => {
+                self.synced = true;
+                true
+            }
+            Err(e) => {
+                self.failed = Some(e);
+                false
+            }
+        }
+    }
 }
 
 impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
@@ -177,12 +247,19 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
         let bytes_max = segment_file_bytes_max(self.body_max);
         // The last segment (which a recovering writer may truncate) is read into
         // memory; sealed ones are mapped.
+        self.gate.file = None;
         let held = if is_last {
             // What is there: a writer sealing it may have cut it to its last
-            // record since it was measured. Made durable before it is scanned:
-            // its writer may not have synced its last group yet. (A sealed
-            // segment was synced by its writer before the next one was created.)
-            read_regular_then(path, bytes_max, name_seq, |f| make_read_durable(f, path)).map(Held::Owned)
+            // record since it was measured. Kept open: its records after the
+            // durable mark are synced before they are visited (its writer may
+            // not have synced its last group yet; a sealed segment was synced by
+            // its writer before the next one was created).
+            let gate = &mut self.gate;
+            read_regular_then(path, bytes_max, name_seq, |f| {
+                gate.file = f.try_clone().ok().map(|f| (f, path.to_path_buf()));
+                Ok(())
+            })
+            .map(Held::Owned)
         } else {
             Mapped::open(path, bytes_max, name_seq).map(Held::Mapped)
         };
@@ -257,10 +334,14 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
         let mut at = SEGMENT_HEADER_BYTES;
         loop {
             let mut local = ReadSummary::default();
-            let (on, stopped) = (&mut self.on, &mut self.stopped);
+            let (on, stopped, gate) = (&mut self.on, &mut self.stopped, &mut self.gate);
             let outcome = with_links_ahead(bytes, at, c.prev_link, body_max, |ahead| {
                 scan_segment_frames_ahead(bytes, at, 0, &mut c, body_max, layout, 0, ahead, |offset, rec| {
                     if rec.seq >= from_seq && !*stopped {
+                        if !gate.admits(rec.seq) {
+                            *stopped = true;
+                            return;
+                        }
                         count(&mut local, rec);
                         *stopped = !on(ScanItem::Record { rec, segment: path, offset });
                     }
@@ -295,6 +376,10 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
             // checked against a lost predecessor, so start the chain from it.
             let (rec, used) = decode_frame(&bytes[resync as usize..], body_max).expect("resync found an intact frame");
             if rec.seq >= from_seq {
+                if !self.gate.admits(rec.seq) {
+                    self.stopped = true;
+                    break;
+                }
                 let mut local = ReadSummary::default();
                 count(&mut local, &rec);
                 merge(&mut self.sum, local);
@@ -446,11 +531,8 @@ pub(crate) const PROBE_BYTES: usize = 4096;
 /// failure is the reader's answer: nothing read is given (`EROFS` too: on ext4
 /// a file system that aborted, whose dirty pages will never reach the disk).
 pub(crate) fn make_read_durable(f: &fs::File, path: &Path) -> Result<()> {
-    // `return`: the sync fails; `return(skip)`: it is not made (tests whose
-    // kernel fails every `fdatasync` of the process, to reach a writer's own).
-    fail::fail_point!("reader::fdatasync", |arg: Option<String>| match arg.as_deref() {
-        Some("skip") => Ok(()),
-        _ => Err(Error::io(READ_SYNC_OP, path)(std::io::Error::other("injected fdatasync failure"))),
+    fail::fail_point!("reader::fdatasync", |_| {
+        Err(Error::io(READ_SYNC_OP, path)(std::io::Error::other("injected fdatasync failure")))
     });
     match f.sync_data() {
         Ok(()) => Ok(()),
@@ -501,18 +583,17 @@ pub struct Tailer {
     zeros_checked: bool,
     /// `offset` is where the frames were last seen to end (not a place of damage).
     at_frames_end: bool,
-    /// Records up to this sequence are known durable: made so by this reader
-    /// ([`make_read_durable`]), read in the exclusive section, or appended by this
-    /// reader's own writer. A record after it is visited only once the chunk it
-    /// was read in has been synced.
+    /// Records up to this sequence are known durable: the append lock's holders
+    /// said so (the durable mark in `LOCK`, read at each poll: `lock.rs`), or this
+    /// reader made them so ([`make_read_durable`]). A record after it is visited
+    /// only once the chunk it was read in has been synced.
     durable_seq: u64,
-    /// The polls read in the exclusive section (the file backend's append lock):
-    /// every writer syncs its group before it lets go, and the holder made the last
-    /// segment durable if one did not (`lock.rs`), so what they read is durable.
-    in_section: bool,
-    /// The open segment had a successor before this reader read it: its writer
-    /// synced it before creating that successor, so its records are durable.
-    sealed: bool,
+    /// The log's `LOCK`, for its durable mark (opened at the first poll).
+    marks: Option<fs::File>,
+    /// A sync of this reader's failed: every later poll fails with it. (The kernel
+    /// tells a descriptor of a writeback error once; a sync tried again would
+    /// succeed over pages that never reached the disk.)
+    failed: Option<Error>,
 }
 
 impl Tailer {
@@ -531,23 +612,18 @@ impl Tailer {
             zeros_checked: false,
             at_frames_end: false,
             durable_seq: 0,
-            in_section: false,
-            sealed: false,
+            marks: None,
+            failed: None,
         }
     }
 
-    /// Whether the next polls read in the exclusive section (see `in_section`).
-    pub fn set_in_section(&mut self, yes: bool) {
-        self.in_section = yes;
-    }
-
-    /// Records `first_seq..=last_seq` were appended, and synced, by this reader's
-    /// own writer: visited without a sync of this reader's. Only when nothing
-    /// before them is left unvouched (the reader has read, or vouched for,
-    /// everything up to `first_seq`): the mark covers every record up to it.
-    pub fn durable_through(&mut self, first_seq: u64, last_seq: u64) {
-        if self.cursor.next_seq >= first_seq || self.durable_seq + 1 >= first_seq {
-            self.durable_seq = self.durable_seq.max(last_seq);
+    /// Take in what the append lock's holders say is durable (`lock.rs`).
+    fn read_durable_mark(&mut self) {
+        if self.marks.is_none() {
+            self.marks = super::lock::open_for_marks(&self.dir);
+        }
+        if let Some(seq) = self.marks.as_ref().and_then(super::lock::durable_mark) {
+            self.durable_seq = self.durable_seq.max(seq);
         }
     }
 
@@ -642,9 +718,6 @@ impl Tailer {
         };
         let prev = continuing.then_some(self.cursor);
         check_header_continuity(&path, first_seq, &header, prev.as_ref(), first_seq == 1)?;
-        // Before any of its records is read: a successor now means a sealed, synced
-        // segment (its records need no sync of this reader's).
-        self.sealed = self.later_segment_exists(first_seq)?;
         self.cursor = Cursor { next_seq: header.first_seq, prev_link: header.prev_link };
         self.file = Some((first_seq, path, f));
         self.offset = SEGMENT_HEADER_BYTES as u64;
@@ -658,6 +731,11 @@ impl Tailer {
     /// records were visited.
     pub fn poll(&mut self, mut visit: impl FnMut(&RecordRef<'_>)) -> Result<u64> {
         self.torn_tail = false;
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        // Before anything is read: records up to the mark are durable.
+        self.read_durable_mark();
         // A commit group in doubt (its sync failed and it was not cut back): no
         // record from here is trusted.
         super::halt::check(&self.dir)?;
@@ -874,13 +952,14 @@ impl Tailer {
     /// visiting (and counting in `visited`) the records from `visit_from` on. The
     /// outcome, and whether the frames end at a whole end mark.
     ///
-    /// A record not known durable (after `durable_seq`, outside the exclusive
-    /// section, in a segment that had no successor when it was opened) is
-    /// visited only after the segment was synced from this reader
-    /// ([`make_read_durable`]), once per chunk: the chunk was read before that
-    /// sync, so the sync covers every record in it. If the sync fails, no record
-    /// from there on is visited: the tailer stops before it (its offset and
-    /// cursor there, so a later poll starts again at it) and the poll fails.
+    /// A record not known durable (after `durable_seq`: a group in flight, a
+    /// dead writer's, or one a writer of an earlier build appended) is visited
+    /// only after the segment was synced from this reader ([`make_read_durable`]),
+    /// once per chunk: the chunk was read before that sync, so the sync covers
+    /// every record in it. If the sync fails, no record from there on is
+    /// visited: the tailer stops before it, and this poll and every later one
+    /// fail (a sync tried again could succeed over pages that never reached the
+    /// disk: the kernel reports a writeback error once).
     fn scan_chunk(
         &mut self,
         bytes: &[u8],
@@ -891,7 +970,7 @@ impl Tailer {
         let visit_from = self.visit_from;
         let (cursor, body_max, layout) = (&mut self.cursor, self.body_max, self.layout);
         let (_, path, file) = self.file.as_ref().expect("open");
-        let (durable_seq, vouched) = (self.durable_seq, self.in_section || self.sealed);
+        let durable_seq = self.durable_seq;
         // Links are checked from `visit_from` on: helpers only where they are.
         let (checks_links, prev) = (cursor.next_seq >= visit_from, cursor.prev_link);
         let (mut synced, mut failed) = (false, None);
@@ -903,7 +982,7 @@ impl Tailer {
                 if r.seq < visit_from || failed.is_some() {
                     return;
                 }
-                if !(vouched || synced || r.seq <= durable_seq) {
+                if !(synced || r.seq <= durable_seq) {
                     match make_read_durable(file, path) {
                         Ok(()) => synced = true,
                         Err(e) => {
@@ -922,9 +1001,10 @@ impl Tailer {
             self.cursor = stopped_at;
             self.zeros_checked = false;
             self.at_frames_end = false;
+            self.failed = Some(e.clone());
             return Err(e);
         }
-        if vouched || synced {
+        if synced {
             self.durable_seq = self.durable_seq.max(self.cursor.next_seq.saturating_sub(1));
         }
         // The frames end at a whole end mark: where a writer left them.

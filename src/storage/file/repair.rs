@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::dir::{EVIDENCE_INFIX, sync_dir, write_evidence};
 use super::lock::AppendLock;
-use super::reader::{ScanItem, scan_dir, verify_dir};
+use super::reader::{ScanItem, verify_dir};
 use super::writer::Log;
 use crate::storage::error::{Error, Result};
 use crate::storage::options::LogOptions;
@@ -74,6 +74,8 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     let (segment, offset) = cut_place(dir, cut_from_seq, &found.damage, found.at)?;
     let cuts = cut(dir, &segment, offset, found.damage.seq, opts)?;
     sync_dir(dir)?;
+    // What is left ends before the cut, and is durable (the cut is synced).
+    lock.set_durable_mark(found.damage.seq.saturating_sub(1));
     if found.halted.is_some() {
         // The records in doubt are cut (and that is durable): the log is whole again.
         super::halt::clear(dir)?;
@@ -112,7 +114,8 @@ struct Found {
 fn find_damage(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Found> {
     let mut at: Option<(PathBuf, u64)> = None;
     let mut damage = None;
-    scan_dir(dir, 1, opts.body_max(), |item| match item {
+    // Under the lock, to find what to cut: nothing is answered from what it reads.
+    super::reader::scan_dir_with(dir, 1, opts.body_max(), super::reader::ReadSync::Never, |item| match item {
         ScanItem::Record { rec, segment, offset } => {
             if rec.seq == cut_from_seq {
                 at = Some((segment.to_path_buf(), offset));

@@ -87,7 +87,11 @@ impl Log {
         let lock = AppendLock::open(&dir)?;
         let (tail, report) = {
             let _held = lock.acquire(opts.lock_wait_ms_max)?;
-            recover(&dir, &opts)?
+            let (tail, report) = recover(&dir, &opts)?;
+            // Recovered under the lock: durable (the last holder let go cleanly,
+            // or the lock's acquire synced what a dead one left).
+            lock.set_durable_mark(tail.cursor.next_seq - 1);
+            (tail, report)
         };
         let (file, _) = open_regular_rw(&tail.segment, opts.segment_file_bytes_max(), tail.segment_first_seq)?;
         let writer_id = opts.writer_id.unwrap_or_else(uuid::Uuid::new_v4);
@@ -290,6 +294,8 @@ impl LogInner {
             }
         }
         w.shared.last_seq.store(w.tail.cursor.next_seq - 1, Ordering::Release);
+        // Everything caught up is durable (see `Log::open`): readers may read it.
+        lock.set_durable_mark(w.tail.cursor.next_seq - 1);
         Ok(f(&mut Locked { opts: &self.opts, lock: &lock, w: &mut w }))
     }
 
@@ -725,6 +731,9 @@ impl Writer {
     fn cut_back(&mut self, start: TailState, records: u64, cause: Error) -> Error {
         let first_seq = start.cursor.next_seq;
         let last_seq = first_seq + records.saturating_sub(1);
+        // A rotation inside the group synced its first part and said so: no
+        // longer (the sequences after the cut will be written again).
+        self.lock.set_durable_mark(first_seq - 1);
         let cut = (|| -> Result<()> {
             fail::fail_point!("segment::cut_back", |_| {
                 Err(Error::io("cut back", &start.segment)(std::io::Error::other("injected cut-back failure")))
@@ -839,6 +848,9 @@ impl Writer {
         });
         self.file.sync_data().map_err(Error::io("fdatasync", path))?;
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        // Readers, which take no lock, may now visit these records without a
+        // sync of their own (`lock.rs`).
+        self.lock.set_durable_mark(self.tail.cursor.next_seq - 1);
         // The frames are durable: the index may name them now.
         self.index.write_pending();
         let before = self.tail.segment_len;

@@ -514,8 +514,9 @@ fn an_etcd_append_whose_answer_was_lost_is_told_from_the_head() {
 /// durable mark in `LOCK`, written after each of their syncs) without a sync of
 /// its own, and a group after it — written by its writer and not yet synced —
 /// only once it has synced the segment itself. A failed sync gives no answer from
-/// the group, and that reader stays failed (a sync tried again could pass over
-/// pages that never reached the disk); a new reader syncs, and answers.
+/// the group, and that reader stays failed — the ledger is poisoned, naming the
+/// cause (a sync tried again could pass over pages that never reached the disk);
+/// a new reader syncs, and answers.
 #[test]
 fn a_reader_visits_a_group_in_flight_only_after_its_own_sync() {
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -564,7 +565,8 @@ fn a_reader_visits_a_group_in_flight_only_after_its_own_sync() {
             assert_eq!(err.code(), "IO_ERROR", "nor does the inspector's scan: {err}");
             count_syncs();
             let err = a.refresh().unwrap_err();
-            assert_eq!(err.code(), "IO_ERROR", "the reader whose sync failed stays failed: {err}");
+            assert_eq!(err.code(), "WRITER_POISONED", "the ledger whose reader's sync failed stays failed: {err}");
+            assert!(err.to_string().contains("fdatasync what was read"), "it names the cause: {err}");
             assert_eq!(syncs.load(SeqCst), 0, "it did not sync again");
             let view = Ledger::read_only(d.path(), &opts()).unwrap();
             assert!(view.projection.subject("b/2").is_some(), "a new reader answers once it synced");
@@ -591,8 +593,9 @@ fn a_reader_visits_a_group_in_flight_only_after_its_own_sync() {
 /// killed with SIGKILL before its sync, still marked as the lock's holder: the
 /// next writer (a retry of the same request) makes the log durable before it
 /// reads under the lock — if that sync fails its turn fails (`IO_ERROR`), it
-/// does not answer "deduplicated" from the dead writer's group — and then
-/// answers it, once.
+/// does not answer "deduplicated" from the dead writer's group; so it does when
+/// the dead writer left no holder mark (an earlier build), by the durable mark —
+/// and then answers it, once.
 #[test]
 fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
@@ -664,6 +667,16 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     );
     assert_eq!((code, v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("died holding the append lock"), "{v}");
+    // A writer that leaves no holder mark (an earlier build's) died the same way:
+    // the next one still syncs what it finds past the durable mark before it
+    // says so, or answers nothing.
+    let mut lock = std::fs::read(d.path().join(fencelog::storage::LOCK_FILE)).unwrap();
+    lock[8..16].copy_from_slice(&0u64.to_le_bytes());
+    std::fs::write(d.path().join(fencelog::storage::LOCK_FILE), &lock).unwrap();
+    let (code, v) =
+        json(Command::new(FENCELOG).args(claim).env("FAILPOINTS", "segment::sync_adopted=return").output().unwrap());
+    assert_eq!((code, v["error"]["code"].as_str()), (Some(1), Some("IO_ERROR")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("past the durable mark"), "{v}");
     let (code, v) = json(Command::new(FENCELOG).args(claim).output().unwrap());
     assert_eq!(code, Some(0), "{v}");
     assert_eq!((v["seq"].as_u64(), v["deduplicated"].as_bool()), (Some(1), Some(true)), "{v}");

@@ -55,7 +55,11 @@ impl Ledger {
         }
         if let Err(e) = applied {
             let transient = matches!(&e, LedgerError::Storage(s) if s.is_transient());
-            if !transient && (last != inner.last_seq() || read_to != read_from) {
+            // A sync of what the tailer read failed: it reads nothing more, so
+            // the state can follow the log no further (WRITER_POISONED, and a
+            // daemon is not ready) — until the log is opened again.
+            let unsynced = matches!(&e, LedgerError::Storage(s) if s.is_read_sync_failure());
+            if unsynced || (!transient && (last != inner.last_seq() || read_to != read_from)) {
                 // Records were applied, or read past, before the failure: the
                 // projection no longer follows the log (a later catch-up would not
                 // read them again), and every later answer would rest on a

@@ -151,6 +151,12 @@ impl Error {
         matches!(self, Error::EtcdUnavailable { .. } | Error::CutUnderReader { .. })
     }
 
+    /// A reader's sync of what it read failed ([`READ_SYNC_OP`]): that reader gives
+    /// no answer from the log any more (it could not tell what is on the disk).
+    pub fn is_read_sync_failure(&self) -> bool {
+        matches!(self, Error::Io { op, .. } | Error::NoSpace { op, .. } if *op == READ_SYNC_OP)
+    }
+
     /// A stable, machine-readable code for each kind of failure.
     pub fn code(&self) -> &'static str {
         match self {

@@ -53,10 +53,10 @@
 //! writes the last sequence it knows durable (bytes 16..24) after each of its syncs
 //! and after it caught up: readers, which take no lock, visit records up to it
 //! without a sync of their own, and sync the last segment themselves before they
-//! visit one after it (a group in flight, or a dead writer's). (A writer of an
-//! earlier build writes neither mark: while one appends during an upgrade, a
-//! `kill -9` of it mid-group is not seen by the next holder, and readers sync to
-//! read what it appended.)
+//! visit one after it (a group in flight, or a dead writer's). A holder that
+//! finds records past the durable mark once it caught up (a writer that died
+//! without a holder mark: one of an earlier build) syncs them before it marks them
+//! durable (`writer.rs`).
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -328,7 +328,7 @@ impl AppendLock {
         // before anyone reads it under the lock; if that fails, the turn does
         // (the mark stays for the next holder).
         if self.holder_mark() != Some(0) {
-            sync_last_segment(&self.dir.path)?;
+            sync_last_segment(&self.dir.path, UNCLEAN_SYNC_OP)?;
         }
         held.marked = self.set_holder_mark(u64::from(std::process::id()));
         Ok(held)
@@ -359,6 +359,15 @@ impl AppendLock {
         if let Some(f) = t.as_ref() {
             let _ = f.write_all_at(&seq.to_le_bytes(), DURABLE_MARK_AT);
         }
+    }
+
+    /// The durable mark as it stands (`None`: none, or it cannot be read).
+    pub(crate) fn durable_mark_now(&self) -> Option<u64> {
+        let mut t = self.turns.lock().expect("turns");
+        if t.is_none() {
+            *t = self.legacy.open_for_turns();
+        }
+        durable_mark(t.as_ref()?)
     }
 
     /// Write `pid` as the holder's mark; whether it was written.
@@ -396,17 +405,20 @@ pub(crate) fn open_for_marks(dir: &Path) -> Option<File> {
 /// Make the last segment of the log in `dir` durable: what a holder that died
 /// between its write and its sync left in the page cache. (Sealed segments were
 /// synced before their successor was created.)
-fn sync_last_segment(dir: &Path) -> Result<()> {
+/// `op` names the sync in an error.
+pub(crate) fn sync_last_segment(dir: &Path, op: &'static str) -> Result<()> {
     let Some((_, path)) = super::dir::list_segments(dir)?.pop() else { return Ok(()) };
-    fail::fail_point!("lock::sync_after_unclean_holder", |_| {
-        Err(Error::io(UNCLEAN_SYNC_OP, &path)(std::io::Error::other("injected fdatasync failure")))
-    });
+    if op == UNCLEAN_SYNC_OP {
+        fail::fail_point!("lock::sync_after_unclean_holder", |_| {
+            Err(Error::io(op, &path)(std::io::Error::other("injected fdatasync failure")))
+        });
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
-        .map_err(Error::io(UNCLEAN_SYNC_OP, &path))?;
-    f.sync_data().map_err(Error::io(UNCLEAN_SYNC_OP, &path))
+        .map_err(Error::io(op, &path))?;
+    f.sync_data().map_err(Error::io(op, &path))
 }
 
 /// What a failed sync after a holder that died is called (in `IO_ERROR`'s message).

@@ -88,7 +88,14 @@ impl LogBackend for FileBackend {
         // Read from the start of the last segment (cheap), verifying as it goes.
         let mut t = Tailer::new(&self.dir, self.body_max, u64::MAX);
         t.poll(|_| {})?;
-        Ok(Head { seq: t.next_seq().saturating_sub(1), link: t.prev_link() })
+        let seq = t.next_seq().saturating_sub(1);
+        // No record was visited: a head past the durable mark (a group in flight)
+        // is made durable before it is given.
+        let mark = lock::open_for_marks(&self.dir).and_then(|f| lock::durable_mark(&f));
+        if mark.is_none_or(|m| m < seq) {
+            lock::sync_last_segment(&self.dir, crate::storage::error::READ_SYNC_OP)?;
+        }
+        Ok(Head { seq, link: t.prev_link() })
     }
 
     fn reader(&self, from_seq: u64) -> Box<dyn RecordReader> {

@@ -256,7 +256,7 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
             // its writer before the next one was created).
             let gate = &mut self.gate;
             read_regular_then(path, bytes_max, name_seq, |f| {
-                gate.file = f.try_clone().ok().map(|f| (f, path.to_path_buf()));
+                gate.file = Some((f.try_clone().map_err(Error::io("open", path))?, path.to_path_buf()));
                 Ok(())
             })
             .map(Held::Owned)
@@ -622,9 +622,8 @@ impl Tailer {
         if self.marks.is_none() {
             self.marks = super::lock::open_for_marks(&self.dir);
         }
-        if let Some(seq) = self.marks.as_ref().and_then(super::lock::durable_mark) {
-            self.durable_seq = self.durable_seq.max(seq);
-        }
+        // As it stands now, lower too (after a cut, sequences are written again).
+        self.durable_seq = self.marks.as_ref().and_then(super::lock::durable_mark).unwrap_or(0);
     }
 
     /// Has the segment this reader is in been cut back below what it read, or

@@ -75,7 +75,7 @@ pub fn repair(dir: &Path, cut_from_seq: u64, opts: &LogOptions) -> Result<Repair
     let cuts = cut(dir, &segment, offset, found.damage.seq, opts)?;
     sync_dir(dir)?;
     // What is left ends before the cut, and is durable (the cut is synced).
-    lock.set_durable_mark(found.damage.seq.saturating_sub(1));
+    lock.set_durable_mark(cut_from_seq.saturating_sub(1));
     if found.halted.is_some() {
         // The records in doubt are cut (and that is durable): the log is whole again.
         super::halt::clear(dir)?;

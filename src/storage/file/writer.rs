@@ -88,9 +88,17 @@ impl Log {
         let (tail, report) = {
             let _held = lock.acquire(opts.lock_wait_ms_max)?;
             let (tail, report) = recover(&dir, &opts)?;
-            // Recovered under the lock: durable (the last holder let go cleanly,
-            // or the lock's acquire synced what a dead one left).
-            lock.set_durable_mark(tail.cursor.next_seq - 1);
+            // Recovered under the lock. Past the durable mark (a writer that died
+            // between its write and its sync, one of an earlier build): synced
+            // before it is said durable.
+            let end = tail.cursor.next_seq - 1;
+            if lock.durable_mark_now().is_none_or(|m| m < end) {
+                fail::fail_point!("segment::sync_adopted", |_| Err(Error::io(ADOPTED_SYNC_OP, &tail.segment)(
+                    std::io::Error::other("injected fdatasync failure")
+                )));
+                super::lock::sync_last_segment(&dir, ADOPTED_SYNC_OP)?;
+            }
+            lock.set_durable_mark(end);
             (tail, report)
         };
         let (file, _) = open_regular_rw(&tail.segment, opts.segment_file_bytes_max(), tail.segment_first_seq)?;
@@ -294,8 +302,25 @@ impl LogInner {
             }
         }
         w.shared.last_seq.store(w.tail.cursor.next_seq - 1, Ordering::Release);
-        // Everything caught up is durable (see `Log::open`): readers may read it.
-        lock.set_durable_mark(w.tail.cursor.next_seq - 1);
+        // What was caught up past the durable mark (a writer that died between
+        // its write and its sync, one of an earlier build) is synced before it
+        // is said durable, and before anyone reads it under the lock. In the
+        // steady state the last holder's mark is the end: nothing to sync.
+        let end = w.tail.cursor.next_seq - 1;
+        if lock.durable_mark_now().is_none_or(|m| m < end) {
+            let path = w.tail.segment.clone();
+            let synced = (|| {
+                fail::fail_point!("segment::sync_adopted", |_| Err(std::io::Error::other(
+                    "injected fdatasync failure"
+                )));
+                w.file.sync_data()
+            })();
+            if let Err(e) = synced.map_err(Error::io(ADOPTED_SYNC_OP, &path)) {
+                w.poison(&e);
+                return Err(e);
+            }
+        }
+        lock.set_durable_mark(end);
         Ok(f(&mut Locked { opts: &self.opts, lock: &lock, w: &mut w }))
     }
 
@@ -928,6 +953,10 @@ impl Writer {
         Ok(())
     }
 }
+
+/// What a holder's sync of records another writer left past the durable mark is
+/// called (in `IO_ERROR`'s message).
+const ADOPTED_SYNC_OP: &str = "fdatasync what another writer left past the durable mark";
 
 /// In a preallocated segment, how much a catch-up reads first after the end of the
 /// frames it knows (more only if other processes appended more than this).

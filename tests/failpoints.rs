@@ -549,12 +549,7 @@ fn a_reader_visits_a_group_in_flight_only_after_its_own_sync() {
         // for it for ever).
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // b's group is in the file, its sync paused: wait for it there.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-            while fencelog::storage::frames_end(&seg).unwrap() == before {
-                assert!(!writer.is_finished(), "the writer finished before its sync");
-                assert!(std::time::Instant::now() < deadline, "b's group never reached the file");
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
+            wait_for_group_in_file(&seg, before, || !writer.is_finished());
             fail::cfg("reader::fdatasync", "return").unwrap();
             let err = a.refresh().unwrap_err();
             assert_eq!(err.code(), "IO_ERROR", "{err}");
@@ -627,12 +622,7 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     );
     let writer_pid = writer.0.id();
     // The writer's group is in the file (its sync paused): wait for it there.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while fencelog::storage::frames_end(&seg).unwrap() == before {
-        assert!(writer.0.try_wait().unwrap().is_none(), "the writer exited before its sync");
-        assert!(std::time::Instant::now() < deadline, "the writer's group never reached the file");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for_group_in_file(&seg, before, || writer.0.try_wait().unwrap().is_none());
     let show = ["request", "show", "--dir", dir, "r-held"];
     let json = |out: std::process::Output| -> (Option<i32>, serde_json::Value) {
         (out.status.code(), serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null))
@@ -686,4 +676,60 @@ fn a_reader_process_answers_from_an_unsynced_group_only_after_its_own_sync() {
     let (code, v) = json(Command::new(FENCELOG).args(show).output().unwrap());
     assert_eq!((code, v["status"].as_str()), (Some(0), Some("committed")), "{v}");
     assert!(verify_dir(d.path(), LogOptions::default().body_max()).unwrap().is_intact());
+}
+
+/// Proves: the inspector's scan gates every segment by the durable mark, not
+/// only the last one: records past the mark in a sealed segment (a writer that
+/// died before marking them, one of an earlier build) are synced before they
+/// are visited, once per segment; a failed sync gives no answer. Records under
+/// the mark cost no sync.
+#[test]
+fn the_inspector_syncs_any_segment_whose_records_are_past_the_durable_mark() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    let d = tempfile::tempdir().unwrap();
+    let _fp = fail::FailScenario::setup();
+    let opts = LogOptions { segment_bytes_max: 400, ..LogOptions::default() };
+    let log = Log::open(d.path(), opts.clone()).unwrap();
+    for i in 0..12 {
+        log.append(format!("record {i}").as_bytes()).unwrap();
+    }
+    drop(log);
+    let segments = common::segment_files(d.path()).len() as u64;
+    assert!(segments >= 3, "several segments: {segments}");
+    let lock_path = d.path().join(fencelog::storage::LOCK_FILE);
+    let syncs = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = syncs.clone();
+    fail::cfg_callback("reader::fdatasync", move || {
+        counted.fetch_add(1, SeqCst);
+    })
+    .unwrap();
+    let body_max = opts.body_max();
+    assert_eq!(verify_dir(d.path(), body_max).unwrap().records, 12);
+    assert_eq!(syncs.load(SeqCst), 0, "every record is under the mark");
+    // As a writer that never marked anything would leave it.
+    let mut lock = std::fs::read(&lock_path).unwrap();
+    lock[16..24].copy_from_slice(&0u64.to_le_bytes());
+    std::fs::write(&lock_path, &lock).unwrap();
+    assert_eq!(verify_dir(d.path(), body_max).unwrap().records, 12);
+    assert_eq!(syncs.load(SeqCst), segments, "one sync per segment, sealed ones too");
+    fail::cfg("reader::fdatasync", "return").unwrap();
+    let err = verify_dir(d.path(), body_max).unwrap_err();
+    assert_eq!(err.code(), "IO_ERROR", "{err}");
+    fail::remove("reader::fdatasync");
+    // The next writer syncs what it finds past the mark, and marks it.
+    drop(Log::open(d.path(), opts).unwrap());
+    let lock = std::fs::read(&lock_path).unwrap();
+    assert_eq!(u64::from_le_bytes(lock[16..24].try_into().unwrap()), 12);
+}
+
+/// Wait (at most 60 s, looking every 5 ms) until the frames of segment `seg`
+/// end past `before`: a paused writer's group has reached the file. `alive`
+/// says whether that writer still runs (it must not finish before its sync).
+fn wait_for_group_in_file(seg: &std::path::Path, before: u64, mut alive: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while fencelog::storage::frames_end(seg).unwrap() == before {
+        assert!(alive(), "the writer finished before its sync");
+        assert!(std::time::Instant::now() < deadline, "the writer's group never reached the file");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -101,10 +101,9 @@ pub fn read_records(
 /// Past damage it resynchronises on the next intact frame (or the next segment), so
 /// it decodes as much as it can; it never writes.
 ///
-/// A record of the last segment after the durable mark of `LOCK` (a group in
-/// flight, a dead writer's: `lock.rs`) is visited only once this reader has
-/// synced the segment ([`make_read_durable`]); if that fails, the scan stops
-/// there and fails.
+/// A record after the durable mark of `LOCK` (a group in flight, a dead
+/// writer's: `lock.rs`) is visited only once this reader has synced its segment
+/// ([`make_read_durable`]); if that fails, the scan stops there and fails.
 pub fn scan_dir(dir: &Path, from_seq: u64, body_max: u32, on: impl FnMut(ScanItem<'_>) -> bool) -> Result<ReadSummary> {
     scan_dir_with(dir, from_seq, body_max, ReadSync::BeyondMark, on)
 }
@@ -195,18 +194,18 @@ struct ReadGate {
     sync: ReadSync,
     /// Records up to it are durable (the durable mark of `LOCK` when the scan began).
     durable_mark: u64,
-    /// The last segment, read into memory: what is synced (`None` for a sealed
-    /// one, synced by its writer before the next was created).
+    /// The segment being scanned: what is synced.
     file: Option<(fs::File, PathBuf)>,
-    /// The last segment was synced after it was read.
+    /// It was synced after it was read (or mapped).
     synced: bool,
     /// The sync failed: nothing more is visited.
     failed: Option<Error>,
 }
 
 impl ReadGate {
-    /// May the record `seq` be visited? Syncs the last segment first (once) when
-    /// it is after the durable mark.
+    /// May the record `seq` be visited? Syncs its segment first (once) when it is
+    /// after the durable mark (in a sealed segment only if its writer of an
+    /// earlier build, or a writer that died, left it so).
     fn admits(&mut self, seq: u64) -> bool {
         if self.failed.is_some() {
             return false;
@@ -247,13 +246,12 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
         let bytes_max = segment_file_bytes_max(self.body_max);
         // The last segment (which a recovering writer may truncate) is read into
         // memory; sealed ones are mapped.
-        self.gate.file = None;
+        (self.gate.file, self.gate.synced) = (None, false);
         let held = if is_last {
             // What is there: a writer sealing it may have cut it to its last
             // record since it was measured. Kept open: its records after the
             // durable mark are synced before they are visited (its writer may
-            // not have synced its last group yet; a sealed segment was synced by
-            // its writer before the next one was created).
+            // not have synced its last group yet).
             let gate = &mut self.gate;
             read_regular_then(path, bytes_max, name_seq, |f| {
                 gate.file = Some((f.try_clone().map_err(Error::io("open", path))?, path.to_path_buf()));
@@ -261,7 +259,12 @@ impl<F: FnMut(ScanItem<'_>) -> bool> DirScan<F> {
             })
             .map(Held::Owned)
         } else {
-            Mapped::open(path, bytes_max, name_seq).map(Held::Mapped)
+            // Synced by its writer before the next one was created — its records
+            // are under the durable mark then; gated all the same.
+            Mapped::open(path, bytes_max, name_seq).and_then(|m| {
+                self.gate.file = Some((m.file().try_clone().map_err(Error::io("open", path))?, path.to_path_buf()));
+                Ok(Held::Mapped(m))
+            })
         };
         let held = match held {
             Ok(h) => h,

@@ -39,6 +39,9 @@ pub(crate) struct TailState {
 /// Map a whole file read-only (an empty file maps to an empty slice).
 pub(crate) struct Mapped {
     map: Option<Mmap>,
+    /// The file mapped (a reader syncs it before it visits a record past the
+    /// durable mark: `reader.rs`).
+    file: File,
 }
 
 impl Mapped {
@@ -50,7 +53,7 @@ impl Mapped {
             "injected mmap failure"
         ))));
         if len == 0 {
-            return Ok(Mapped { map: None });
+            return Ok(Mapped { map: None, file: f });
         }
         // A mapped file never shrinks underneath. Readers map only sealed
         // segments, and a sealed segment is never truncated in place: `repair`
@@ -59,11 +62,15 @@ impl Mapped {
         // sealing), under the append lock; the writer maps it only while holding
         // that lock, and readers read it into memory instead (FORMAT.md §7).
         let map = crate::sys::fs::map_never_cut(&f).map_err(Error::io("mmap", path))?;
-        Ok(Mapped { map: Some(map) })
+        Ok(Mapped { map: Some(map), file: f })
     }
 
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
     }
 }
 

@@ -144,3 +144,125 @@ pub fn posix_spawn_with(
     }
     Ok(pid as u32)
 }
+
+/// Is this process running one thread only? (`/proc/self/stat`'s thread count;
+/// false when it cannot be read.) Only a process that is can go on running
+/// ordinary code in a `fork`ed child: another thread could hold a lock (the
+/// allocator's, a logger's) that the child would then wait on for ever.
+pub fn single_threaded() -> bool {
+    let Ok(stat) = std::fs::read("/proc/self/stat") else { return false };
+    // After the command name (which may hold anything, up to the last ')'):
+    // state, then 16 more fields, then the thread count (field 20).
+    let Some(end) = stat.iter().rposition(|&b| b == b')') else { return false };
+    let threads = stat[end + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(17);
+    threads == Some(b"1")
+}
+
+/// `fork` a child into a process group of its own, its descriptors set by `fds`
+/// (applied in order; every other descriptor closed, as `posix_spawn_with`
+/// does), an empty signal mask, and run `child` in it; the child ends with what
+/// `child` returns (`_exit`: nothing of the parent's is flushed or run again),
+/// or 127 if it panics. Returns the child's pid to the parent.
+///
+/// The child is a copy of this process, not a new program: no `exec` of a large
+/// binary, no dynamic loading, no allocator start. Callers must be
+/// [`single_threaded`] (checked: `Unsupported` otherwise, for the caller to
+/// fall back to [`posix_spawn_with`]).
+pub fn fork_into_own_group(fds: &[FdAction], child: impl FnOnce() -> i32) -> std::io::Result<u32> {
+    if !single_threaded() {
+        return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "more than one thread: fork is not safe"));
+    }
+    // SAFETY: fork(2) in a process with one thread (checked above, and no
+    // thread is started between: this thread is the only one to start any), so
+    // the child's copy of every lock is free; it leaves only by `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid > 0 {
+        // Also from this side, so the group exists when fork returns here
+        // (whichever of the two runs first); EACCES/ESRCH once the child has
+        // done it or exec'd: nothing to do.
+        // SAFETY: setpgid(2) of our own child; numbers only.
+        unsafe { libc::setpgid(pid, pid) };
+        return Ok(pid as u32);
+    }
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        child_descriptors(fds);
+        child()
+    }))
+    .unwrap_or(127);
+    // SAFETY: _exit(2) ends the child without running the parent's exit
+    // handlers or flushing the buffers it copied.
+    unsafe { libc::_exit(code) }
+}
+
+/// In a forked child: its own process group, an empty signal mask, the
+/// descriptors `fds` say, every other one closed.
+fn child_descriptors(fds: &[FdAction]) {
+    // SAFETY: system calls on numbers and on locals, in the child only.
+    unsafe {
+        libc::setpgid(0, 0);
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        let mut highest = 2;
+        for a in fds {
+            match *a {
+                FdAction::Dup(fd, to) => {
+                    highest = highest.max(to);
+                    if fd == to {
+                        // dup2 onto itself keeps close-on-exec: clear it, as
+                        // posix_spawn does.
+                        libc::fcntl(to, libc::F_SETFD, 0);
+                    } else {
+                        libc::dup2(fd, to);
+                    }
+                }
+                FdAction::Null(to, flags) => {
+                    highest = highest.max(to);
+                    let null = libc::open(c"/dev/null".as_ptr(), flags | libc::O_CLOEXEC);
+                    if null >= 0 {
+                        libc::dup2(null, to);
+                        libc::close(null);
+                    }
+                }
+            }
+        }
+        let first = (highest + 1) as libc::c_uint;
+        if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
+            // Before Linux 5.9: one by one, up to the descriptor limit.
+            let limit = libc::sysconf(libc::_SC_OPEN_MAX).clamp(first as libc::c_long, 1 << 20) as libc::c_int;
+            for fd in first as libc::c_int..limit {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Proves: a process with a second thread is never forked into running code
+    /// (another thread could hold a lock the child would wait on for ever): the
+    /// caller is told `Unsupported` and falls back to `posix_spawn`; the child's
+    /// code never runs. (The forked path itself is every runner's gate: proved by
+    /// the supervisor's tests, through real runners.)
+    #[test]
+    fn a_process_with_a_second_thread_is_not_forked() {
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || stop_rx.recv());
+        assert!(!single_threaded(), "a second thread is running");
+        let ran = std::cell::Cell::new(false);
+        let e = fork_into_own_group(&[], || {
+            ran.set(true);
+            0
+        })
+        .expect_err("not forked");
+        assert_eq!(e.kind(), std::io::ErrorKind::Unsupported);
+        assert!(!ran.get());
+        drop(stop_tx);
+        other.join().unwrap().unwrap_err();
+    }
+}

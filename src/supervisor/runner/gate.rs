@@ -59,26 +59,34 @@ impl Spawned {
 }
 
 impl Gate {
-    /// Start one from this very binary (`/proc/self/exe`: the file this runner
-    /// was started from, even if it was replaced since).
+    /// Start one. A runner with one thread (every runner starts its gate first
+    /// thing, before its log is open) forks it: the child runs [`gate_main`], a
+    /// copy of a runner that has done nothing yet. Otherwise (a runner that has
+    /// started a thread) it is started from this very binary (`/proc/self/exe`: the file this runner was started
+    /// from, even if it was replaced since) as `fencelog __gate`. Either way it
+    /// has the same descriptors (its pipes on 0–3, nothing else), group and
+    /// signal mask; the fork spares the `exec` of this binary (its loading, its
+    /// page faults, its allocator's start), which competed with the runner for
+    /// the two cores of a small machine.
     pub(super) fn start() -> std::io::Result<Gate> {
+        use crate::sys::process::{FdAction, Placement, fork_into_own_group, posix_spawn_with};
         let (spec_r, spec_w) = pipe_cloexec()?;
         let (out_r, out_w) = pipe_cloexec()?;
         let (err_r, err_w) = pipe_cloexec()?;
         let (status_r, status_w) = pipe_cloexec()?;
-        let argv = [c"fencelog".to_owned(), c"__gate".to_owned()];
-        let pid = crate::sys::process::posix_spawn_with(
-            c"/proc/self/exe",
-            &argv,
-            &[],
-            &[
-                crate::sys::process::FdAction::Dup(spec_r.as_raw_fd(), 0),
-                crate::sys::process::FdAction::Dup(out_w.as_raw_fd(), 1),
-                crate::sys::process::FdAction::Dup(err_w.as_raw_fd(), 2),
-                crate::sys::process::FdAction::Dup(status_w.as_raw_fd(), GATE_STATUS_FD),
-            ],
-            crate::sys::process::Placement::OwnGroup,
-        )?;
+        let fds = [
+            FdAction::Dup(spec_r.as_raw_fd(), 0),
+            FdAction::Dup(out_w.as_raw_fd(), 1),
+            FdAction::Dup(err_w.as_raw_fd(), 2),
+            FdAction::Dup(status_w.as_raw_fd(), GATE_STATUS_FD),
+        ];
+        let pid = match fork_into_own_group(&fds, gate_main) {
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                let argv = [c"fencelog".to_owned(), c"__gate".to_owned()];
+                posix_spawn_with(c"/proc/self/exe", &argv, &[], &fds, Placement::OwnGroup)?
+            }
+            forked => forked?,
+        };
         Ok(Gate {
             pid,
             spec: Some(File::from(spec_w)),

@@ -1488,3 +1488,90 @@ fn following_a_process_whose_output_was_redacted_is_not_damage() {
     assert!(err.contains("redacted"), "{err}");
     assert_eq!(logs(&dir, 1, "stdout").1, b"a [REDACTED:SEC]\nend\n".to_vec());
 }
+
+/// The newest snapshot an open of `dir` starts from, and how many records it
+/// replayed after it.
+fn snapshot_and_tail(dir: &Path) -> (Option<u64>, u64) {
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let r = l.open_report();
+    (r.snapshot_seq, r.replayed_records)
+}
+
+/// Proves: a runner whose open replayed a long tail (more than
+/// `TAIL_RECORDS_SNAPSHOT_MIN` records since the newest snapshot, far fewer than
+/// the ledger's own interval) leaves a snapshot once its exit is on record, so
+/// the next open replays only what came after it; a runner on a short tail
+/// writes none. (Without it, a log written by short-lived processes has every
+/// open replay up to `snapshot_every_records`: 10,000 records.)
+#[test]
+fn a_runner_that_replayed_a_long_tail_leaves_a_snapshot_for_the_next_open() {
+    let (_t, dir) = new_log();
+    let runner_gone = |v: &Value| wait_gone(v["runner_pid"].as_u64().expect("a runner") as u32);
+    let (code, v) = run(&dir, &[], &["/bin/true"]);
+    assert_eq!(code, 0, "{v}");
+    runner_gone(&v);
+    assert_eq!(snapshot_and_tail(&dir), (None, 3), "a tail of 3 records: no snapshot");
+
+    let min = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN;
+    let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let me = fencelog::ledger::identity::probe(std::process::id(), l.writer_id()).unwrap();
+    let subject = "long/tail".to_string();
+    let claim =
+        Event::Claim { subject: subject.clone(), owner: me, stale_after_ms: 60_000, lock: None, previous: None };
+    l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![claim.clone()]))).unwrap();
+    for _ in 0..min {
+        let beat = Event::Heartbeat { subject: subject.clone(), generation: 1 };
+        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
+    }
+    drop(l);
+    let tail = 3 + 1 + min;
+    assert_eq!(snapshot_and_tail(&dir), (None, tail));
+
+    let (code, v) = run(&dir, &[], &["/bin/true"]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    let ended = v["ended_seq"].as_u64().unwrap();
+    assert_eq!(ended, tail + 3);
+    // The runner writes it after its exit is on record and its caller was told.
+    runner_gone(&v);
+    assert_eq!(snapshot_and_tail(&dir), (Some(ended), 1), "the snapshot, then the checkpoint vouching for it");
+
+    let (code, v) = run(&dir, &[], &["/bin/true"]);
+    assert_eq!(code, 0, "{v}");
+    runner_gone(&v);
+    assert_eq!(snapshot_and_tail(&dir), (Some(ended), 4), "a short tail again: no new snapshot");
+}
+
+/// Proves: a runner leaves no snapshot after a tail shorter than the state has
+/// entries, however long the tail: a snapshot would be larger to read than the
+/// tail it saves (a state of 1,500 subjects, snapshotted, then 1,100 records).
+#[test]
+fn a_runner_leaves_no_snapshot_after_a_tail_shorter_than_the_state() {
+    let (_t, dir) = new_log();
+    let subjects = 1_500;
+    let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let me = fencelog::ledger::identity::probe(std::process::id(), l.writer_id()).unwrap();
+    for i in 0..subjects {
+        let claim = Event::Claim {
+            subject: format!("s/{i}"),
+            owner: me.clone(),
+            stale_after_ms: 60_000,
+            lock: None,
+            previous: None,
+        };
+        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![claim.clone()]))).unwrap();
+    }
+    l.close().unwrap();
+    let (snapshot, _) = snapshot_and_tail(&dir);
+    let snapshot = snapshot.expect("close writes one");
+    let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let beats = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN + 100;
+    for _ in 0..beats {
+        let beat = Event::Heartbeat { subject: "s/0".into(), generation: 1 };
+        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
+    }
+    drop(l);
+    let (code, v) = run(&dir, &[], &["/bin/true"]);
+    assert_eq!(code, 0, "{v}");
+    wait_gone(v["runner_pid"].as_u64().unwrap() as u32);
+    assert_eq!(snapshot_and_tail(&dir), (Some(snapshot), 1 + beats + 3));
+}

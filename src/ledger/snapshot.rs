@@ -140,6 +140,25 @@ impl Ledger {
         Ok(true)
     }
 
+    /// Write a snapshot now (as [`Ledger::snapshot_now`]) if more records than
+    /// `min_records` — and than the state has entries — were applied since the
+    /// newest snapshot this ledger knows of (the tail its open replayed, and what
+    /// it applied since). The next open then decodes a snapshot no larger than
+    /// that tail instead of replaying it. For a short-lived writer whose work is
+    /// done (a runner, its exit on record and its caller told): without it, a log
+    /// written only by short-lived processes is snapshotted every
+    /// `snapshot_every_records` records, and every open before that replays up
+    /// to as many. Returns where the snapshot is, if one was written.
+    pub fn snapshot_if_tail_exceeds(&self, min_records: u64) -> Result<Option<String>, LedgerError> {
+        {
+            let inner = self.settled()?;
+            if inner.since_snapshot.records < min_records.max(inner.projection.entries()) {
+                return Ok(None);
+            }
+        }
+        self.snapshot_now().map(Some)
+    }
+
     /// Write a snapshot now (also done on `close`) and append the checkpoint record
     /// that vouches for it. It covers only durable state. Returns where it is.
     pub fn snapshot_now(&self) -> Result<String, LedgerError> {

@@ -2,10 +2,10 @@
 //!
 //! The runner (`fencelog __runner --dir D --process ID`) is started by whoever
 //! recorded the spawn intent, in a session of its own, so it outlives its caller.
-//! It starts the command *behind a gate*: first a gate process (`fencelog
-//! __gate`, started with `posix_spawn` in a process group of its own, its stdout
-//! and stderr the runner's capture pipes), which waits for the command on its
-//! stdin. Meanwhile the runner appends `ProcessStarted` with the gate's pid and
+//! It starts the command *behind a gate*: first a gate process (a `fork` of the
+//! runner made first thing, while it has one thread; else `fencelog __gate`,
+//! started with `posix_spawn`), in a process group of its own, its stdout and
+//! stderr the runner's capture pipes, which waits for the command on its stdin. Meanwhile the runner appends `ProcessStarted` with the gate's pid and
 //! start time. Only if that record lands does the runner send the command; the
 //! gate then `exec`s it, so the record names the exact process (pid and start
 //! time survive the `exec`). If another runner took the process first, the record
@@ -54,6 +54,12 @@ pub const TERM_TO_KILL_GRACE_MS: u64 = 1_000;
 /// After the command exits, how long its output pipes may stay open (held by
 /// processes it left behind) before the runner stops reading them.
 pub const OUTPUT_DRAIN_MS: u64 = 2_000;
+/// Records since the newest snapshot past which a runner, its exit on record,
+/// writes a snapshot (if the state has fewer entries than that): every open of
+/// the log — the next runner's, the CLI's — replays at most about this many
+/// records, instead of up to `LedgerOptions::snapshot_every_records` (a replay
+/// costs about 0.5–2 µs a record on a small machine: 1,000 is ~1–2 ms).
+pub const TAIL_RECORDS_SNAPSHOT_MIN: u64 = 1_000;
 /// Attempts to append the terminal record before the runner gives up (the
 /// process then reads `completed_unknown` on recovery: never a guess).
 const TERMINAL_APPEND_ATTEMPTS_MAX: u32 = 30;
@@ -368,6 +374,12 @@ fn end_unstarted(ledger: &Ledger, process: u64, code: EndCode, detail: &str) {
 fn record_exit(site: &Site, first: &Ledger, process: u64, exit: Exit) {
     record_exit_attempts(site, first, process, exit);
     tell_caller_settled();
+    // Off the answer's path (the caller reads the exit from the log, and was
+    // just told to look): a runner that replayed a long tail at open leaves a
+    // snapshot, so that the next runner's open (and the next CLI's) does not.
+    if let Err(e) = first.snapshot_if_tail_exceeds(TAIL_RECORDS_SNAPSHOT_MIN) {
+        say(process, format!("no snapshot written after a long replay: {e}"));
+    }
 }
 
 fn record_exit_attempts(site: &Site, first: &Ledger, process: u64, exit: Exit) {

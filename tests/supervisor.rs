@@ -1117,6 +1117,21 @@ fn children_of(parent: u32) -> Vec<u32> {
     live_processes_where(1, parent)
 }
 
+/// Proves: a runner's gate is a fork of the runner (no `exec` of `fencelog
+/// __gate`): the spare's gate, waiting beside it, has the runner's command line.
+#[test]
+fn a_runner_forks_its_gate() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = idle_spare(&ledger, &dir, &spares);
+    let gates = children_of(spare);
+    assert_eq!(gates.len(), 1, "the spare's gate waits beside it: {gates:?}");
+    let cmdline = |pid: u32| fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert_eq!(cmdline(gates[0]), cmdline(spare));
+    assert!(String::from_utf8_lossy(&cmdline(spare)).contains("__runner"));
+}
+
 /// Proves: a command holds nothing but its three standard descriptors — none of
 /// its runner's (the log, the caller's pipe, runner.log, a spare's socket) — both
 /// when a fresh runner starts it (`fencelog run`) and when a spare does.
@@ -1497,47 +1512,51 @@ fn snapshot_and_tail(dir: &Path) -> (Option<u64>, u64) {
     (r.snapshot_seq, r.replayed_records)
 }
 
-/// Proves: a runner whose open replayed a long tail (more than
-/// `TAIL_RECORDS_SNAPSHOT_MIN` records since the newest snapshot, far fewer than
+/// Proves: a runner whose open replayed a long tail (at least
+/// `TAIL_RECORDS_SNAPSHOT_MIN` records after the newest snapshot, far fewer than
 /// the ledger's own interval) leaves a snapshot once its exit is on record, so
-/// the next open replays only what came after it; a runner on a short tail
-/// writes none. (Without it, a log written by short-lived processes has every
-/// open replay up to `snapshot_every_records`: 10,000 records.)
+/// the next open replays only what came after it; a runner whose open replayed
+/// one record fewer writes none, nor does one after the snapshot. (Without it, a
+/// log written by short-lived processes has every open replay up to
+/// `snapshot_every_records`: 10,000 records.)
 #[test]
 fn a_runner_that_replayed_a_long_tail_leaves_a_snapshot_for_the_next_open() {
     let (_t, dir) = new_log();
     let runner_gone = |v: &Value| wait_gone(v["runner_pid"].as_u64().expect("a runner") as u32);
-    let (code, v) = run(&dir, &[], &["/bin/true"]);
-    assert_eq!(code, 0, "{v}");
-    runner_gone(&v);
+    let run_true = || {
+        let (code, v) = run(&dir, &[], &["/bin/true"]);
+        assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+        // Anything it writes, it writes after its exit is on record and its
+        // caller was told: wait for it to be gone.
+        runner_gone(&v);
+        v["ended_seq"].as_u64().unwrap()
+    };
+    assert_eq!(run_true(), 3);
     assert_eq!(snapshot_and_tail(&dir), (None, 3), "a tail of 3 records: no snapshot");
 
+    // The next runner's open replays all but its own start and exit: the
+    // 3 records above, a claim, the heartbeats, its intent.
     let min = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN;
+    let beats = min - 6;
     let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     let me = fencelog::ledger::identity::probe(std::process::id(), l.writer_id()).unwrap();
     let subject = "long/tail".to_string();
     let claim =
         Event::Claim { subject: subject.clone(), owner: me, stale_after_ms: 60_000, lock: None, previous: None };
     l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![claim.clone()]))).unwrap();
-    for _ in 0..min {
+    for _ in 0..beats {
         let beat = Event::Heartbeat { subject: subject.clone(), generation: 1 };
         l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
     }
     drop(l);
-    let tail = 3 + 1 + min;
-    assert_eq!(snapshot_and_tail(&dir), (None, tail));
+    let ended = run_true();
+    assert_eq!(ended, 3 + 1 + beats + 3);
+    assert_eq!(snapshot_and_tail(&dir), (None, ended), "its runner replayed {} records: no snapshot", min - 1);
 
-    let (code, v) = run(&dir, &[], &["/bin/true"]);
-    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
-    let ended = v["ended_seq"].as_u64().unwrap();
-    assert_eq!(ended, tail + 3);
-    // The runner writes it after its exit is on record and its caller was told.
-    runner_gone(&v);
-    assert_eq!(snapshot_and_tail(&dir), (Some(ended), 1), "the snapshot, then the checkpoint vouching for it");
+    let ended = run_true();
+    assert_eq!(snapshot_and_tail(&dir), (Some(ended), 1), "{min} or more: the snapshot, then its checkpoint");
 
-    let (code, v) = run(&dir, &[], &["/bin/true"]);
-    assert_eq!(code, 0, "{v}");
-    runner_gone(&v);
+    run_true();
     assert_eq!(snapshot_and_tail(&dir), (Some(ended), 4), "a short tail again: no new snapshot");
 }
 

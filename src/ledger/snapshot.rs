@@ -140,21 +140,25 @@ impl Ledger {
         Ok(true)
     }
 
-    /// Write a snapshot now (as [`Ledger::snapshot_now`]) if more records than
-    /// `min_records` — and than the state has entries — were applied since the
-    /// newest snapshot this ledger knows of (the tail its open replayed, and what
-    /// it applied since). The next open then decodes a snapshot no larger than
-    /// that tail instead of replaying it. For a short-lived writer whose work is
-    /// done (a runner, its exit on record and its caller told): without it, a log
-    /// written only by short-lived processes is snapshotted every
-    /// `snapshot_every_records` records, and every open before that replays up
-    /// to as many. Returns where the snapshot is, if one was written.
+    /// Write a snapshot now (as [`Ledger::snapshot_now`]) if this ledger's open
+    /// replayed at least `min_records` records after the newest snapshot it
+    /// started from — and at least as many as the state has entries (a snapshot
+    /// larger than the tail it saves is not worth writing) — and no newer
+    /// snapshot has been written since (by anyone: the log's newest is still the
+    /// one it started from, or there is none). The next open then decodes that
+    /// snapshot instead of replaying the tail. For a short-lived writer whose
+    /// work is done (a runner, its exit on record and its caller told): without
+    /// it, a log written only by short-lived processes is snapshotted every
+    /// `snapshot_every_records` records, and every open before that replays up to
+    /// as many. Returns where the snapshot is, if one was written.
     pub fn snapshot_if_tail_exceeds(&self, min_records: u64) -> Result<Option<String>, LedgerError> {
-        {
-            let inner = self.settled()?;
-            if inner.since_snapshot.records < min_records.max(inner.projection.entries()) {
-                return Ok(None);
-            }
+        let (opened_from, replayed) = (self.report.snapshot_seq, self.report.replayed_records);
+        if replayed < min_records || replayed < self.settled()?.projection.entries() {
+            return Ok(None);
+        }
+        let (newest, _) = self.backend.newest_snapshots();
+        if newest.first().map(|m| m.seq) > opened_from {
+            return Ok(None); // another writer has written one since this open
         }
         self.snapshot_now().map(Some)
     }

@@ -1,6 +1,7 @@
 //! The gate a runner starts its command through: a process started ahead of the
-//! command (`fencelog __gate`), which becomes it only once the runner's `started`
-//! record has landed, and exits having run nothing if it never does.
+//! command (a fork of the runner, or `fencelog __gate`), which becomes it only
+//! once the runner's `started` record has landed, and exits having run nothing if
+//! it never does.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -14,8 +15,8 @@ use super::{Environment, null_onto, pipe_cloexec};
 /// environment).
 const GATE_SPEC_BYTES_MAX: usize = 16 << 20;
 
-/// A process started ahead of its command, to become it: `fencelog __gate` (see
-/// [`gate_main`]), in a process group of its own, its stdout and stderr the write
+/// A process started ahead of its command, to become it (see [`gate_main`]): a
+/// fork of the runner, or `fencelog __gate`, in a process group of its own, its stdout and stderr the write
 /// ends of our capture pipes. Dropped unopened, it is closed (end of file on its
 /// stdin: it exits having run nothing) and reaped.
 pub(crate) struct Gate {
@@ -165,7 +166,7 @@ pub(super) fn gate_spec(command: &crate::model::CommandSpec, env: &Environment) 
     spec
 }
 
-/// A gate's life (`fencelog __gate`, started by a runner; see [`Gate`]): wait for
+/// A gate's life (a runner's fork, or `fencelog __gate`; see [`Gate`]): wait for
 /// the command on stdin, then become it. End of file first (the runner closed
 /// the gate, or died): exit 0, having run nothing. If the command cannot be
 /// executed, say why on stderr (the command's) and on the status pipe, and exit

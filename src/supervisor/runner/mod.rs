@@ -54,11 +54,13 @@ pub const TERM_TO_KILL_GRACE_MS: u64 = 1_000;
 /// After the command exits, how long its output pipes may stay open (held by
 /// processes it left behind) before the runner stops reading them.
 pub const OUTPUT_DRAIN_MS: u64 = 2_000;
-/// Records since the newest snapshot past which a runner, its exit on record,
-/// writes a snapshot (if the state has fewer entries than that): every open of
-/// the log — the next runner's, the CLI's — replays at most about this many
-/// records, instead of up to `LedgerOptions::snapshot_every_records` (a replay
-/// costs about 0.5–2 µs a record on a small machine: 1,000 is ~1–2 ms).
+/// Records replayed at open (after the newest snapshot) from which a runner, its
+/// exit on record, writes a snapshot (unless the state has more entries, or a
+/// newer snapshot was written meanwhile): an open of a log written by
+/// short-lived processes — the next runner's, the CLI's — then replays about
+/// this many records, or as many as the state has entries if that is more,
+/// instead of up to `LedgerOptions::snapshot_every_records` (a replay costs
+/// about 0.5–2 µs a record on a small machine: 1,000 is ~1–2 ms).
 pub const TAIL_RECORDS_SNAPSHOT_MIN: u64 = 1_000;
 /// Attempts to append the terminal record before the runner gives up (the
 /// process then reads `completed_unknown` on recovery: never a guess).
@@ -378,7 +380,7 @@ fn record_exit(site: &Site, first: &Ledger, process: u64, exit: Exit) {
     // just told to look): a runner that replayed a long tail at open leaves a
     // snapshot, so that the next runner's open (and the next CLI's) does not.
     if let Err(e) = first.snapshot_if_tail_exceeds(TAIL_RECORDS_SNAPSHOT_MIN) {
-        say(process, format!("no snapshot written after a long replay: {e}"));
+        say(process, format!("no snapshot written: {e}"));
     }
 }
 

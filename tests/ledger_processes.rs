@@ -592,3 +592,42 @@ fn request_status_finds_ids_older_than_the_projection_remembers() {
     }
     assert!(matches!(l.request_status("never").unwrap(), fencelog::ledger::RequestStatus::NeverCommitted { .. }));
 }
+
+/// Proves: `snapshot_if_tail_exceeds` writes a snapshot only where this
+/// ledger's own open replayed at least the bound and at least as many records
+/// as the state has entries, and only if no writer has written a newer snapshot
+/// since it opened; the next open starts from it.
+#[test]
+fn a_snapshot_after_a_long_replay_is_written_once_and_only_if_none_is_newer() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LedgerOptions::default();
+    let l = Ledger::open(d.path(), opts.clone()).unwrap();
+    for i in 0..30 {
+        l.submit(None, claim_txn(format!("s/{i}"))).unwrap();
+    }
+    drop(l);
+    let a = Ledger::open(d.path(), opts.clone()).unwrap();
+    assert_eq!(a.open_report().replayed_records, 30);
+    assert_eq!(a.snapshot_if_tail_exceeds(31).unwrap(), None, "a tail shorter than the bound");
+    // Another writer snapshots first: `a` writes none.
+    let b = Ledger::open(d.path(), opts.clone()).unwrap();
+    b.snapshot_now().unwrap();
+    assert_eq!(a.snapshot_if_tail_exceeds(30).unwrap(), None, "a newer snapshot exists");
+    drop((a, b));
+    let c = Ledger::open(d.path(), opts.clone()).unwrap();
+    assert_eq!((c.open_report().snapshot_seq, c.open_report().replayed_records), (Some(30), 1));
+    // One record replayed (the checkpoint), 30 entries: not worth a snapshot.
+    assert_eq!(c.snapshot_if_tail_exceeds(1).unwrap(), None, "a tail shorter than the state");
+    for _ in 0..40 {
+        let beat = Event::Heartbeat { subject: "s/0".into(), generation: 1 };
+        c.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
+    }
+    drop(c);
+    let e = Ledger::open(d.path(), opts.clone()).unwrap();
+    assert_eq!(e.open_report().replayed_records, 41);
+    assert_eq!(e.snapshot_if_tail_exceeds(42).unwrap(), None, "one record short of the bound");
+    assert!(e.snapshot_if_tail_exceeds(41).unwrap().is_some(), "41 records replayed, 30 entries");
+    drop(e);
+    let f = Ledger::open(d.path(), opts).unwrap();
+    assert_eq!((f.open_report().snapshot_seq, f.open_report().replayed_records), (Some(71), 1));
+}

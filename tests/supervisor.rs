@@ -1117,6 +1117,27 @@ fn children_of(parent: u32) -> Vec<u32> {
     live_processes_where(1, parent)
 }
 
+/// Proves: `fencelog run` starts its runner as a fork of itself (no exec of
+/// `fencelog __runner`): the command's parent is the runner the log names, with
+/// the CLI's command line, in a session of its own (as an exec'd runner is) and
+/// with `/` as its directory.
+#[test]
+fn fencelog_run_forks_its_runner() {
+    let (_t, dir) = new_log();
+    let script = "echo $PPID; tr '\\0' ' ' < /proc/$PPID/cmdline; echo; \
+                  cut -d' ' -f6 /proc/$PPID/stat; readlink /proc/$PPID/cwd";
+    let (code, v) = run(&dir, &[], &["/bin/sh", "-c", script]);
+    assert_eq!(code, 0, "{v}");
+    let out = v["stdout_tail"].as_str().unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    let runner = v["runner_pid"].as_u64().unwrap();
+    assert_eq!(lines[0], runner.to_string(), "the command's parent is its runner");
+    assert!(lines[1].contains(" run ") && !lines[1].contains("__runner"), "{out}");
+    assert_eq!(lines[2], runner.to_string(), "the runner leads a session of its own");
+    assert_eq!(lines[3], "/");
+}
+
 /// Proves: a runner's gate is a fork of the runner (no `exec` of `fencelog
 /// __gate`): the spare's gate, waiting beside it, has the runner's command line.
 #[test]

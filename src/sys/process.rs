@@ -158,17 +158,19 @@ pub fn single_threaded() -> bool {
     threads == Some(b"1")
 }
 
-/// `fork` a child into a process group of its own, its descriptors set by `fds`
-/// (applied in order; every other descriptor closed, as `posix_spawn_with`
-/// does), an empty signal mask, and run `child` in it; the child ends with what
-/// `child` returns (`_exit`: nothing of the parent's is flushed or run again),
-/// or 127 if it panics. Returns the child's pid to the parent.
+/// `fork` a child placed as `placement` says (a process group of its own; or a
+/// session of its own with `/` as its directory, as [`posix_spawn_with`] places
+/// a runner), its descriptors set by `fds` (applied in order; every other
+/// descriptor closed, as `posix_spawn_with` does), an empty signal mask, and run
+/// `child` in it; the child ends with what `child` returns (`_exit`: nothing of
+/// the parent's is flushed or run again), or 127 if it panics or cannot be
+/// placed. Returns the child's pid to the parent.
 ///
 /// The child is a copy of this process, not a new program: no `exec` of a large
 /// binary, no dynamic loading, no allocator start. Callers must be
 /// [`single_threaded`] (checked: `Unsupported` otherwise, for the caller to
 /// fall back to [`posix_spawn_with`]).
-pub fn fork_into_own_group(fds: &[FdAction], child: impl FnOnce() -> i32) -> std::io::Result<u32> {
+pub fn fork_into(placement: Placement, fds: &[FdAction], child: impl FnOnce() -> i32) -> std::io::Result<u32> {
     if !single_threaded() {
         return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "more than one thread: fork is not safe"));
     }
@@ -180,17 +182,19 @@ pub fn fork_into_own_group(fds: &[FdAction], child: impl FnOnce() -> i32) -> std
         return Err(std::io::Error::last_os_error());
     }
     if pid > 0 {
-        // Also from this side, so the group exists when fork returns here
-        // (whichever of the two runs first); EACCES/ESRCH once the child has
-        // done it or exec'd: nothing to do.
-        // SAFETY: setpgid(2) of our own child; numbers only.
-        unsafe { libc::setpgid(pid, pid) };
+        if let Placement::OwnGroup = placement {
+            // Also from this side, so the group exists when fork returns here
+            // (whichever of the two runs first); EACCES/ESRCH once the child
+            // has done it or exec'd: nothing to do.
+            // SAFETY: setpgid(2) of our own child; numbers only.
+            unsafe { libc::setpgid(pid, pid) };
+        }
         return Ok(pid as u32);
     }
-    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match child_descriptors(fds) {
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match child_placed(&placement, fds) {
         // What posix_spawn would have refused: nothing is run.
         Err(e) => {
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("fencelog: gate: {e}\n").as_bytes());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("fencelog: fork: {e}\n").as_bytes());
             127
         }
         Ok(()) => child(),
@@ -201,14 +205,45 @@ pub fn fork_into_own_group(fds: &[FdAction], child: impl FnOnce() -> i32) -> std
     unsafe { libc::_exit(code) }
 }
 
-/// In a forked child: its own process group, an empty signal mask, the
+/// [`fork_into`] a process group of its own (a runner's gate).
+pub fn fork_into_own_group(fds: &[FdAction], child: impl FnOnce() -> i32) -> std::io::Result<u32> {
+    fork_into(Placement::OwnGroup, fds, child)
+}
+
+/// Make this process's environment exactly `vars`. Only in a process with one
+/// thread (a forked child, before it runs anything that reads the environment
+/// on another thread): `setenv(3)` is not safe beside a reader.
+pub fn replace_environment(vars: &std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>) {
+    debug_assert!(single_threaded());
+    let stale: Vec<std::ffi::OsString> =
+        std::env::vars_os().map(|(k, _)| k).filter(|k| !vars.contains_key(k)).collect();
+    // SAFETY: one thread (the caller's contract): no other reads or writes the
+    // environment meanwhile.
+    unsafe {
+        for k in stale {
+            std::env::remove_var(k);
+        }
+        for (k, v) in vars {
+            std::env::set_var(k, v);
+        }
+    }
+}
+
+/// In a forked child: placed as `placement` says, an empty signal mask, the
 /// descriptors `fds` say, every other one closed. An error where `posix_spawn`
 /// would have failed the spawn.
-fn child_descriptors(fds: &[FdAction]) -> std::io::Result<()> {
+fn child_placed(placement: &Placement, fds: &[FdAction]) -> std::io::Result<()> {
     let check = |rc: libc::c_int| if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
-    // SAFETY: system calls on numbers and on locals, in the child only.
+    // SAFETY: system calls on numbers, on locals and on a constant path, in the
+    // child only.
     unsafe {
-        check(libc::setpgid(0, 0))?;
+        match placement {
+            Placement::OwnGroup => check(libc::setpgid(0, 0))?,
+            Placement::OwnSession => {
+                check(libc::setsid())?;
+                check(libc::chdir(c"/".as_ptr()))?;
+            }
+        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         check(libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()))?;

@@ -180,6 +180,9 @@ pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
             }
             let abs = std::path::absolute(state)
                 .map_err(|e| ops::OpError::Io { message: format!("{}: {e}", state.display()) })?;
+            // This process starts one runner and has one thread: a fork of it
+            // spares the runner an exec of this binary.
+            fencelog::supervisor::fork_fresh_runners();
             printed(&fencelog::supervisor::run(&ledger, &abs, &r, &exe)?)
         }
     }

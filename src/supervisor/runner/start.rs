@@ -48,12 +48,61 @@ pub(super) fn open_runner_log(d: &Path) -> std::io::Result<File> {
 pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
     use std::ffi::OsString;
     let log = open_runner_log(&private_process_dir(&site.dir, process)?)?;
+    if FORK_RUNNERS.load(std::sync::atomic::Ordering::Relaxed) {
+        match fork_runner(site, process, &log, runner_environment(env)) {
+            // A second thread: the runner is exec'd, as below.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+            forked => return forked,
+        }
+    }
     let mut args: Vec<OsString> = vec!["__runner".into()];
     args.extend(site.args());
     args.extend(["--process".into(), process.to_string().into()]);
     let args: Vec<&std::ffi::OsStr> = args.iter().map(OsString::as_os_str).collect();
     let (settled, _) = spawn_runner(self_exe, &args, None, Some(&log), runner_environment(env))?;
     Ok(settled)
+}
+
+/// Set by [`fork_fresh_runners`].
+static FORK_RUNNERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, start each fresh runner as a `fork` of this process rather than
+/// an `exec` of `fencelog __runner` — when this process has one thread at that
+/// moment (checked; else the runner is exec'd as before). The child is placed
+/// as the exec'd runner would be (a session of its own, `/`, stdin `/dev/null`,
+/// stdout the settled pipe, stderr `runner.log`, every other descriptor closed,
+/// nothing blocked, the same environment) and runs
+/// [`runner_main`](super::runner_main), opening the log anew (its own
+/// descriptors: `flock` locks belong to open files, which a fork shares). It
+/// spares the runner an `exec` of fencelog, its dynamic loading and page faults:
+/// about 2 ms on a small machine, on every `fencelog run`.
+///
+/// Only for the `fencelog` program itself, whose one command starts at most one
+/// runner and which installs no signal handler of its own (a forked runner
+/// keeps its parent's, where an exec'd one starts from the defaults): a program
+/// embedding the library keeps the exec.
+pub fn fork_fresh_runners() {
+    FORK_RUNNERS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// [`start_runner`]'s fork (see [`fork_fresh_runners`]): `Unsupported` if this
+/// process has a second thread.
+fn fork_runner(site: &Site, process: u64, log: &File, vars: Environment) -> std::io::Result<OwnedFd> {
+    use crate::sys::process::{FdAction, Placement, fork_into};
+    let (settled_r, settled_w) = pipe_cloexec()?;
+    let fds =
+        [FdAction::Null(0, libc::O_RDONLY), FdAction::Dup(settled_w.as_raw_fd(), 1), FdAction::Dup(log.as_raw_fd(), 2)];
+    let site = site.clone();
+    let pid = fork_into(Placement::OwnSession, &fds, move || {
+        crate::sys::process::replace_environment(&vars);
+        super::runner_main(&site, process)
+    })? as libc::pid_t;
+    drop(settled_w);
+    std::thread::spawn(move || {
+        // Reaps our own child; EINTR is retried.
+        while matches!(crate::sys::process::waitpid(pid, 0), Err(e) if e.kind() == std::io::ErrorKind::Interrupted) {}
+    });
+    Ok(settled_r)
 }
 
 /// Start `self_exe args…` as a runner: `posix_spawn` (the caller is not copied:

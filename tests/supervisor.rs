@@ -1138,6 +1138,28 @@ fn fencelog_run_forks_its_runner() {
     assert_eq!(lines[3], "/");
 }
 
+/// Proves: a forked runner finds its log however the caller named it: `fencelog
+/// run --dir log` from the log's parent directory (the runner works in `/`).
+/// And a run with `--env` values still execs its runner (the runner would
+/// otherwise keep the CLI's command line, values included, for the command's
+/// whole life).
+#[test]
+fn a_forked_runner_finds_a_log_named_by_a_relative_path_and_env_values_get_an_exec() {
+    let (t, _dir) = new_log();
+    let fl_in = |args: &[&str]| {
+        let out = Command::new(FENCELOG).args(args).current_dir(t.path()).env_remove("FENCELOG_DIR").output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code().unwrap_or(-1), v)
+    };
+    let script = "tr '\\0' ' ' < /proc/$PPID/cmdline";
+    let (code, v) = fl_in(&["run", "--dir", "log", "--", "/bin/sh", "-c", script]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert!(v["stdout_tail"].as_str().unwrap().contains(" run "), "forked: {v}");
+    let (code, v) = fl_in(&["run", "--dir", "log", "--env", "SECRET_X=1", "--", "/bin/sh", "-c", script]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert!(v["stdout_tail"].as_str().unwrap().contains("__runner --dir "), "exec'd: {v}");
+}
+
 /// Proves: a runner's gate is a fork of the runner (no `exec` of `fencelog
 /// __gate`): the spare's gate, waiting beside it, has the runner's command line.
 #[test]

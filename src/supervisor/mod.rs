@@ -21,6 +21,7 @@ pub mod command;
 pub mod runner;
 #[cfg(not(feature = "internals"))]
 mod runner;
+#[cfg(feature = "internals")]
 pub use runner::fork_fresh_runners;
 pub mod secrets;
 

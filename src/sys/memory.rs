@@ -23,3 +23,13 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// This process's resident memory that is its own, in bytes: resident less
+/// what is shared with files (`/proc/self/statm`: the program's mapped code is
+/// not counted), if it can be read.
+pub fn private_resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let mut pages = statm.split_whitespace().skip(1).map(|f| f.parse::<u64>().ok());
+    let (resident, shared) = (pages.next()??, pages.next()??);
+    Some(resident.saturating_sub(shared) * super::page_bytes()?)
+}

@@ -309,13 +309,7 @@ impl LogInner {
         let end = w.tail.cursor.next_seq - 1;
         if lock.durable_mark_now().is_none_or(|m| m < end) {
             let path = w.tail.segment.clone();
-            let synced = (|| {
-                fail::fail_point!("segment::sync_adopted", |_| Err(std::io::Error::other(
-                    "injected fdatasync failure"
-                )));
-                w.file.sync_data()
-            })();
-            if let Err(e) = synced.map_err(Error::io(ADOPTED_SYNC_OP, &path)) {
+            if let Err(e) = sync_adopted(&w.file).map_err(Error::io(ADOPTED_SYNC_OP, &path)) {
                 w.poison(&e);
                 return Err(e);
             }
@@ -964,3 +958,10 @@ const CATCH_UP_WINDOW_BYTES: u64 = 8 * 1024;
 
 /// Largest buffer of zeros written at once when extending a segment.
 const ZERO_FILL_BYTES: usize = 256 * 1024;
+
+/// `fdatasync` of records a holder adopted past the durable mark (failpoint
+/// `segment::sync_adopted`).
+fn sync_adopted(file: &std::fs::File) -> std::io::Result<()> {
+    fail::fail_point!("segment::sync_adopted", |_| Err(std::io::Error::other("injected fdatasync failure")));
+    file.sync_data()
+}

@@ -48,7 +48,10 @@ pub(super) fn open_runner_log(d: &Path) -> std::io::Result<File> {
 pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
     use std::ffi::OsString;
     let log = open_runner_log(&private_process_dir(&site.dir, process)?)?;
-    if FORK_RUNNERS.load(std::sync::atomic::Ordering::Relaxed) {
+    // Not with `--env` values: the forked runner would keep its caller's command
+    // line (and whatever it says) for the command's whole life, where an exec'd
+    // one shows `__runner --dir D --process N`.
+    if FORK_RUNNERS.load(std::sync::atomic::Ordering::Relaxed) && env.is_empty() {
         match fork_runner(site, process, &log, runner_environment(env)) {
             // A second thread: the runner is exec'd, as below.
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
@@ -62,6 +65,10 @@ pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, 
     let (settled, _) = spawn_runner(self_exe, &args, None, Some(&log), runner_environment(env))?;
     Ok(settled)
 }
+
+/// The most memory of its own (resident, not shared with files) a caller may
+/// hold and still fork a runner.
+pub const FORK_RUNNER_RESIDENT_BYTES_MAX: u64 = 64 << 20;
 
 /// Set by [`fork_fresh_runners`].
 static FORK_RUNNERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -80,7 +87,12 @@ static FORK_RUNNERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// Only for the `fencelog` program itself, whose one command starts at most one
 /// runner and which installs no signal handler of its own (a forked runner
 /// keeps its parent's, where an exec'd one starts from the defaults): a program
-/// embedding the library keeps the exec.
+/// embedding the library keeps the exec. Even then the runner is exec'd for a
+/// command with `--env` values (see [`start_runner`]), from a caller holding
+/// more than [`FORK_RUNNER_RESIDENT_BYTES_MAX`] (the runner would keep that
+/// memory for its command's whole life, beside its own copy of the state), or
+/// with an environment variable `setenv` cannot set (a name holding `=`).
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn fork_fresh_runners() {
     FORK_RUNNERS.store(true, std::sync::atomic::Ordering::Relaxed);
 }
@@ -89,10 +101,24 @@ pub fn fork_fresh_runners() {
 /// process has a second thread.
 fn fork_runner(site: &Site, process: u64, log: &File, vars: Environment) -> std::io::Result<OwnedFd> {
     use crate::sys::process::{FdAction, Placement, fork_into};
+    let unsupported = |why: &str| Err(std::io::Error::new(std::io::ErrorKind::Unsupported, why.to_string()));
+    if crate::sys::memory::private_resident_bytes().is_none_or(|b| b > FORK_RUNNER_RESIDENT_BYTES_MAX) {
+        return unsupported("a caller this large is not copied");
+    }
+    if vars.keys().any(|k| k.is_empty() || k.as_encoded_bytes().contains(&b'=')) {
+        return unsupported("an environment variable setenv cannot set");
+    }
+    // What an exec'd runner is given (`--dir` with the absolute directory, and
+    // `--etcd …` for a log in etcd): its log is found from there after the
+    // `chdir("/")`, whatever path the caller opened it by.
+    let site = match &site.log {
+        crate::storage::Location::Dir(_) => Site::dir(&site.dir),
+        #[allow(unreachable_patterns)]
+        _ => site.clone(),
+    };
     let (settled_r, settled_w) = pipe_cloexec()?;
     let fds =
         [FdAction::Null(0, libc::O_RDONLY), FdAction::Dup(settled_w.as_raw_fd(), 1), FdAction::Dup(log.as_raw_fd(), 2)];
-    let site = site.clone();
     let pid = fork_into(Placement::OwnSession, &fds, move || {
         crate::sys::process::replace_environment(&vars);
         super::runner_main(&site, process)

@@ -1547,6 +1547,24 @@ fn following_a_process_whose_output_was_redacted_is_not_damage() {
     assert_eq!(logs(&dir, 1, "stdout").1, b"a [REDACTED:SEC]\nend\n".to_vec());
 }
 
+/// Each event in a transaction of its own, through `l`.
+fn submit_each(l: &Ledger, events: impl IntoIterator<Item = Event>) {
+    for e in events {
+        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![e.clone()]))).unwrap();
+    }
+}
+
+/// A claim of `subject` by this process, for `l`'s writer.
+fn claim_of(l: &Ledger, subject: &str) -> Event {
+    let owner = fencelog::ledger::identity::probe(std::process::id(), l.writer_id()).unwrap();
+    Event::Claim { subject: subject.into(), owner, stale_after_ms: 60_000, lock: None, previous: None }
+}
+
+/// A heartbeat of `subject`'s first generation.
+fn beat(subject: &str) -> Event {
+    Event::Heartbeat { subject: subject.into(), generation: 1 }
+}
+
 /// The newest snapshot an open of `dir` starts from, and how many records it
 /// replayed after it.
 fn snapshot_and_tail(dir: &Path) -> (Option<u64>, u64) {
@@ -1582,15 +1600,7 @@ fn a_runner_that_replayed_a_long_tail_leaves_a_snapshot_for_the_next_open() {
     let min = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN;
     let beats = min - 6;
     let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
-    let me = fencelog::ledger::identity::probe(std::process::id(), l.writer_id()).unwrap();
-    let subject = "long/tail".to_string();
-    let claim =
-        Event::Claim { subject: subject.clone(), owner: me, stale_after_ms: 60_000, lock: None, previous: None };
-    l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![claim.clone()]))).unwrap();
-    for _ in 0..beats {
-        let beat = Event::Heartbeat { subject: subject.clone(), generation: 1 };
-        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
-    }
+    submit_each(&l, std::iter::once(claim_of(&l, "long/tail")).chain((0..beats).map(|_| beat("long/tail"))));
     drop(l);
     let ended = run_true();
     assert_eq!(ended, 3 + 1 + beats + 3);
@@ -1611,26 +1621,13 @@ fn a_runner_leaves_no_snapshot_after_a_tail_shorter_than_the_state() {
     let (_t, dir) = new_log();
     let subjects = 1_500;
     let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
-    let me = fencelog::ledger::identity::probe(std::process::id(), l.writer_id()).unwrap();
-    for i in 0..subjects {
-        let claim = Event::Claim {
-            subject: format!("s/{i}"),
-            owner: me.clone(),
-            stale_after_ms: 60_000,
-            lock: None,
-            previous: None,
-        };
-        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![claim.clone()]))).unwrap();
-    }
+    submit_each(&l, (0..subjects).map(|i| claim_of(&l, &format!("s/{i}"))));
     l.close().unwrap();
     let (snapshot, _) = snapshot_and_tail(&dir);
     let snapshot = snapshot.expect("close writes one");
     let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     let beats = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN + 100;
-    for _ in 0..beats {
-        let beat = Event::Heartbeat { subject: "s/0".into(), generation: 1 };
-        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
-    }
+    submit_each(&l, (0..beats).map(|_| beat("s/0")));
     drop(l);
     let (code, v) = run(&dir, &[], &["/bin/true"]);
     assert_eq!(code, 0, "{v}");

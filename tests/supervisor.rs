@@ -1634,3 +1634,31 @@ fn a_runner_leaves_no_snapshot_after_a_tail_shorter_than_the_state() {
     wait_gone(v["runner_pid"].as_u64().unwrap() as u32);
     assert_eq!(snapshot_and_tail(&dir), (Some(snapshot), 1 + beats + 3));
 }
+
+/// Proves: `fencelog run` execs its runner, rather than forking it, when the CLI
+/// holds more than `FORK_RUNNER_RESIDENT_BYTES_MAX` of its own memory (here the
+/// state of a log of many subjects, which it replayed): a forked runner would
+/// keep that copy for its command's whole life, beside its own.
+#[test]
+fn a_cli_holding_a_large_state_execs_its_runner() {
+    let (_t, dir) = new_log();
+    let log = fencelog::storage::Log::open(&dir, fencelog::storage::LogOptions::default()).unwrap();
+    let (writer, owner) = (log.writer_id(), fencelog::ledger::identity::probe(std::process::id(), log.writer_id()));
+    let owner = owner.unwrap();
+    let subjects: u64 = 200_000;
+    let claim = |i: u64| {
+        let subject = format!("a/subject/of/a/large/state/{i:08}");
+        let e = Event::Claim { subject, owner: owner.clone(), stale_after_ms: 3_600_000, lock: None, previous: None };
+        fencelog::model::encode_txn(&Txn::new(1_767_225_600_000 + i, writer, vec![e]))
+    };
+    for chunk in (0..subjects).collect::<Vec<_>>().chunks(4_096) {
+        log.append_batch(chunk.iter().map(|&i| claim(i)).collect()).unwrap();
+    }
+    log.close().unwrap();
+    // Snapshotted: the run's own records start no snapshot thread in the CLI
+    // (a second thread would make it exec its runner whatever its size).
+    Ledger::open(&dir, LedgerOptions::default()).unwrap().close().unwrap();
+    let (code, v) = run(&dir, &[], &["/bin/sh", "-c", "tr '\\0' ' ' < /proc/$PPID/cmdline"]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    assert!(v["stdout_tail"].as_str().unwrap().contains("__runner --dir "), "exec'd: {v}");
+}

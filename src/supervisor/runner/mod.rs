@@ -1,12 +1,13 @@
 //! The independent runner, and the gate it starts commands through.
 //!
-//! The runner (`fencelog __runner --dir D --process ID`) is started by whoever
-//! recorded the spawn intent, in a session of its own, so it outlives its caller.
-//! It starts the command *behind a gate*: first a gate process (a `fork` of the
-//! runner made first thing, while it has one thread; else `fencelog __gate`,
-//! started with `posix_spawn`), in a process group of its own, its stdout and
-//! stderr the runner's capture pipes, which waits for the command on its stdin. Meanwhile the runner appends `ProcessStarted` with the gate's pid and
-//! start time. Only if that record lands does the runner send the command; the
+//! The runner (`fencelog __runner --dir D --process ID`, or a fork of `fencelog
+//! run`: [`fork_fresh_runners`]) is started by whoever recorded the spawn
+//! intent, in a session of its own, so it outlives its caller. It starts the
+//! command *behind a gate*: first a gate process (a `fork` of the runner made
+//! first thing, while it has one thread; else `fencelog __gate`, started with
+//! `posix_spawn`), in a process group of its own, its stdout and stderr the
+//! runner's capture pipes, which waits for the command on its stdin. Meanwhile
+//! the runner appends `ProcessStarted` with the gate's pid and start time. Only if that record lands does the runner send the command; the
 //! gate then `exec`s it, so the record names the exact process (pid and start
 //! time survive the `exec`). If another runner took the process first, the record
 //! is refused and the gate is closed: it sees end of file and exits without

@@ -53,7 +53,8 @@ pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, 
     // one shows `__runner --dir D --process N`.
     if FORK_RUNNERS.load(std::sync::atomic::Ordering::Relaxed) && env.is_empty() {
         match fork_runner(site, process, &log, runner_environment(env)) {
-            // A second thread: the runner is exec'd, as below.
+            // Not to be forked (a second thread, a large caller, a variable
+            // setenv cannot set): exec'd, as below.
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
             forked => return forked,
         }
@@ -124,11 +125,15 @@ fn fork_runner(site: &Site, process: u64, log: &File, vars: Environment) -> std:
         super::runner_main(&site, process)
     })? as libc::pid_t;
     drop(settled_w);
+    reap_on_a_thread(pid);
+    Ok(settled_r)
+}
+
+/// Reap our child `pid` on a thread of its own (EINTR is retried).
+fn reap_on_a_thread(pid: libc::pid_t) {
     std::thread::spawn(move || {
-        // Reaps our own child; EINTR is retried.
         while matches!(crate::sys::process::waitpid(pid, 0), Err(e) if e.kind() == std::io::ErrorKind::Interrupted) {}
     });
-    Ok(settled_r)
 }
 
 /// Start `self_exe args…` as a runner: `posix_spawn` (the caller is not copied:
@@ -180,10 +185,7 @@ pub(super) fn spawn_runner(
     )? as libc::pid_t;
     // The runner holds the only write end now: its end of file is the runner's word.
     drop(settled_w);
-    std::thread::spawn(move || {
-        // Reaps our own child; EINTR is retried.
-        while matches!(crate::sys::process::waitpid(pid, 0), Err(e) if e.kind() == std::io::ErrorKind::Interrupted) {}
-    });
+    reap_on_a_thread(pid);
     Ok((settled_r, pid as u32))
 }
 

@@ -45,7 +45,7 @@ use start::tell_caller_settled;
 pub use gate::gate_main;
 pub use group::{group_exists, signal_group, stop_group};
 pub use spare::{SpareRunner, spare_main};
-pub use start::{fork_fresh_runners, nap_until_settled, start_runner};
+pub use start::{FORK_RUNNER_RESIDENT_BYTES_MAX, fork_fresh_runners, nap_until_settled, start_runner};
 
 /// Exit code of a runner that found its process already started (or ended) by
 /// another: it started nothing.

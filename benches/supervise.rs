@@ -21,6 +21,11 @@
 //!       # fresh runners, or with --spares each side's spare (ready) runners;
 //!       # with --long-log on the log of `--log-records` records
 //!
+//! And the `fencelog run` command itself (`fencelog_run_cli`): the program a
+//! user types, its own start and its log's replay included, whose runner is a
+//! fork of it (a library caller with threads, like this bench, execs its
+//! runners).
+//!
 //! The fresh runner is also measured on a log of 1,000,000 records
 //! (`--log-records N`; written straight to storage, then snapshotted as the
 //! ledger does every 10,000 records), interleaved with the others: a runner's
@@ -88,6 +93,22 @@ fn run_with(ledger: &Ledger, dir: &Path, runner_exe: &Path, spares: Option<&Spar
     t.elapsed().as_secs_f64() * 1e6
 }
 
+/// One `fencelog run --dir DIR -- /bin/true`, the command a user types: its own
+/// start, its log's open and replay, the intent, its runner (a fork of it), the
+/// answer printed.
+fn cli_once(dir: &Path) -> f64 {
+    let t = Instant::now();
+    let s = Command::new(FENCELOG)
+        .args(["run", "--dir"])
+        .arg(dir)
+        .args(["--", "/bin/true"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("spawn fencelog run");
+    assert!(s.success());
+    t.elapsed().as_secs_f64() * 1e6
+}
+
 fn direct_once() -> f64 {
     let t = Instant::now();
     let s = Command::new("/bin/true").status().expect("spawn");
@@ -145,10 +166,12 @@ fn main() {
     let exe = Path::new(FENCELOG);
     let ready = |spares: &Spares| assert!(spares.wait_ready(&dir, exe, SPARE_READY_WAIT), "a spare runner is ready");
     let (mut direct, mut through, mut fresh, mut fresh_big, mut sync) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut cli = vec![];
     for _ in 0..10 {
         run_once(&ledger, &dir, None);
         run_once(&big, &big_dir, None);
         run_once(&ledger, &dir, Some(&spares));
+        cli_once(&dir);
     }
     for _ in 0..samples {
         ready(&spares);
@@ -157,6 +180,7 @@ fn main() {
         ready(&spares);
         fresh.push(run_once(&ledger, &dir, None));
         fresh_big.push(run_once(&big, &big_dir, None));
+        cli.push(cli_once(&dir));
         sync.push(fdatasync_once(&mut raw));
     }
     let med = |v: &[f64]| {
@@ -166,9 +190,15 @@ fn main() {
     };
     let ((d50, d99), (t50, t99), (f50, f99), (b50, b99), (s50, _)) =
         (med(&direct), med(&through), med(&fresh), med(&fresh_big), med(&sync));
+    let (c50, c99) = med(&cli);
     let rounds = rounds_of(
         &direct,
-        &[("spare_runner", &through), ("fresh_runner", &fresh), ("fresh_runner_long_log", &fresh_big)],
+        &[
+            ("spare_runner", &through),
+            ("fresh_runner", &fresh),
+            ("fresh_runner_long_log", &fresh_big),
+            ("fencelog_run_cli", &cli),
+        ],
         &sync,
     );
 
@@ -219,6 +249,13 @@ fn main() {
             "overhead_p99_ms": round3((b99 - d99) / 1000.0),
             "overhead_p50_minus_two_fdatasyncs_ms": round3((b50 - d50 - 2.0 * s50) / 1000.0),
             "overhead_p50_over_fresh_log": round3((b50 - d50) / (f50 - d50)),
+        },
+        "fencelog_run_cli": {
+            "runner": "the `fencelog run` command itself, as a user runs it (its own start included)",
+            "through_fencelog": stats(cli),
+            "overhead_p50_ms": round3((c50 - d50) / 1000.0),
+            "overhead_p99_ms": round3((c99 - d99) / 1000.0),
+            "overhead_p50_minus_two_fdatasyncs_ms": round3((c50 - d50 - 2.0 * s50) / 1000.0),
         },
         "rounds": rounds,
         "runs_per_s_16_callers": runs_per_s.round(),

@@ -733,3 +733,32 @@ fn wait_for_group_in_file(seg: &std::path::Path, before: u64, mut alive: impl Fn
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// Proves: a forked runner whose caller's state cannot be resumed on the log
+/// (`ledger::resume` fails in the runner) says so in its `runner.log`, replays
+/// the log instead, and runs the command to its recorded end.
+#[test]
+fn a_forked_runner_that_cannot_resume_its_callers_state_replays_the_log() {
+    use serde_json::Value;
+    const FENCELOG: &str = env!("CARGO_BIN_EXE_fencelog");
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("log");
+    let fl = |args: &[&str], failpoints: &str| {
+        let out = Command::new(FENCELOG)
+            .args(args)
+            .env("FENCELOG_DIR", &dir)
+            .env("RUST_LOG", "fencelog=debug")
+            .env("FAILPOINTS", failpoints)
+            .output()
+            .unwrap();
+        (out.status.code().unwrap_or(-1), serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null))
+    };
+    assert_eq!(fl(&["init"], "").0, 0);
+    let (code, v) = fl(&["run", "--", "/bin/echo", "hi"], "ledger::resume=return");
+    assert_eq!((code, v["status"].as_str(), v["stdout_tail"].as_str()), (0, Some("succeeded"), Some("hi\n")), "{v}");
+    let log = fs::read_to_string(dir.join("processes").join(v["id"].to_string()).join("runner.log")).unwrap();
+    assert!(log.contains("the state handed over cannot be resumed"), "{log}");
+    let opened: Vec<&str> = log.lines().filter(|l| l.contains("ledger opened")).collect();
+    assert_eq!(opened.len(), 1, "{log}");
+    assert!(!opened[0].contains("handed_over_at"), "replayed: {log}");
+}

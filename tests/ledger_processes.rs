@@ -631,3 +631,63 @@ fn a_snapshot_after_a_long_replay_is_written_once_and_only_if_none_is_newer() {
     let f = Ledger::open(d.path(), opts).unwrap();
     assert_eq!((f.open_report().snapshot_seq, f.open_report().replayed_records), (Some(71), 1));
 }
+
+/// Proves: a ledger opened from a state handed over (`hand_over`, as a forked
+/// runner takes its caller's) reads only the records after that state — another
+/// writer's included — and answers as a full replay does, appending after them;
+/// the ledger that handed its state over answers nothing more
+/// (`WRITER_POISONED`); a state handed over from another log is refused
+/// (`SNAPSHOT_NOT_IN_LOG`) and nothing is appended.
+#[test]
+fn a_ledger_opened_from_a_handed_over_state_reads_only_what_followed_it() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = LedgerOptions::default();
+    let here = fencelog::storage::Location::Dir(d.path().to_path_buf());
+    let a = Ledger::open(d.path(), opts.clone()).unwrap();
+    for i in 0..20 {
+        a.submit(None, claim_txn(format!("s/{i}"))).unwrap();
+    }
+    a.snapshot_now().unwrap();
+    for i in 20..30 {
+        a.submit(None, claim_txn(format!("s/{i}"))).unwrap();
+    }
+    let handed = a.hand_over().expect("a ledger that is not poisoned hands its state over");
+    // Another writer appends after the state was handed over.
+    let b = Ledger::open(d.path(), opts.clone()).unwrap();
+    let beat = Event::Heartbeat { subject: "s/3".into(), generation: 1 };
+    b.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
+    b.submit(None, claim_txn("s/30".into())).unwrap();
+    drop(b);
+    let c = Ledger::open_handed_over(&here, opts.clone(), handed).unwrap();
+    let r = c.open_report();
+    // 31 records handed over (30 claims and the checkpoint); 2 more read.
+    assert_eq!((r.handed_over_at, r.snapshot_seq, r.replayed_records), (Some(31), Some(20), 13), "{r:?}");
+    let full = Ledger::read_only(d.path(), &opts).unwrap().projection;
+    assert_eq!(c.projection(), full);
+    assert_eq!(c.chain_head().unwrap(), Ledger::open(d.path(), opts.clone()).unwrap().chain_head().unwrap());
+    // It appends after the other writer's records, with a writer id of its own.
+    assert_ne!(c.writer_id(), a.writer_id());
+    assert_eq!(c.submit(None, claim_txn("s/31".into())).unwrap().seq, Some(34));
+    // The ledger that handed its state over answers nothing more.
+    assert_eq!(a.refresh().err().map(|e| e.code()), Some("WRITER_POISONED"));
+    assert_eq!(a.submit(None, claim_txn("s/32".into())).err().map(|e| e.code()), Some("WRITER_POISONED"));
+    assert!(a.hand_over().is_none(), "its state is handed over once");
+
+    // A state handed over from another log, whose record at that sequence
+    // differs: refused, and that log is left as it was.
+    let other = tempfile::tempdir().unwrap();
+    let o = Ledger::open(other.path(), opts.clone()).unwrap();
+    for i in 0..34 {
+        o.submit(None, claim_txn(format!("o/{i}"))).unwrap();
+    }
+    let head = o.chain_head().unwrap();
+    drop(o);
+    let foreign = c.hand_over().unwrap();
+    let e =
+        Ledger::open_handed_over(&fencelog::storage::Location::Dir(other.path().to_path_buf()), opts.clone(), foreign)
+            .err()
+            .expect("a state the log does not hold is refused");
+    assert_eq!(e.code(), "SNAPSHOT_NOT_IN_LOG", "{e}");
+    let o = Ledger::open(other.path(), opts).unwrap();
+    assert_eq!((o.open_report().storage.last_seq, o.chain_head().unwrap()), (34, head));
+}

@@ -1138,6 +1138,42 @@ fn fencelog_run_forks_its_runner() {
     assert_eq!(lines[3], "/");
 }
 
+/// Proves: `fencelog run`'s forked runner takes the CLI's state over instead of
+/// replaying the log: its open reads only what follows the intent (its
+/// `ledger opened` line says `handed_over_at` the intent's sequence), and the
+/// command runs to its recorded end. An exec'd runner (a run with `--env`
+/// values) replays the log.
+#[test]
+fn a_forked_runner_takes_the_clis_state_over_instead_of_replaying_the_log() {
+    let (_t, dir) = new_log();
+    for _ in 0..3 {
+        assert_eq!(run(&dir, &[], &["/bin/true"]).0, 0);
+    }
+    let opened = |v: &Value| -> Vec<String> {
+        let log = dir.join("processes").join(v["id"].to_string()).join("runner.log");
+        let log = fs::read_to_string(&log).unwrap();
+        log.lines().filter(|l| l.contains("ledger opened")).map(String::from).collect()
+    };
+    // Both runners log their open: a forked one keeps the CLI's filter, an
+    // exec'd one reads the environment.
+    let debug = |args: &[&str]| {
+        let out =
+            Command::new(FENCELOG).args(args).env("FENCELOG_DIR", &dir).env("RUST_LOG", "fencelog=debug").output();
+        let out = out.unwrap();
+        (out.status.code().unwrap_or(-1), serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null))
+    };
+    let (code, v) = debug(&["run", "--", "/bin/echo", "hi"]);
+    assert_eq!((code, v["status"].as_str(), v["stdout_tail"].as_str()), (0, Some("succeeded"), Some("hi\n")), "{v}");
+    let lines = opened(&v);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains(&format!(" handed_over_at={}", v["requested_seq"])), "{lines:?} {v}");
+    let (code, v) = debug(&["run", "--env", "X_RUN=1", "--", "/bin/true"]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    let lines = opened(&v);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(!lines[0].contains("handed_over_at"), "exec'd, it replays: {lines:?}");
+}
+
 /// Proves: a forked runner finds its log however the caller named it: `fencelog
 /// run --dir log` from the log's parent directory (the runner works in `/`).
 /// And a run with `--env` values still execs its runner (the runner would

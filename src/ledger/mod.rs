@@ -126,9 +126,26 @@ pub enum RequestStatus {
 #[derive(Debug, Clone, Serialize)]
 pub struct LedgerOpenReport {
     pub storage: OpenReport,
+    /// The snapshot the state was built from, if any.
     pub snapshot_seq: Option<u64>,
     pub snapshot_warnings: Vec<String>,
+    /// Records after that snapshot the state was built from: what an open
+    /// replays now (for [`Ledger::open_handed_over`], what its state holds
+    /// after the snapshot, though it replayed only what followed it).
     pub replayed_records: u64,
+    /// The sequence of the state handed over, for [`Ledger::open_handed_over`]:
+    /// the records after it are all that open read.
+    pub handed_over_at: Option<u64>,
+}
+
+/// A ledger's state taken out of it ([`Ledger::hand_over`]) by a process forked
+/// from the one that opened it, to open the same log anew without replaying it
+/// ([`Ledger::open_handed_over`]).
+pub struct HandedOver {
+    projection: Projection,
+    chain_head: ChainLink,
+    snapshot_seq: Option<u64>,
+    since_snapshot: replay::SinceSnapshot,
 }
 
 /// The ledger's state, kept under the commit engine's mutex (`Core` derefs to it).
@@ -138,6 +155,9 @@ struct LedgerState {
     chain_head: ChainLink,
     /// Records and payload bytes applied since the last snapshot.
     since_snapshot: replay::SinceSnapshot,
+    /// The newest snapshot this state is known to follow: the one it was
+    /// rebuilt from, or the last this ledger wrote (or began to).
+    snapshot_seq: Option<u64>,
     /// Coalescing of recorded refusals by (subject, code, operation, caller).
     fenced: HashMap<String, FencedWindow>,
     /// The snapshot being written off the append path; once it is written, its
@@ -205,7 +225,11 @@ pub fn intent_digest<T: Serialize>(intent: &T) -> [u8; 32] {
 
 impl Ledger {
     pub fn open(dir: impl AsRef<Path>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
-        let dir = dir.as_ref().to_path_buf();
+        Self::open_dir(dir.as_ref(), opts, None)
+    }
+
+    fn open_dir(dir: &Path, opts: LedgerOptions, from: Option<HandedOver>) -> Result<Ledger, LedgerError> {
+        let dir = dir.to_path_buf();
         // Storage recovers the tail and checks the whole history's headers and
         // seals; the replay below verifies every record it reads (from the vouched
         // snapshot's segment, or from record 1), so a full scan at open would only
@@ -213,22 +237,64 @@ impl Ledger {
         let mut log_opts = opts.log.clone();
         log_opts.verify_on_open = VerifyOnOpen::LastSegment;
         let backend = FileBackend::open(&dir, log_opts)?;
-        let mut l = Self::with_backend(Arc::new(backend), opts)?;
+        let mut l = Self::with_backend_from(Arc::new(backend), opts, from)?;
         l.location = Some(storage::Location::Dir(dir));
         Ok(l)
     }
 
     /// Open the log at `location`: a directory (as [`Ledger::open`]) or a prefix in
     /// an etcd cluster (whose commit groups are bounded by etcd's request limits).
-    pub fn open_at(location: &storage::Location, mut opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+    pub fn open_at(location: &storage::Location, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
+        Self::open_at_from(location, opts, None)
+    }
+
+    /// [`open_at`](Self::open_at) from a state handed over by the ledger of the
+    /// process this one was forked from ([`hand_over`](Self::hand_over)), on
+    /// the same log: the log is opened anew (its own descriptors, locks and
+    /// writer id), the record at the state's last sequence must carry the
+    /// state's chain head, and only the records after it are read and applied —
+    /// nothing before it is replayed or decoded again. A log whose record there
+    /// differs (it is not the log the state was built from) is
+    /// `SNAPSHOT_NOT_IN_LOG`, as a snapshot the log does not hold is.
+    pub fn open_handed_over(
+        location: &storage::Location,
+        opts: LedgerOptions,
+        from: HandedOver,
+    ) -> Result<Ledger, LedgerError> {
+        Self::open_at_from(location, opts, Some(from))
+    }
+
+    fn open_at_from(
+        location: &storage::Location,
+        mut opts: LedgerOptions,
+        from: Option<HandedOver>,
+    ) -> Result<Ledger, LedgerError> {
         if let Some(dir) = location.dir() {
-            return Self::open(dir, opts);
+            return Self::open_dir(dir, opts, from);
         }
         opts.log = location.log_options(opts.log);
         let backend = location.open(opts.log.clone())?;
-        let mut l = Self::with_backend(backend, opts)?;
+        let mut l = Self::with_backend_from(backend, opts, from)?;
         l.location = Some(location.clone());
         Ok(l)
+    }
+
+    /// Take this ledger's state out of it, for a process forked from this one
+    /// (with one thread, so that nothing was in flight) that opens the same log
+    /// anew with [`open_handed_over`](Self::open_handed_over) rather than
+    /// replaying it: nothing is copied. This ledger is then poisoned: it answers
+    /// nothing more (`WRITER_POISONED`; open the log again). `None` if it was
+    /// poisoned already.
+    pub fn hand_over(&self) -> Option<HandedOver> {
+        let mut inner = self.settled().ok()?;
+        let handed = HandedOver {
+            projection: std::mem::take(&mut inner.projection),
+            chain_head: inner.chain_head,
+            snapshot_seq: inner.snapshot_seq,
+            since_snapshot: inner.since_snapshot,
+        };
+        inner.poison("its state was handed over to a process forked from this one; open the log again".into());
+        Some(handed)
     }
 
     /// Where this ledger's log is, if it was opened by location.
@@ -255,13 +321,26 @@ impl Ledger {
     /// A ledger over any backend (the file backend, the in-memory one, later a
     /// replicated one): replay from the newest snapshot the chain vouches for.
     pub fn with_backend(backend: Arc<dyn LogBackend>, opts: LedgerOptions) -> Result<Ledger, LedgerError> {
-        let r = replay(&*backend)?;
+        Self::with_backend_from(backend, opts, None)
+    }
+
+    fn with_backend_from(
+        backend: Arc<dyn LogBackend>,
+        opts: LedgerOptions,
+        from: Option<HandedOver>,
+    ) -> Result<Ledger, LedgerError> {
+        let handed_over_at = from.as_ref().map(|h| h.projection.last_seq());
+        let r = match from {
+            Some(h) => replay::resume(&*backend, h)?,
+            None => replay(&*backend)?,
+        };
         let last_seq = r.projection.last_seq();
         let state = LedgerState {
             tailer: r.tailer,
             projection: r.projection,
             chain_head: r.chain_head,
             since_snapshot: r.applied,
+            snapshot_seq: r.snapshot_seq,
             fenced: HashMap::new(),
             snapshot_thread: None,
             own_checkpoint_seq: 0,
@@ -274,6 +353,7 @@ impl Ledger {
             snapshot_seq: r.snapshot_seq,
             snapshot_warnings: r.warnings,
             replayed_records: last_seq - r.snapshot_seq.unwrap_or(0),
+            handed_over_at,
         };
         // `debug`: the daemon's one boot line (`ready`) says the same at `info`.
         tracing::debug!(
@@ -282,6 +362,7 @@ impl Ledger {
             repairs = report.storage.repairs.len(),
             snapshot_seq = report.snapshot_seq.unwrap_or(0),
             replayed = report.replayed_records,
+            handed_over_at = report.handed_over_at,
             "ledger opened"
         );
         let group = GroupCommit::new(state, last_seq, GroupLimits::of(&opts.log));

@@ -22,6 +22,7 @@ impl Ledger {
                 let last = r.projection.last_seq();
                 inner.fenced.clear();
                 (inner.tailer, inner.projection, inner.chain_head) = (r.tailer, r.projection, r.chain_head);
+                inner.snapshot_seq = r.snapshot_seq;
                 inner.stale = false;
                 inner.caught_up_to(last);
                 tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
@@ -94,6 +95,7 @@ impl Ledger {
         };
         let last = r.projection.last_seq();
         (core.tailer, core.projection, core.chain_head) = (r.tailer, r.projection, r.chain_head);
+        core.snapshot_seq = r.snapshot_seq;
         core.caught_up_to(last);
         Ok(())
     }
@@ -199,6 +201,26 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
     let Replayed { tailer, projection, chain_head, applied, .. } = &mut r;
     apply_tail(tailer.as_mut(), projection, chain_head, applied)?;
     r.warnings = warnings;
+    Ok(r)
+}
+
+/// The state handed over by the ledger of the process this one was forked from
+/// (see [`Ledger::open_handed_over`](super::Ledger::open_handed_over)), with
+/// every record after it applied: the record at its last sequence must carry its
+/// chain head.
+pub(super) fn resume(backend: &dyn LogBackend, h: super::HandedOver) -> Result<Replayed, LedgerError> {
+    fail::fail_point!("ledger::resume", |_| Err(LedgerError::SnapshotNotInLog("injected".into())));
+    let super::HandedOver { projection, chain_head, snapshot_seq, since_snapshot } = h;
+    let mut r = Replayed {
+        tailer: backend.reader(projection.last_seq().max(1)),
+        projection,
+        chain_head,
+        snapshot_seq,
+        warnings: vec![],
+        applied: since_snapshot,
+    };
+    let Replayed { tailer, projection, chain_head, applied, .. } = &mut r;
+    apply_tail(tailer.as_mut(), projection, chain_head, applied)?;
     Ok(r)
 }
 

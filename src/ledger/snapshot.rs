@@ -103,6 +103,7 @@ impl Ledger {
             let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }
         inner.since_snapshot = Default::default();
+        inner.snapshot_seq = Some(inner.projection.last_seq());
         let (backend, chain_head, p) = (self.backend.clone(), inner.chain_head, inner.projection.clone());
         let after = self.opts.after_snapshot;
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
@@ -173,6 +174,7 @@ impl Ledger {
             }
             inner.since_snapshot = Default::default();
             let last = inner.projection.last_seq();
+            inner.snapshot_seq = Some(last);
             if last > 0 && last == inner.own_checkpoint_seq {
                 // Nothing but our own checkpoint since the snapshot it vouches for.
                 return Ok(inner.last_snapshot.clone().unwrap_or_default());

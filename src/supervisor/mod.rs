@@ -565,7 +565,7 @@ fn start_runner_if_requested(
         let spare = spares.and_then(|s| s.take(site, self_exe)).and_then(|s| s.assign(process, env).ok());
         let settled = match spare {
             Some(settled) => Ok(settled),
-            None => runner::start_runner(site, process, self_exe, env),
+            None => runner::start_runner(site, process, self_exe, env, Some(ledger)),
         };
         match settled {
             Ok(settled) => runner = Some(settled),
@@ -606,8 +606,9 @@ fn wait_for(ledger: &Ledger, process: u64, wait_ms: u64, done: impl Fn(&Process)
 /// [`wait_for`] that also wakes the moment the runner it started has settled the
 /// outcome or exited (`runner`: the read end of its stdout, from
 /// [`runner::start_runner`]) — so a quick command's answer is read as soon as its
-/// exit record is durable, not at the end of a nap. After that the wait goes on by
-/// naps (a runner that died without its record: recovery's).
+/// exit record is durable, not at the end of a nap; meanwhile the log is looked at
+/// only every `WAIT_NAP_MAX`. After that the wait goes on by naps (a runner that
+/// died without its record: recovery's).
 fn wait_for_runner(
     ledger: &Ledger,
     process: u64,
@@ -615,8 +616,9 @@ fn wait_for_runner(
     mut runner: Option<std::os::fd::OwnedFd>,
     done: impl Fn(&Process) -> bool,
 ) -> Result<Process, OpError> {
-    // Short naps while a quick command is likely to end (a look at the log costs
-    // a one-page read when nothing was appended), then longer ones, up to 20 ms.
+    // Without the runner's word: short naps while a quick command is likely to
+    // end (a look at the log costs a one-page read when nothing was appended),
+    // then longer ones, up to 20 ms.
     let started = Instant::now();
     let deadline = started + Duration::from_millis(wait_ms);
     let mut nap = Duration::from_micros(250);
@@ -631,17 +633,24 @@ fn wait_for_runner(
         if done(&p) || now >= deadline {
             return Ok(p);
         }
-        let nap_now = nap.min(deadline - now);
         match &runner {
+            // The runner's word comes the moment the outcome is settled (or it is
+            // gone): until then a look at the log would find nothing to answer
+            // with, and would compete with the runner for the machine — or sync
+            // the runner's records itself, catching up while they are in flight.
+            // (A look every `WAIT_NAP_MAX` all the same: `done` may also say an
+            // abort.)
             Some(fd) => {
-                if runner::nap_until_settled(fd, nap_now) {
+                if runner::nap_until_settled(fd, WAIT_NAP_MAX.min(deadline - now)) {
                     runner = None;
                 }
             }
-            None => std::thread::sleep(nap_now),
+            None => {
+                std::thread::sleep(nap.min(deadline - now));
+                let cap = if started.elapsed() < QUICK_COMMAND_MS { WAIT_NAP_QUICK } else { WAIT_NAP_MAX };
+                nap = (nap * 3 / 2).min(cap);
+            }
         }
-        let cap = if started.elapsed() < QUICK_COMMAND_MS { WAIT_NAP_QUICK } else { WAIT_NAP_MAX };
-        nap = (nap * 3 / 2).min(cap);
     }
 }
 

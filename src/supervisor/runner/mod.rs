@@ -121,9 +121,23 @@ fn say(process: u64, what: impl std::fmt::Display) {
 
 /// The runner's whole life; returns its exit code.
 pub fn runner_main(site: &Site, process: u64) -> i32 {
+    runner_main_from(site, process, None)
+}
+
+/// [`runner_main`] of a runner forked from its caller, `from` the state of the
+/// caller's ledger (see [`Ledger::hand_over`]): the log is opened from it, not
+/// replayed — unless it does not follow the log, which is then replayed.
+fn runner_main_from(site: &Site, process: u64, from: Option<crate::ledger::HandedOver>) -> i32 {
     // The gate starts up on the other core while this runner opens the log.
     let gate = Gate::start();
-    let ledger = match site.open() {
+    let opened = match from {
+        Some(h) => Ledger::open_handed_over(&site.log, ledger_options(), h).or_else(|e| {
+            say(process, format!("the state handed over cannot be resumed ({e}); the log is replayed"));
+            site.open()
+        }),
+        None => site.open(),
+    };
+    let ledger = match opened {
         Ok(l) => l,
         Err(e) => {
             say(process, format!("cannot open the log: {e}"));

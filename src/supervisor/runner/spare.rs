@@ -121,7 +121,7 @@ impl SpareRunner {
             }
             // Runners race safely: if the spare did record the start after all, this
             // one finds it and starts nothing.
-            if let Err(e) = start_runner(&site, process, &self_exe, &env) {
+            if let Err(e) = start_runner(&site, process, &self_exe, &env, None) {
                 // As a caller that cannot start a runner says so: unless a start
                 // landed meanwhile, the process never ran.
                 let detail = format!("cannot start a runner: {e}");

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use super::capture::private_process_dir;
 use super::{Environment, Site, null_onto, pipe_cloexec};
+use crate::ledger::Ledger;
 
 /// The environment a runner started now gives its command: this process's own,
 /// with `env` (the command's `--env` values, which never enter the log) added, and
@@ -44,15 +45,23 @@ pub(super) fn open_runner_log(d: &Path) -> std::io::Result<File> {
 /// file the moment the runner has settled the process's outcome (see
 /// [`tell_caller_settled`]) or is gone, whichever comes first — so a quick
 /// command's answer is read as soon as its exit record is durable, not once the
-/// runner has also torn itself down.
-pub fn start_runner(site: &Site, process: u64, self_exe: &Path, env: &[(String, String)]) -> std::io::Result<OwnedFd> {
+/// runner has also torn itself down. `caller`: the ledger this process recorded
+/// the intent with, whose state a forked runner takes over (see
+/// [`fork_fresh_runners`]).
+pub fn start_runner(
+    site: &Site,
+    process: u64,
+    self_exe: &Path,
+    env: &[(String, String)],
+    caller: Option<&Ledger>,
+) -> std::io::Result<OwnedFd> {
     use std::ffi::OsString;
     let log = open_runner_log(&private_process_dir(&site.dir, process)?)?;
     // Not with `--env` values: the forked runner would keep its caller's command
     // line (and whatever it says) for the command's whole life, where an exec'd
     // one shows `__runner --dir D --process N`.
     if FORK_RUNNERS.load(std::sync::atomic::Ordering::Relaxed) && env.is_empty() {
-        match fork_runner(site, process, &log, runner_environment(env)) {
+        match fork_runner(site, process, &log, runner_environment(env), caller) {
             // Not to be forked (a second thread, a large caller, a variable
             // setenv cannot set): exec'd, as below.
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
@@ -100,7 +109,13 @@ pub fn fork_fresh_runners() {
 
 /// [`start_runner`]'s fork (see [`fork_fresh_runners`]): `Unsupported` if this
 /// process has a second thread.
-fn fork_runner(site: &Site, process: u64, log: &File, vars: Environment) -> std::io::Result<OwnedFd> {
+fn fork_runner(
+    site: &Site,
+    process: u64,
+    log: &File,
+    vars: Environment,
+    caller: Option<&Ledger>,
+) -> std::io::Result<OwnedFd> {
     use crate::sys::process::{FdAction, Placement, fork_into};
     let unsupported = |why: &str| Err(std::io::Error::new(std::io::ErrorKind::Unsupported, why.to_string()));
     if crate::sys::memory::private_resident_bytes().is_none_or(|b| b > FORK_RUNNER_RESIDENT_BYTES_MAX) {
@@ -122,7 +137,8 @@ fn fork_runner(site: &Site, process: u64, log: &File, vars: Environment) -> std:
         [FdAction::Null(0, libc::O_RDONLY), FdAction::Dup(settled_w.as_raw_fd(), 1), FdAction::Dup(log.as_raw_fd(), 2)];
     let pid = fork_into(Placement::OwnSession, &fds, move || {
         crate::sys::process::replace_environment(&vars);
-        super::runner_main(&site, process)
+        // The caller's copy, ours alone now: taken out, not copied.
+        super::runner_main_from(&site, process, caller.and_then(Ledger::hand_over))
     })? as libc::pid_t;
     drop(settled_w);
     reap_on_a_thread(pid);

@@ -20,6 +20,10 @@
 //!       # alternated sample by sample under the same caller (this build's);
 //!       # fresh runners, or with --spares each side's spare (ready) runners;
 //!       # with --long-log on the log of `--log-records` records
+//!   cargo bench --bench supervise -- --quick --cli-a OTHER/fencelog [--long-log | --on-log DIR]
+//!       # paired A/B of the `fencelog run` command: OTHER's against this
+//!       # build's, alternated sample by sample on one log (a new one, the long
+//!       # one, or the existing log in DIR, which the runs append to)
 //!
 //! And the `fencelog run` command itself (`fencelog_run_cli`): the program a
 //! user types, its own start and its log's replay included, whose runner is a
@@ -97,8 +101,13 @@ fn run_with(ledger: &Ledger, dir: &Path, runner_exe: &Path, spares: Option<&Spar
 /// start, its log's open and replay, the intent, its runner (a fork of it), the
 /// answer printed.
 fn cli_once(dir: &Path) -> f64 {
+    cli_once_of(Path::new(FENCELOG), dir)
+}
+
+/// [`cli_once`] of the `fencelog` binary at `exe`.
+fn cli_once_of(exe: &Path, dir: &Path) -> f64 {
     let t = Instant::now();
-    let s = Command::new(FENCELOG)
+    let s = Command::new(exe)
         .args(["run", "--dir"])
         .arg(dir)
         .args(["--", "/bin/true"])
@@ -127,12 +136,15 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
-    let runner_a = args.iter().position(|x| x == "--runner-a").map(|i| {
-        args.get(i + 1).filter(|a| !a.starts_with("--")).unwrap_or_else(|| {
-            eprintln!("--runner-a needs the path of another fencelog binary");
-            std::process::exit(2)
+    let other_binary = |flag: &str| {
+        args.iter().position(|x| x == flag).map(|i| {
+            args.get(i + 1).filter(|a| !a.starts_with("--")).unwrap_or_else(|| {
+                eprintln!("{flag} needs the path of another fencelog binary");
+                std::process::exit(2)
+            })
         })
-    });
+    };
+    let (runner_a, cli_a) = (other_binary("--runner-a"), other_binary("--cli-a"));
     let root = std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
     std::fs::create_dir_all(&root).expect("bench dir");
     let root = std::path::absolute(root).unwrap();
@@ -144,6 +156,22 @@ fn main() {
     let tmp = tempfile::Builder::new().prefix("supervise").tempdir_in(&root).unwrap();
     let dir = tmp.path().join("log");
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    if let Some(a) = cli_a {
+        let on_log =
+            args.iter().position(|a| a == "--on-log").map(|i| PathBuf::from(args.get(i + 1).expect("--on-log DIR")));
+        let dir = if let Some(d) = on_log {
+            d
+        } else if args.iter().any(|a| a == "--long-log") {
+            let big_dir = tmp.path().join("big");
+            drop(long_log(&big_dir, log_records));
+            big_dir
+        } else {
+            dir
+        };
+        drop(ledger);
+        paired_clis(&dir, Path::new(a), samples, as_json);
+        return;
+    }
     if let Some(a) = runner_a {
         let spares = args.iter().any(|a| a == "--spares");
         if args.iter().any(|a| a == "--long-log") {
@@ -313,6 +341,41 @@ fn rounds_of(direct: &[f64], paths: &[(&str, &[f64])], sync: &[f64]) -> serde_js
 /// then this build's, then `a`'s…, so both see the same machine and the same log
 /// length; the p50 of the paired differences (B − A) is the figure to read. The
 /// log grows by 3 records a run (6 a pair): both halves replay the same amount.
+/// `fencelog run --dir DIR -- /bin/true` of binary `a` against this build's,
+/// alternated sample by sample, with a direct spawn of `/bin/true` beside them.
+fn paired_clis(dir: &Path, a: &Path, samples: usize, as_json: bool) {
+    let b = Path::new(FENCELOG);
+    let (mut ta, mut tb, mut direct) = (vec![], vec![], vec![]);
+    for _ in 0..10 {
+        cli_once_of(a, dir);
+        cli_once_of(b, dir);
+    }
+    for i in 0..samples {
+        direct.push(direct_once());
+        if i % 2 == 0 {
+            ta.push(cli_once_of(a, dir));
+            tb.push(cli_once_of(b, dir));
+        } else {
+            tb.push(cli_once_of(b, dir));
+            ta.push(cli_once_of(a, dir));
+        }
+    }
+    let diff: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y - x).collect();
+    let out = json!({
+        "cli_a": a.display().to_string(),
+        "cli_b": FENCELOG,
+        "direct_spawn": stats(direct),
+        "a": stats(ta),
+        "b": stats(tb),
+        "b_minus_a_paired": stats(diff),
+    });
+    if as_json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}
+
 fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, with_spares: bool, as_json: bool) {
     let b = Path::new(FENCELOG);
     let (spares_a, spares_b) = (Spares::new(), Spares::new());

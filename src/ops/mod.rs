@@ -461,8 +461,8 @@ const TAKEOVER_WATCH_POLL_MS: u64 = 100;
 
 /// On a log shared by hosts, before a takeover: watch the owner of `req.subject`
 /// on this writer's own monotonic clock until its heartbeat has not changed for
-/// its staleness (waiting at most `wait_ms_max`; none if the staleness is
-/// longer), or until it changes — a heartbeat, a new tenure (the takeover is then
+/// its staleness (waiting at most `wait_ms_max` after its first look, which
+/// starts the watch; none if the staleness is longer), or until it changes — a heartbeat, a new tenure (the takeover is then
 /// judged, and refused, on the state it finds). A log on one host judges
 /// staleness on its one clock: no wait.
 pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest, wait_ms_max: u64) -> Result<(), OpError> {
@@ -470,7 +470,9 @@ pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest, wait_ms_max
         return Ok(());
     }
     valid(&req.subject)?;
-    let started = Instant::now();
+    // The wait is bounded from the first look, where the watch starts: a first
+    // catch-up held up (an etcd cluster electing a leader) spends none of it.
+    let mut first_look = None;
     loop {
         let seen = ledger.refresh_with(|p| {
             let s = p.subject(&req.subject)?;
@@ -482,7 +484,7 @@ pub fn watch_before_takeover(ledger: &Ledger, req: &TakeoverRequest, wait_ms_max
             return Ok(());
         }
         let watched_ms = ledger.observer().watched_ms(&req.subject, generation, heartbeat_ms);
-        let waited_ms = started.elapsed().as_millis() as u64;
+        let waited_ms = first_look.get_or_insert_with(Instant::now).elapsed().as_millis() as u64;
         // A staleness past the bound is judged (and refused) on what was
         // watched: never a wait that long.
         let limit_ms = stale_after_ms.saturating_add(2 * TAKEOVER_WATCH_POLL_MS).min(wait_ms_max);

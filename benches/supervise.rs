@@ -337,10 +337,6 @@ fn rounds_of(direct: &[f64], paths: &[(&str, &[f64])], sync: &[f64]) -> serde_js
     json!({"each": each, "summary": summary})
 }
 
-/// A/B of two runner binaries under one caller: `a`'s runner, then this build's,
-/// then this build's, then `a`'s…, so both see the same machine and the same log
-/// length; the p50 of the paired differences (B − A) is the figure to read. The
-/// log grows by 3 records a run (6 a pair): both halves replay the same amount.
 /// `fencelog run --dir DIR -- /bin/true` of binary `a` against this build's,
 /// alternated sample by sample, with a direct spawn of `/bin/true` beside them.
 fn paired_clis(dir: &Path, a: &Path, samples: usize, as_json: bool) {
@@ -376,6 +372,10 @@ fn paired_clis(dir: &Path, a: &Path, samples: usize, as_json: bool) {
     }
 }
 
+/// A/B of two runner binaries under one caller: `a`'s runner, then this build's,
+/// then this build's, then `a`'s…, so both see the same machine and the same log
+/// length; the p50 of the paired differences (B − A) is the figure to read. The
+/// log grows by 3 records a run (6 a pair): both halves replay the same amount.
 fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, with_spares: bool, as_json: bool) {
     let b = Path::new(FENCELOG);
     let (spares_a, spares_b) = (Spares::new(), Spares::new());

@@ -661,7 +661,8 @@ fn a_ledger_opened_from_a_handed_over_state_reads_only_what_followed_it() {
     let c = Ledger::open_handed_over(&here, opts.clone(), handed).unwrap();
     let r = c.open_report();
     // 31 records handed over (30 claims and the checkpoint); 2 more read.
-    assert_eq!((r.handed_over_at, r.snapshot_seq, r.replayed_records), (Some(31), Some(20), 13), "{r:?}");
+    assert_eq!((r.handed_over_at, r.records_read), (Some(31), 2), "{r:?}");
+    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(20), 13), "what an open would replay: {r:?}");
     let full = Ledger::read_only(d.path(), &opts).unwrap().projection;
     assert_eq!(c.projection(), full);
     assert_eq!(c.chain_head().unwrap(), Ledger::open(d.path(), opts.clone()).unwrap().chain_head().unwrap());
@@ -688,6 +689,31 @@ fn a_ledger_opened_from_a_handed_over_state_reads_only_what_followed_it() {
             .err()
             .expect("a state the log does not hold is refused");
     assert_eq!(e.code(), "SNAPSHOT_NOT_IN_LOG", "{e}");
-    let o = Ledger::open(other.path(), opts).unwrap();
+    let o = Ledger::open(other.path(), opts.clone()).unwrap();
     assert_eq!((o.open_report().storage.last_seq, o.chain_head().unwrap()), (34, head));
+    // A log shorter than the state handed over: refused.
+    let foreign = o.hand_over().unwrap();
+    let short = tempfile::tempdir().unwrap();
+    let s = Ledger::open(short.path(), opts.clone()).unwrap();
+    for i in 0..20 {
+        s.submit(None, claim_txn(format!("x/{i}"))).unwrap();
+    }
+    drop(s);
+    let e =
+        Ledger::open_handed_over(&fencelog::storage::Location::Dir(short.path().to_path_buf()), opts.clone(), foreign)
+            .err()
+            .expect("a log shorter than the state is refused");
+    assert_eq!(e.code(), "SNAPSHOT_NOT_IN_LOG", "{e}");
+
+    // A ledger whose snapshot is being written (its checkpoint not yet
+    // appended) hands nothing over: the caller replays the log instead.
+    let mut every_5 = opts;
+    every_5.snapshot_every_records = 5;
+    let w = tempfile::tempdir().unwrap();
+    let l = Ledger::open(w.path(), every_5).unwrap();
+    for i in 0..5 {
+        l.submit(None, claim_txn(format!("w/{i}"))).unwrap();
+    }
+    assert!(l.hand_over().is_none(), "a snapshot without its checkpoint is not handed over");
+    assert!(l.refresh().is_ok(), "and the ledger is not poisoned");
 }

@@ -1167,11 +1167,14 @@ fn a_forked_runner_takes_the_clis_state_over_instead_of_replaying_the_log() {
     let lines = opened(&v);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains(&format!(" handed_over_at={}", v["requested_seq"])), "{lines:?} {v}");
+    // Nothing followed the intent: nothing read (the log holds 10 records).
+    assert!(lines[0].contains(" read=0 "), "{lines:?}");
     let (code, v) = debug(&["run", "--env", "X_RUN=1", "--", "/bin/true"]);
     assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
     let lines = opened(&v);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(!lines[0].contains("handed_over_at"), "exec'd, it replays: {lines:?}");
+    assert!(lines[0].ends_with(" read=13"), "all 13 records (no snapshot yet): {lines:?}");
 }
 
 /// Proves: a forked runner finds its log however the caller named it: `fencelog

@@ -131,8 +131,11 @@ pub struct LedgerOpenReport {
     pub snapshot_warnings: Vec<String>,
     /// Records after that snapshot the state was built from: what an open
     /// replays now (for [`Ledger::open_handed_over`], what its state holds
-    /// after the snapshot, though it replayed only what followed it).
+    /// after the snapshot, though it read only `records_read` of them).
     pub replayed_records: u64,
+    /// Records this open read and applied (after the snapshot, or after the
+    /// state handed over).
+    pub records_read: u64,
     /// The sequence of the state handed over, for [`Ledger::open_handed_over`]:
     /// the records after it are all that open read.
     pub handed_over_at: Option<u64>,
@@ -141,6 +144,7 @@ pub struct LedgerOpenReport {
 /// A ledger's state taken out of it ([`Ledger::hand_over`]) by a process forked
 /// from the one that opened it, to open the same log anew without replaying it
 /// ([`Ledger::open_handed_over`]).
+#[doc(hidden)]
 pub struct HandedOver {
     projection: Projection,
     chain_head: ChainLink,
@@ -256,6 +260,7 @@ impl Ledger {
     /// nothing before it is replayed or decoded again. A log whose record there
     /// differs (it is not the log the state was built from) is
     /// `SNAPSHOT_NOT_IN_LOG`, as a snapshot the log does not hold is.
+    #[doc(hidden)]
     pub fn open_handed_over(
         location: &storage::Location,
         opts: LedgerOptions,
@@ -283,10 +288,18 @@ impl Ledger {
     /// (with one thread, so that nothing was in flight) that opens the same log
     /// anew with [`open_handed_over`](Self::open_handed_over) rather than
     /// replaying it: nothing is copied. This ledger is then poisoned: it answers
-    /// nothing more (`WRITER_POISONED`; open the log again). `None` if it was
-    /// poisoned already.
+    /// nothing more (`WRITER_POISONED`; open the log again). Never waits.
+    /// `None` — the caller replays the log instead — unless the state is exactly
+    /// the durable log's: nothing in flight, not poisoned, not waiting to be
+    /// rebuilt, and no snapshot of this ledger's written or being written whose
+    /// checkpoint it has not appended (the state handed over would not say so).
+    #[doc(hidden)]
     pub fn hand_over(&self) -> Option<HandedOver> {
-        let mut inner = self.settled().ok()?;
+        let mut inner = self.group.lock();
+        if !inner.is_settled() || inner.poisoned().is_some() || inner.stale || inner.snapshot_thread.is_some() {
+            return None;
+        }
+        debug_assert_eq!(inner.projection.last_seq(), inner.last_seq());
         let handed = HandedOver {
             projection: std::mem::take(&mut inner.projection),
             chain_head: inner.chain_head,
@@ -353,6 +366,7 @@ impl Ledger {
             snapshot_seq: r.snapshot_seq,
             snapshot_warnings: r.warnings,
             replayed_records: last_seq - r.snapshot_seq.unwrap_or(0),
+            records_read: r.read,
             handed_over_at,
         };
         // `debug`: the daemon's one boot line (`ready`) says the same at `info`.
@@ -362,6 +376,7 @@ impl Ledger {
             repairs = report.storage.repairs.len(),
             snapshot_seq = report.snapshot_seq.unwrap_or(0),
             replayed = report.replayed_records,
+            read = report.records_read,
             handed_over_at = report.handed_over_at,
             "ledger opened"
         );

@@ -22,7 +22,7 @@ impl Ledger {
                 let last = r.projection.last_seq();
                 inner.fenced.clear();
                 (inner.tailer, inner.projection, inner.chain_head) = (r.tailer, r.projection, r.chain_head);
-                inner.snapshot_seq = r.snapshot_seq;
+                (inner.snapshot_seq, inner.since_snapshot) = (r.snapshot_seq, r.applied);
                 inner.stale = false;
                 inner.caught_up_to(last);
                 tracing::info!(last_seq = last, "the ledger's state was rebuilt from the log");
@@ -95,7 +95,7 @@ impl Ledger {
         };
         let last = r.projection.last_seq();
         (core.tailer, core.projection, core.chain_head) = (r.tailer, r.projection, r.chain_head);
-        core.snapshot_seq = r.snapshot_seq;
+        (core.snapshot_seq, core.since_snapshot) = (r.snapshot_seq, r.applied);
         core.caught_up_to(last);
         Ok(())
     }
@@ -111,6 +111,8 @@ pub(super) struct Replayed {
     pub(super) warnings: Vec<String>,
     /// Records and payload bytes applied after the snapshot.
     pub(super) applied: SinceSnapshot,
+    /// Records this replay read and applied.
+    pub(super) read: u64,
 }
 
 /// Records, and their payload bytes, applied since the last snapshot: what decides
@@ -143,6 +145,7 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
         snapshot_seq: None,
         warnings: vec![],
         applied: SinceSnapshot::default(),
+        read: 0,
     };
     for m in metas {
         let mut ignored = |why: String| {
@@ -178,6 +181,7 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
             snapshot_seq: Some(m.seq),
             warnings: vec![],
             applied: SinceSnapshot::default(),
+            read: 0,
         };
         match tail.records.take() {
             Some(records) => {
@@ -195,12 +199,14 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
             }
         }
         r.warnings = warnings;
+        r.read = r.applied.records;
         return Ok(r);
     }
     let mut r = fresh(1);
     let Replayed { tailer, projection, chain_head, applied, .. } = &mut r;
     apply_tail(tailer.as_mut(), projection, chain_head, applied)?;
     r.warnings = warnings;
+    r.read = r.applied.records;
     Ok(r)
 }
 
@@ -218,9 +224,11 @@ pub(super) fn resume(backend: &dyn LogBackend, h: super::HandedOver) -> Result<R
         snapshot_seq,
         warnings: vec![],
         applied: since_snapshot,
+        read: 0,
     };
     let Replayed { tailer, projection, chain_head, applied, .. } = &mut r;
     apply_tail(tailer.as_mut(), projection, chain_head, applied)?;
+    r.read = r.applied.records - since_snapshot.records;
     Ok(r)
 }
 

@@ -103,7 +103,6 @@ impl Ledger {
             let _ = t.join(); // its checkpoint was not queued: that snapshot stays unvouched
         }
         inner.since_snapshot = Default::default();
-        inner.snapshot_seq = Some(inner.projection.last_seq());
         let (backend, chain_head, p) = (self.backend.clone(), inner.chain_head, inner.projection.clone());
         let after = self.opts.after_snapshot;
         let spawned = std::thread::Builder::new().name("fencelog-snapshot".into()).spawn(move || {
@@ -136,6 +135,7 @@ impl Ledger {
         }
         let written = inner.snapshot_thread.take().and_then(|t| t.join().ok().flatten());
         let Some(w) = written else { return Ok(false) };
+        inner.snapshot_seq = Some(w.seq);
         let event = Event::Checkpoint { snapshot_seq: w.seq, digest: w.digest };
         self.queue(inner, &Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event]), None)?;
         Ok(true)
@@ -174,7 +174,6 @@ impl Ledger {
             }
             inner.since_snapshot = Default::default();
             let last = inner.projection.last_seq();
-            inner.snapshot_seq = Some(last);
             if last > 0 && last == inner.own_checkpoint_seq {
                 // Nothing but our own checkpoint since the snapshot it vouches for.
                 return Ok(inner.last_snapshot.clone().unwrap_or_default());
@@ -183,7 +182,11 @@ impl Ledger {
         };
         // Encoded and written without holding the ledger: submitters go on.
         let written = self.backend.put_snapshot(last, &chain_head, &body_of(&projection))?;
-        self.group.lock().last_snapshot = Some(written.source.clone());
+        {
+            let mut inner = self.group.lock();
+            inner.last_snapshot = Some(written.source.clone());
+            inner.snapshot_seq = Some(written.seq);
+        }
         let event = Event::Checkpoint { snapshot_seq: written.seq, digest: written.digest };
         let c = self.commit_with(Admission::Internal, |inner| {
             let txn = Txn::new(self.opts.log.now_ms(), self.writer_id(), vec![event.clone()]);

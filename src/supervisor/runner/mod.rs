@@ -131,10 +131,13 @@ fn runner_main_from(site: &Site, process: u64, from: Option<crate::ledger::Hande
     // The gate starts up on the other core while this runner opens the log.
     let gate = Gate::start();
     let opened = match from {
-        Some(h) => Ledger::open_handed_over(&site.log, ledger_options(), h).or_else(|e| {
-            say(process, format!("the state handed over cannot be resumed ({e}); the log is replayed"));
-            site.open()
-        }),
+        Some(h) => match Ledger::open_handed_over(&site.log, ledger_options(), h) {
+            Err(e @ LedgerError::SnapshotNotInLog(_)) => {
+                say(process, format!("the state handed over cannot be resumed ({e}); the log is replayed"));
+                site.open()
+            }
+            opened => opened,
+        },
         None => site.open(),
     };
     let ledger = match opened {

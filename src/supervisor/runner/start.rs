@@ -88,9 +88,10 @@ static FORK_RUNNERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// moment (checked; else the runner is exec'd as before). The child is placed
 /// as the exec'd runner would be (a session of its own, `/`, stdin `/dev/null`,
 /// stdout the settled pipe, stderr `runner.log`, every other descriptor closed,
-/// nothing blocked, the same environment) and runs
-/// [`runner_main`](super::runner_main), opening the log anew (its own
-/// descriptors: `flock` locks belong to open files, which a fork shares). It
+/// nothing blocked, the same environment) and runs the runner, opening the log
+/// anew (its own descriptors: `flock` locks belong to open files, which a fork
+/// shares) from the caller's state, handed over (see
+/// [`Ledger::hand_over`]): not replayed. It
 /// spares the runner an `exec` of fencelog, its dynamic loading and page faults:
 /// about 2 ms on a small machine, on every `fencelog run`.
 ///
@@ -100,7 +101,7 @@ static FORK_RUNNERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// embedding the library keeps the exec. Even then the runner is exec'd for a
 /// command with `--env` values (see [`start_runner`]), from a caller holding
 /// more than [`FORK_RUNNER_RESIDENT_BYTES_MAX`] (the runner would keep that
-/// memory for its command's whole life, beside its own copy of the state), or
+/// memory for its command's whole life), or
 /// with an environment variable `setenv` cannot set (a name holding `=`).
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub fn fork_fresh_runners() {

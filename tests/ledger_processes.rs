@@ -717,3 +717,43 @@ fn a_ledger_opened_from_a_handed_over_state_reads_only_what_followed_it() {
     assert!(l.hand_over().is_none(), "a snapshot without its checkpoint is not handed over");
     assert!(l.refresh().is_ok(), "and the ledger is not poisoned");
 }
+
+/// Proves: a command on a log whose tail after the newest snapshot is long
+/// leaves a snapshot the log vouches for — its checkpoint appended before the
+/// command ends — and the next open starts from it; a command after a short
+/// tail writes none. (A command used to write one in the background at 10,000
+/// records and end before its checkpoint: every later open ignored it, and two
+/// in a row pruned the last vouched one.)
+#[test]
+fn a_command_after_a_long_tail_leaves_a_snapshot_the_log_vouches_for() {
+    let d = new_log();
+    // 10,101 records straight to storage: a claim, then heartbeats.
+    {
+        let log = fencelog::storage::Log::open(d.path(), LogOptions::default()).unwrap();
+        let writer = log.writer_id();
+        let me = fencelog::ledger::identity::probe(std::process::id(), writer).unwrap();
+        let claim =
+            Event::Claim { subject: "s".into(), owner: me, stale_after_ms: 3_600_000_000, lock: None, previous: None };
+        let mut txns = vec![fencelog::model::encode_txn(&Txn::new(1, writer, vec![claim]))];
+        for i in 0..10_100 {
+            let beat = Event::Heartbeat { subject: "s".into(), generation: 1 };
+            txns.push(fencelog::model::encode_txn(&Txn::new(2 + i, writer, vec![beat])));
+        }
+        let mut txns = txns.into_iter().peekable();
+        while txns.peek().is_some() {
+            log.append_batch(txns.by_ref().take(4096).collect()).unwrap();
+        }
+    }
+    let pid = std::process::id().to_string();
+    let (code, v) = fl(d.path(), &["claim", "--subject", "t", "--pid", &pid]);
+    assert_eq!((code, v["seq"].as_u64()), (0, Some(10_102)), "{v}");
+    let r = Ledger::open(d.path(), LedgerOptions::default()).unwrap().open_report().clone();
+    assert!(r.snapshot_warnings.is_empty(), "{r:?}");
+    // The snapshot at the claim; its checkpoint after it.
+    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(10_102), 1), "{r:?}");
+    // A command after a short tail writes none.
+    let (code, v) = fl(d.path(), &["claim", "--subject", "u", "--pid", &pid]);
+    assert_eq!(code, 0, "{v}");
+    let r = Ledger::open(d.path(), LedgerOptions::default()).unwrap().open_report().clone();
+    assert_eq!((r.snapshot_seq, r.replayed_records), (Some(10_102), 2), "{r:?}");
+}

@@ -9,11 +9,36 @@ use fencelog::storage::LogOptions;
 use crate::cli::{Cmd, Dir, LeaseCmd, Mode, RequestCmd};
 use crate::{Printed, printed};
 
-/// The command line never creates a log by accident: only `init` does.
+/// The command line never creates a log by accident: only `init` does. Nor
+/// does it snapshot in the background: a command ends before the checkpoint
+/// that would vouch for such a snapshot is appended, so the snapshot would be
+/// ignored by every open (and, two in a row, prune the last vouched one: every
+/// open would then replay from the first record). A mutation writes one at its
+/// end instead, when its open replayed a long tail ([`snapshot_after`]).
 pub(crate) fn ledger_options() -> LedgerOptions {
     let mut opts = LedgerOptions::default();
     opts.log.create = false;
+    opts.snapshot_every_records = u64::MAX;
+    opts.snapshot_every_bytes = u64::MAX;
     opts
+}
+
+/// Records replayed at open (after the newest snapshot) from which a mutation
+/// writes a snapshot at its end, with the checkpoint that vouches for it (see
+/// `Ledger::snapshot_if_tail_exceeds`: not if the state has more entries, nor
+/// if a newer snapshot was written meanwhile): the runner's bound, so that an
+/// open of a log written only by commands replays about this many records.
+const TAIL_RECORDS_SNAPSHOT_MIN: u64 = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN;
+
+/// `op` on the log of `dir`, then a snapshot if its open replayed a long tail
+/// (once the answer is durable; a snapshot that cannot be written is a warning).
+fn snapshot_after<T>(dir: &Dir, op: impl FnOnce(&Ledger) -> Result<T, ops::OpError>) -> Result<T, ops::OpError> {
+    let ledger = open(dir)?;
+    let r = op(&ledger);
+    if let Err(e) = ledger.snapshot_if_tail_exceeds(TAIL_RECORDS_SNAPSHOT_MIN) {
+        tracing::warn!(error = %e, "no snapshot written");
+    }
+    r
 }
 
 pub(crate) fn open(dir: &Dir) -> Result<Ledger, ops::OpError> {
@@ -148,22 +173,23 @@ pub(crate) fn run_op(dir: &Dir, op: Op) -> Printed {
     match op {
         Op::Claim(r) => {
             ops::valid(&r.subject)?;
-            printed(&ops::claim(&open(dir)?, &r, caller())?)
+            printed(&snapshot_after(dir, |l| ops::claim(l, &r, caller()))?)
         }
         Op::Generation(op, r) => {
             ops::valid(&r.subject)?;
-            printed(&ops::generation(&open(dir)?, op, &r, caller())?)
+            printed(&snapshot_after(dir, |l| ops::generation(l, op, &r, caller()))?)
         }
         Op::Note(r) => {
             ops::valid(&r.subject)?;
-            printed(&ops::note(&open(dir)?, &r, caller())?)
+            printed(&snapshot_after(dir, |l| ops::note(l, &r, caller()))?)
         }
         Op::Takeover(r) => {
             ops::valid(&r.subject)?;
-            printed(&ops::takeover(&open(dir)?, &r, caller())?)
+            printed(&snapshot_after(dir, |l| ops::takeover(l, &r, caller()))?)
         }
-        Op::LeaseAcquire(r) => printed(&ops::lease_acquire(&open(dir)?, &r)?),
-        Op::LeaseRelease(r) => printed(&ops::lease_release(&open(dir)?, &r)?),
+        Op::LeaseAcquire(r) => printed(&snapshot_after(dir, |l| ops::lease_acquire(l, &r))?),
+        Op::LeaseRelease(r) => printed(&snapshot_after(dir, |l| ops::lease_release(l, &r))?),
+        // Its runner writes the snapshot (after its exit is on record).
         Op::Run(r) => {
             let ledger = open(dir)?;
             let exe =

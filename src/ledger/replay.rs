@@ -131,7 +131,7 @@ impl SinceSnapshot {
 }
 
 /// Replay the log in `dir`: try each snapshot (the newest few, newest first); one
-/// is adopted only if the log holds its chain chain_head and a checkpoint record with
+/// is adopted only if the log holds its chain head and a checkpoint record with
 /// the blake3 of its body — checked by a pass over the tail *before* the snapshot
 /// is decoded, so a file no checkpoint vouches for never costs more than a
 /// streaming read. A snapshot beyond the end of the log is evidence that records
@@ -254,7 +254,7 @@ struct Tail {
 }
 
 /// Does the log vouch for this snapshot? One pass over the records from its
-/// sequence on (verified, decoded, not applied): its chain chain_head, a checkpoint with
+/// sequence on (verified, decoded, not applied): its chain head, a checkpoint with
 /// its digest, and the transactions after it. A snapshot beyond the end of the log
 /// is refused: records were cut. A record that does not decode is `CORRUPTION`.
 fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Tail, LedgerError> {

@@ -68,7 +68,7 @@ pub fn decode(body: &[u8], seq: u64) -> Result<Projection, String> {
 }
 
 pub fn describe(seq: u64, chain_head: &ChainLink) -> String {
-    format!("sequence {seq}, chain chain_head {}", hex(chain_head))
+    format!("sequence {seq}, chain head {}", hex(chain_head))
 }
 
 impl Ledger {

@@ -160,7 +160,7 @@ struct LedgerState {
     /// Records and payload bytes applied since the last snapshot.
     since_snapshot: replay::SinceSnapshot,
     /// The newest snapshot this state is known to follow: the one it was
-    /// rebuilt from, or the last this ledger wrote (or began to).
+    /// rebuilt from, or the last this ledger wrote and queued the checkpoint of.
     snapshot_seq: Option<u64>,
     /// Coalescing of recorded refusals by (subject, code, operation, caller).
     fenced: HashMap<String, FencedWindow>,

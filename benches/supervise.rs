@@ -356,19 +356,20 @@ fn paired_clis(dir: &Path, a: &Path, samples: usize, as_json: bool) {
             ta.push(cli_once_of(a, dir));
         }
     }
+    let about = json!({"cli_a": a.display().to_string(), "cli_b": FENCELOG, "direct_spawn": stats(direct)});
+    print_paired(about, ta, tb, as_json);
+}
+
+/// Print `about` with the A and B samples and their paired differences (B − A).
+fn print_paired(mut about: serde_json::Value, ta: Vec<f64>, tb: Vec<f64>, as_json: bool) {
     let diff: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y - x).collect();
-    let out = json!({
-        "cli_a": a.display().to_string(),
-        "cli_b": FENCELOG,
-        "direct_spawn": stats(direct),
-        "a": stats(ta),
-        "b": stats(tb),
-        "b_minus_a_paired": stats(diff),
-    });
+    about["a"] = stats(ta);
+    about["b"] = stats(tb);
+    about["b_minus_a_paired"] = stats(diff);
     if as_json {
-        println!("{out}");
+        println!("{about}");
     } else {
-        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+        println!("{}", serde_json::to_string_pretty(&about).unwrap());
     }
 }
 
@@ -404,18 +405,6 @@ fn paired_runners(ledger: &Ledger, dir: &Path, a: &Path, samples: usize, with_sp
             ta.push(one(a, &spares_a));
         }
     }
-    let diff: Vec<f64> = ta.iter().zip(&tb).map(|(x, y)| y - x).collect();
-    let out = json!({
-        "runner_a": a.display().to_string(),
-        "runner_b": FENCELOG,
-        "spares": with_spares,
-        "a": stats(ta),
-        "b": stats(tb),
-        "b_minus_a_paired": stats(diff),
-    });
-    if as_json {
-        println!("{out}");
-    } else {
-        println!("{}", serde_json::to_string_pretty(&out).unwrap());
-    }
+    let about = json!({"runner_a": a.display().to_string(), "runner_b": FENCELOG, "spares": with_spares});
+    print_paired(about, ta, tb, as_json);
 }

@@ -505,6 +505,44 @@ fn async_tasks_and_threads_racing_for_one_subject_have_exactly_one_winner() {
     assert_eq!(claim_records(d.path()), 30, "one claim record per round");
 }
 
+/// Proves: a ledger whose turns find the log's last record to be its own reads
+/// nothing back (its tailer falls behind by its own records, up to a bound), yet
+/// judges on the next record another handle appends after any number of such
+/// turns — fewer than the bound, at it, and past it — before its own append: a
+/// claim of the other handle's subject is refused, naming that owner, at the
+/// first judgement (no append found the head moved and judged again). Both
+/// handles end with the state and chain head a fresh open replays.
+#[test]
+fn a_ledger_that_committed_alone_for_many_turns_judges_on_the_next_record_of_another_handle() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let b = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    let (ours, theirs) = (me(), me());
+    a.submit(None, claim("ours", &ours)).unwrap();
+    let moved = a.head_moved_count();
+    for alone in [1u64, 2, 255, 256, 257, 600] {
+        for _ in 0..alone {
+            a.submit(None, heartbeat("ours")).unwrap();
+        }
+        let subject = format!("theirs/{alone}");
+        let landed = b.submit(None, claim(&subject, &theirs)).unwrap().seq.unwrap();
+        match a.submit(None, claim(&subject, &ours)) {
+            Err(LedgerError::Refused(Refusal::AlreadyActive { instance, .. })) => {
+                assert_eq!(instance, theirs.instance, "after {alone} turns alone")
+            }
+            other => panic!("after {alone} turns alone, the claim at {landed} was not seen: {other:?}"),
+        }
+        assert_eq!(a.projection().last_seq(), landed, "after {alone} turns alone");
+        assert_eq!(a.head_moved_count(), moved, "judged before the other record was read, after {alone} turns alone");
+    }
+    let replayed = Ledger::open(d.path(), LedgerOptions::default()).unwrap();
+    for (name, l) in [("a", &a), ("b", &b)] {
+        let now = l.refresh_with(Projection::clone).unwrap();
+        assert_eq!(now, replayed.projection(), "{name}");
+        assert_eq!(l.chain_head().unwrap(), replayed.chain_head().unwrap(), "{name}");
+    }
+}
+
 /// Proves: async submitters on one handle while a second handle of the same log
 /// (as a second process — the CLI beside a daemon — would) keeps appending: each
 /// leader catches up with the other handle's records before it judges, so every

@@ -221,6 +221,10 @@ pub struct Ledger {
 /// turn to about a millisecond more).
 const INLINE_CATCH_UP_RECORDS_MAX: u64 = 256;
 
+/// Most of its own records a ledger's tailer may fall behind by, unread, while
+/// its turns find the log's last record to be the state's ([`Hooks::catch_up`]).
+const TAILER_LAG_RECORDS_MAX: u64 = 256;
+
 /// blake3 of the caller's intent, for request-id idempotency.
 pub fn intent_digest<T: Serialize>(intent: &T) -> [u8; 32] {
     let bytes = bincode::serde::encode_to_vec(intent, bincode::config::standard()).expect("intent encodes");
@@ -889,9 +893,26 @@ impl Hooks<LedgerState> for Ledger {
     /// skipped while no other writer has been seen for [`OTHERS_RECENT_MS`]: the
     /// append's compare finds one that came first (`HeadMoved`: rebuilt, judged
     /// again), and a writer alone pays one round trip per group, not two.
-    fn catch_up(&self, core: &mut Inner, _x: &mut dyn Exclusive) -> Result<(), LedgerError> {
+    ///
+    /// On a backend that holds the log's tail for the section (a directory's
+    /// lock), whose writer has just caught up with every other writer's records:
+    /// when the log's last record is the state's (same sequence, same chain link,
+    /// so the same history), nothing was appended since, and the tailer reads
+    /// nothing — it would read back this ledger's own records only. It falls
+    /// behind by those records, so it reads them once
+    /// [`TAILER_LAG_RECORDS_MAX`] have gathered (a later catch-up after another
+    /// writer's append reads no more than that of its own).
+    fn catch_up(&self, core: &mut Inner, x: &mut dyn Exclusive) -> Result<(), LedgerError> {
         let alone = core.others_seen.is_none_or(|t| t.elapsed() >= Duration::from_millis(OTHERS_RECENT_MS));
         if self.backend.optimistic() && !core.stale && alone {
+            return Ok(());
+        }
+        let last = core.projection.last_seq();
+        if !core.stale
+            && last == core.last_seq()
+            && x.head() == Some(Head { seq: last, link: core.chain_head })
+            && last < core.tailer.next_seq().saturating_add(TAILER_LAG_RECORDS_MAX)
+        {
             return Ok(());
         }
         self.catch_up_with(core)

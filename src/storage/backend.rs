@@ -73,6 +73,13 @@ pub trait Exclusive {
     fn last_seq(&self) -> Option<u64> {
         None
     }
+    /// The log's last record (its sequence and chain link) as the section found
+    /// it, having caught up with other writers' records — when the backend holds
+    /// the log's tail for the whole section (a lock), so that nothing can be
+    /// appended before it ends.
+    fn head(&self) -> Option<Head> {
+        None
+    }
     /// Whether another writer waits to append (then the holder lets go after its
     /// turn). Yes unless the backend can tell.
     fn others_waiting(&self) -> bool {

@@ -24,7 +24,7 @@ use crate::format::{
     Action, ChainLink, FRAMES_END_MARK, Layout, SEGMENT_HEADER_BYTES, ScanOutcome, SegmentHeader, classify,
     encode_frame, frame_bytes, scan_segment_frames,
 };
-use crate::storage::backend::{AppendOutcome, Exclusive};
+use crate::storage::backend::{AppendOutcome, Exclusive, Head};
 use crate::storage::commit::{
     Admission, AsyncTurn, CommitError, Core, GroupCommit, GroupLimits, Hooks, LeadFailed, LeadOn, Settled,
     lead_on_blocking_pool, leading_inline,
@@ -307,14 +307,19 @@ impl LogInner {
         // is said durable, and before anyone reads it under the lock. In the
         // steady state the last holder's mark is the end: nothing to sync.
         let end = w.tail.cursor.next_seq - 1;
-        if lock.durable_mark_now().is_none_or(|m| m < end) {
+        let mark = lock.durable_mark_now();
+        if mark.is_none_or(|m| m < end) {
             let path = w.tail.segment.clone();
             if let Err(e) = sync_adopted(&w.file).map_err(Error::io(ADOPTED_SYNC_OP, &path)) {
                 w.poison(&e);
                 return Err(e);
             }
         }
-        lock.set_durable_mark(end);
+        // (Only holders write the mark, and this one holds the lock: one that
+        // already says `end` stays so.)
+        if mark != Some(end) {
+            lock.set_durable_mark(end);
+        }
         Ok(f(&mut Locked { opts: &self.opts, lock: &lock, w: &mut w }))
     }
 
@@ -466,6 +471,10 @@ impl Exclusive for Locked<'_> {
         Some(Locked::last_seq(self))
     }
 
+    fn head(&self) -> Option<Head> {
+        Some(Head { seq: Locked::last_seq(self), link: self.w.tail.cursor.prev_link })
+    }
+
     fn others_waiting(&self) -> bool {
         self.lock.others_waiting()
     }
@@ -534,12 +543,14 @@ impl Writer {
         loop {
             let path = self.tail.segment.clone();
             let mut meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
-            let rewritten = stat_path(&path).is_ok_and(|m| m.dev != meta.dev || m.ino != meta.ino);
+            let mut at_path = stat_path(&path);
+            let rewritten = at_path.as_ref().is_ok_and(|m| m.dev != meta.dev || m.ino != meta.ino);
             if rewritten && leading_inline() {
                 return Err(declined_catch_up());
             }
             if rewritten && self.adopt_rewritten(&path)? {
                 meta = stat_file(&self.file).map_err(Error::io("stat", &path))?;
+                at_path = stat_path(&path);
             }
             let len = meta.len;
             let refuse = |detail: String| Error::Corruption {
@@ -551,7 +562,9 @@ impl Writer {
             // The file at the path must still be the one this writer appends to: a
             // segment replaced (or removed) under a live writer would take every
             // later append into a file nobody reads.
-            match stat_path(&path) {
+            // (Under the lock nobody else replaces it: the path's `statx` above
+            // still stands, unless this writer just adopted a rewritten file.)
+            match at_path {
                 Ok(m) if m.dev == meta.dev && m.ino == meta.ino => {}
                 _ => return Err(refuse("the segment file was replaced or removed under the writer".into())),
             }
@@ -570,8 +583,11 @@ impl Writer {
                 });
             }
             self.tail.alloc_len = len;
-            if len > self.tail.segment_len {
-                self.adopt_from_tail(&path, len, body_max)?;
+            if len > self.tail.segment_len && self.adopt_from_tail(&path, len, body_max)? == Tail::AsLeft {
+                // Still this writer's end mark, the segment not sealed: nobody
+                // rotated (a rotation seals the segment first, cutting it to its
+                // last record), so there is no next segment to look for.
+                return Ok(());
             }
             // After every catch-up step: the cursor is in this segment or past its
             // first record, and the frames end inside the file.
@@ -649,8 +665,9 @@ impl Writer {
     /// follows other live writers, which write contiguously from the end of the
     /// frames (a dead writer's write is a prefix of its bytes; sectors lost to a
     /// power loss are found by recovery, which every writer runs when it starts
-    /// and which checks the zeros to the end).
-    fn adopt_from_tail(&mut self, path: &Path, len: u64, body_max: u32) -> Result<()> {
+    /// and which checks the zeros to the end). [`Tail::AsLeft`] when that first
+    /// look found nothing appended.
+    fn adopt_from_tail(&mut self, path: &Path, len: u64, body_max: u32) -> Result<Tail> {
         let base = self.tail.segment_len;
         if self.tail.layout == Layout::Preallocated {
             // A page tells whether anything was appended: the end mark this or
@@ -661,7 +678,7 @@ impl Writer {
             let n = (len - base).min(probe.len() as u64) as usize;
             self.file.read_exact_at(&mut probe[..n], base).map_err(Error::io("read", path))?;
             if crate::format::ends_at_mark(&probe[..n]) {
-                return Ok(());
+                return Ok(Tail::AsLeft);
             }
         }
         if leading_inline() {
@@ -711,7 +728,7 @@ impl Writer {
             self.tail.segment_len = end;
             self.index.passed(end);
             self.shared.adopted.fetch_add(adopted, Ordering::Relaxed);
-            return Ok(());
+            return Ok(Tail::Read);
         }
     }
 
@@ -946,6 +963,16 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// What a catch-up found after the frames this writer knew of, in its segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// A preallocated segment, still unsealed, with the end mark where the frames
+    /// end and zeros after it: nothing was appended, nothing rotated.
+    AsLeft,
+    /// The rest was read (whatever it held).
+    Read,
 }
 
 /// What a holder's sync of records another writer left past the durable mark is

@@ -19,6 +19,8 @@
 //!   cargo bench --bench serve -- --rss-only        # the resident-memory figure alone
 //!   cargo bench --bench serve -- --clients 64 --no-etcd   # one row, fencelog alone, no RSS
 //!   cargo bench --bench serve -- --reads [--fencelog-a OLD/fencelog]  # what reads cost (issue 23)
+//!   cargo bench --bench serve -- --quick --json --daemon-a OLD/fencelog [--clients 1,64]
+//!       # paired daemons: OLD's and this build's heartbeats, alternated window by window
 //!
 //! Every row runs in 3 rounds, the contenders alternating within each round: a
 //! burst of raw fdatasyncs (the weather of that round), the daemon's heartbeats,
@@ -740,6 +742,47 @@ fn reads_bench(root: &Path, bins: &[(String, PathBuf)], quick: bool) -> Value {
     Value::Object(out)
 }
 
+/// Two daemon binaries side by side (`--daemon-a PATH`, the code before, and
+/// this build), each on a log of its own: for each client count, rounds of
+/// heartbeat windows alternating A, B then B, A, each round beside a burst of
+/// raw fdatasyncs. Each side's median of the rounds' figures, and the median of
+/// the rounds' paired differences (B − A) — what tells a change from the
+/// machine's weather, which moves both sides of a round alike.
+fn paired_daemons(root: &Path, a: &Path, clients: &[usize], quick: bool) -> Value {
+    let rounds_n = if quick { 6 } else { 10 };
+    let run_for = Duration::from_millis(if quick { 1500 } else { 3000 });
+    let tmp = tempfile::Builder::new().prefix("paired").tempdir_in(root).unwrap();
+    let (da, db) = (
+        start_daemon_with(a, &tmp.path().join("log-a")),
+        start_daemon_with(Path::new(FENCELOG), &tmp.path().join("log-b")),
+    );
+    let mut out = serde_json::Map::new();
+    out.insert("daemon_a".into(), json!(a.display().to_string()));
+    out.insert("daemon_b".into(), json!(FENCELOG));
+    for &k in clients {
+        let mut rounds = Rounds::default();
+        for r in 0..rounds_n {
+            let round = 1000 + r;
+            rounds.add("raw_fdatasync_p50_us", raw_sync_p50_us(&tmp.path().join(format!("raw-{k}-{r}"))));
+            let (fa, fb) = if r % 2 == 0 {
+                let fa = fencelog_heartbeats(&da, k, run_for, round);
+                (fa, fencelog_heartbeats(&db, k, run_for, round))
+            } else {
+                let fb = fencelog_heartbeats(&db, k, run_for, round);
+                (fencelog_heartbeats(&da, k, run_for, round), fb)
+            };
+            rounds.figures("a", &fa);
+            rounds.figures("b", &fb);
+            rounds.add("b_minus_a.p50_us", fb.p50_us - fa.p50_us);
+            rounds.add("b_over_a.txn_per_s", fb.txn_per_s / fa.txn_per_s.max(1.0));
+        }
+        let row = rounds.json();
+        eprintln!("paired daemons, {k} clients: {row}");
+        out.insert(format!("clients_{k}"), row);
+    }
+    Value::Object(out)
+}
+
 /// Raw etcd through the same client crate fencelog uses: `clients` tasks, each
 /// a compare-and-put `Txn` on a key of its own (compare its mod_revision with the
 /// one it wrote last, put) — the equivalent of a heartbeat — until `run_for`.
@@ -862,6 +905,19 @@ fn main() {
             std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
         std::fs::create_dir_all(&root).unwrap();
         let out = etcd_bench(&std::path::absolute(root).unwrap(), quick);
+        println!("{}", if as_json { out.to_string() } else { serde_json::to_string_pretty(&out).unwrap() });
+        return;
+    }
+    if let Some(a) = args.iter().position(|a| a == "--daemon-a").and_then(|i| args.get(i + 1)) {
+        let root =
+            std::env::var_os("FENCELOG_BENCH_DIR").map_or_else(|| PathBuf::from("target/bench-tmp"), PathBuf::from);
+        std::fs::create_dir_all(&root).unwrap();
+        let clients: Vec<usize> = args
+            .iter()
+            .position(|a| a == "--clients")
+            .and_then(|i| args.get(i + 1))
+            .map_or_else(|| vec![1], |v| v.split(',').map(|n| n.parse().expect("--clients takes numbers")).collect());
+        let out = paired_daemons(&std::path::absolute(root).unwrap(), Path::new(a), &clients, quick);
         println!("{}", if as_json { out.to_string() } else { serde_json::to_string_pretty(&out).unwrap() });
         return;
     }

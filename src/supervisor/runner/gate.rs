@@ -14,6 +14,8 @@ use super::{Environment, null_onto, pipe_cloexec};
 /// Most bytes of a gate's spec (the command's path, directory, arguments and
 /// environment).
 const GATE_SPEC_BYTES_MAX: usize = 16 << 20;
+/// The room a gate reads its spec into first (a pipe's usual capacity).
+const GATE_SPEC_READ_BYTES_FIRST: usize = 64 << 10;
 
 /// A process started ahead of its command, to become it (see [`gate_main`]): a
 /// fork of the runner, or `fencelog __gate`, in a process group of its own, its stdout and stderr the write
@@ -177,7 +179,10 @@ pub fn gate_main() -> i32 {
     // The status descriptor this gate was started with: a successful exec closes
     // it, which is how the runner learns of it.
     crate::sys::fd::set_cloexec(GATE_STATUS_FD);
-    let mut spec = Vec::new();
+    // Room for a usual spec at once: the runner writes it in one piece, so it is
+    // read in one `read` (and the end of file in a second), not in a dozen
+    // growing ones.
+    let mut spec = Vec::with_capacity(GATE_SPEC_READ_BYTES_FIRST);
     // Fd 0 is the runner's pipe (replaced below).
     let mut input = crate::sys::fd::inherited(0);
     let read = (&mut *input).take(GATE_SPEC_BYTES_MAX as u64 + 8).read_to_end(&mut spec);

@@ -147,23 +147,43 @@ fn runner_main_from(site: &Site, process: u64, from: Option<crate::ledger::Hande
             return 1;
         }
     };
-    run_process(site, &ledger, process, None, gate, &mut StartNotice(false))
+    let ahead = Ahead::read(&ledger, gate);
+    run_process(site, &ledger, process, None, ahead, &mut StartNotice(false))
+}
+
+/// What a runner reads of itself and of its gate before it knows its process:
+/// its own identity and the gate's start time, which its `started` record names.
+/// A spare reads them while it waits, off the path of its run's answer (some
+/// twenty reads of `/proc` and `statx`es).
+pub(super) struct Ahead {
+    gate: std::io::Result<Gate>,
+    me: Option<crate::model::Identity>,
+    gate_start_ticks: Option<u64>,
+}
+
+impl Ahead {
+    pub(super) fn read(ledger: &Ledger, gate: std::io::Result<Gate>) -> Ahead {
+        // The gate is this runner's child, not yet waited for: its pid is not
+        // reused, and its start time stays the one read here.
+        let gate_start_ticks = gate.as_ref().ok().and_then(|g| identity::start_ticks(g.pid));
+        Ahead { gate, me: identity::probe(std::process::id(), ledger.writer_id()), gate_start_ticks }
+    }
 }
 
 /// A runner's life once its log is open: `env` is the environment for the
-/// command (a spare's assignment), or `None` for this runner's own; `gate` is the
-/// gate started for it (closed, the command never started, on every way out
+/// command (a spare's assignment), or `None` for this runner's own; `ahead`
+/// holds the gate started for it (closed, the command never started, on every way out
 /// before the start is on record); `notice` is told once the start is settled.
 fn run_process(
     site: &Site,
     ledger: &Ledger,
     process: u64,
     env: Option<Environment>,
-    gate: std::io::Result<Gate>,
+    ahead: Ahead,
     notice: &mut StartNotice,
 ) -> i32 {
     let dir = site.dir.as_path();
-    let (p, secrets, gate) = match start_on_record(dir, ledger, process, env.as_ref(), gate, notice) {
+    let (p, secrets, gate) = match start_on_record(dir, ledger, process, env.as_ref(), ahead, notice) {
         Ok(started) => started,
         Err(code) => return code,
     };
@@ -182,13 +202,13 @@ fn start_on_record(
     ledger: &Ledger,
     process: u64,
     env: Option<&Environment>,
-    gate: std::io::Result<Gate>,
+    ahead: Ahead,
     notice: &mut StartNotice,
 ) -> Result<(Process, Vec<Secret>, Gate), i32> {
     let p = unstarted_process(ledger, process, notice)?;
     let secrets = recorded_secrets(dir, process, &p, env)?;
     unchanged_exe(ledger, process, &p, notice)?;
-    let gate = record_start(ledger, process, gate, notice)?;
+    let gate = record_start(ledger, process, ahead, notice)?;
     Ok((p, secrets, gate))
 }
 
@@ -269,13 +289,9 @@ fn unchanged_exe(ledger: &Ledger, process: u64, p: &Process, notice: &mut StartN
 /// time, which the command keeps). Returns the gate, to be opened; or the
 /// runner's exit code, nothing started: [`EXIT_ALREADY_STARTED`] if another start
 /// (or an end) is on record first, 1 otherwise.
-fn record_start(
-    ledger: &Ledger,
-    process: u64,
-    gate: std::io::Result<Gate>,
-    notice: &mut StartNotice,
-) -> Result<Gate, i32> {
-    let Some(me) = identity::probe(std::process::id(), ledger.writer_id()) else {
+fn record_start(ledger: &Ledger, process: u64, ahead: Ahead, notice: &mut StartNotice) -> Result<Gate, i32> {
+    let Ahead { gate, me, gate_start_ticks } = ahead;
+    let Some(me) = me else {
         say(process, "cannot read this runner's identity from /proc; nothing started");
         return Err(1);
     };
@@ -288,7 +304,7 @@ fn record_start(
         }
     };
     let pid = gate.pid;
-    let Some(command_start_ticks) = identity::start_ticks(pid) else {
+    let Some(command_start_ticks) = gate_start_ticks else {
         say(process, "the gate process vanished before the start was recorded; nothing started");
         return Err(1);
     };

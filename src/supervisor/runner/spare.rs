@@ -11,7 +11,7 @@ use crate::model::{EndCode, Event, ProcessEnd, Txn};
 
 use super::capture::private_process_dir;
 use super::start::{open_runner_log, runner_environment, spawn_runner, start_runner};
-use super::{Environment, Gate, Site, end_unstarted, null_onto, run_process};
+use super::{Ahead, Environment, Gate, Site, end_unstarted, null_onto, run_process};
 
 /// Most bytes of a spare runner's assignment (the process id, then the command's
 /// whole environment as `NAME=VALUE\0` entries).
@@ -189,6 +189,7 @@ pub fn spare_main(site: &Site) -> i32 {
         // process's runner.log.
         Err(_) => return 1,
     };
+    let ahead = Ahead::read(&ledger, gate);
     // Fd 0 is the channel this runner was started with (StartNotice replaces it).
     let mut chan = crate::sys::fd::inherited(0);
     let _ = chan.write_all(&[SPARE_READY]);
@@ -233,7 +234,7 @@ pub fn spare_main(site: &Site) -> i32 {
             return 1;
         }
     }
-    run_process(site, &ledger, process, Some(env), gate, &mut notice)
+    run_process(site, &ledger, process, Some(env), ahead, &mut notice)
 }
 
 /// How often a waiting spare runner catches up with the log.

@@ -396,7 +396,12 @@ fn start_daemon(dir: &Path) -> Daemon {
 }
 
 fn start_daemon_args(dir: &Path, extra: &[&str]) -> Daemon {
-    let mut child = Command::new(FENCELOG)
+    start_daemon_of(Path::new(FENCELOG), dir, extra)
+}
+
+/// `bin serve` on a log at `dir` (with `extra` arguments), once it said it listens.
+fn start_daemon_of(bin: &Path, dir: &Path, extra: &[&str]) -> Daemon {
+    let mut child = Command::new(bin)
         .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -574,21 +579,7 @@ fn start_etcd(dir: &Path) -> Result<(Vec<Etcd>, String), String> {
 }
 
 fn start_daemon_with(bin: &Path, dir: &Path) -> Daemon {
-    let mut child = Command::new(bin)
-        .args(["serve", "--dir", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-    let ready: Value = serde_json::from_str(line.trim()).expect("ready line");
-    let token = std::fs::read_to_string(dir.join("serve.token")).unwrap();
-    Daemon {
-        child,
-        url: format!("http://{}", ready["listening"].as_str().unwrap()),
-        auth: format!("Bearer {}", token.trim()),
-    }
+    start_daemon_of(bin, dir, &[])
 }
 
 /// A log like the one issue 23 measured reads on: 8,000 subjects, then heartbeats

@@ -28,7 +28,7 @@ for l in sys.stdin:
 bench_pid=$!
 daemon=""
 for _ in $(seq 200); do
-  daemon=$(pgrep -f "fencelog serve --dir .*/log " | head -1 || true)
+  daemon=$(pgrep -P "$bench_pid" -f "serve --dir" | head -1 || true)
   [ -n "$daemon" ] && break
   sleep 0.05
 done

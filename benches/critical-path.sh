@@ -18,7 +18,7 @@ set -euo pipefail
 SECONDS_TRACED=${SECONDS_TRACED:-0.6}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-cargo bench --bench serve --no-run 2>/dev/null
+# (Builds the bench if needed, and names its executable.)
 bench=$(cargo bench --bench serve --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:

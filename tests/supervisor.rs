@@ -1112,6 +1112,108 @@ fn a_spare_runner_let_go_exits_having_appended_nothing() {
     assert_eq!(ledger.refresh_with(|p| p.last_seq()).unwrap(), head);
 }
 
+/// The directories spare runners made their files in ahead, in `dir`
+/// (`processes/.spares/PID-TICKS`), by name.
+fn spare_preparations(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir.join("processes/.spares"))
+        .map(|d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The one preparation of spare `pid`, waited for (a spare makes it before it
+/// says it is ready, so this finds it at once).
+fn preparation_of(dir: &Path, pid: u32) -> String {
+    let mine: Vec<String> = spare_preparations(dir).into_iter().filter(|n| n.starts_with(&format!("{pid}-"))).collect();
+    assert_eq!(mine.len(), 1, "spare {pid} made one directory ahead: {:?}", spare_preparations(dir));
+    mine[0].clone()
+}
+
+/// Proves: a ready spare has made its process's files ahead — a private
+/// directory holding an empty `runner.log`, `stdout` and `stderr` — and its run
+/// takes that very directory as `processes/ID/` (the same inodes, so nothing was
+/// created on the way to the answer), writes the command's output there, and
+/// leaves nothing behind in `.spares`.
+#[test]
+fn a_spare_runner_makes_its_process_files_ahead_and_its_run_takes_them() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = ready_spare(&ledger, &dir, &spares);
+    let ahead = dir.join("processes/.spares").join(preparation_of(&dir, spare));
+    let inode = |p: &Path| fs::symlink_metadata(p).unwrap().ino();
+    let made: Vec<(u64, u32)> = ["", "runner.log", "stdout", "stderr"]
+        .iter()
+        .map(|n| {
+            let m = fs::symlink_metadata(ahead.join(n)).unwrap();
+            (m.ino(), m.permissions().mode() & 0o777)
+        })
+        .collect();
+    assert_eq!(made.iter().map(|m| m.1).collect::<Vec<_>>(), [0o700, 0o600, 0o600, 0o600], "private");
+    let v = run_with_spares(&ledger, &dir, &spares, &["/bin/sh", "-c", "echo out; echo err >&2"], &[]);
+    assert_eq!(v.status.as_str(), "succeeded", "{v:?}");
+    assert_eq!(runner_pid(&ledger, v.id), spare, "the spare ran it");
+    let d = dir.join("processes").join(v.id.to_string());
+    let taken: Vec<u64> = ["", "runner.log", "stdout", "stderr"].iter().map(|n| inode(&d.join(n))).collect();
+    assert_eq!(taken, made.iter().map(|m| m.0).collect::<Vec<_>>(), "the files made ahead are the process's");
+    assert_eq!(fs::read_to_string(d.join("stdout")).unwrap(), "out\n");
+    assert_eq!(fs::read_to_string(d.join("stderr")).unwrap(), "err\n");
+    assert!(!ahead.exists(), "nothing left of the spare's directory: {:?}", spare_preparations(&dir));
+}
+
+/// Proves: a spare whose process's directory already exists (left by an earlier
+/// history of the log, with a file where the output goes) does not take it over:
+/// the run makes its files there as a fresh runner does — the file found is set
+/// aside and kept, never overwritten — and the spare removes what it made ahead.
+#[test]
+fn a_spare_runner_whose_process_directory_exists_sets_aside_what_it_finds() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let spare = ready_spare(&ledger, &dir, &spares);
+    let ahead = dir.join("processes/.spares").join(preparation_of(&dir, spare));
+    let next = ledger.refresh_with(|p| p.processes().keys().max().copied()).unwrap().unwrap() + 1;
+    let d = dir.join("processes").join(next.to_string());
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("stdout"), "an earlier history's output\n").unwrap();
+    let v = run_with_spares(&ledger, &dir, &spares, &["/bin/sh", "-c", "echo now"], &[]);
+    assert_eq!((v.id, v.status.as_str()), (next, "succeeded"), "{v:?}");
+    assert_eq!(runner_pid(&ledger, v.id), spare, "the spare ran it");
+    assert_eq!(fs::read_to_string(d.join("stdout")).unwrap(), "now\n");
+    let aside: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("stdout.set-aside-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fs::read_to_string(d.join(&aside[0])).unwrap(), "an earlier history's output\n");
+    assert!(!ahead.exists(), "the spare removed what it made ahead: {:?}", spare_preparations(&dir));
+}
+
+/// Proves: what a spare made ahead does not outlive it. Let go, it removes its
+/// directory as it exits; killed, it cannot, and the next spare to prepare
+/// removes the directories of spares that are gone (and only those).
+#[test]
+fn a_spare_runners_files_made_ahead_do_not_outlive_it() {
+    let (_t, dir) = new_log();
+    let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+    let spares = fencelog::supervisor::Spares::new();
+    let killed = ready_spare(&ledger, &dir, &spares);
+    let left = preparation_of(&dir, killed);
+    kill9(killed);
+    wait_gone(killed);
+    assert_eq!(spare_preparations(&dir), [left], "a killed spare leaves its directory");
+    // The run starts a fresh runner (its spare is gone), and a new spare is
+    // started after it: that one prepares, and removes the killed one's.
+    let next = ready_spare(&ledger, &dir, &spares);
+    assert_eq!(spare_preparations(&dir), [preparation_of(&dir, next)], "only the live spare's is left");
+    drop(spares);
+    wait_gone(next);
+    assert_eq!(spare_preparations(&dir), Vec::<String>::new(), "a spare let go removes its own");
+}
+
 /// The live children of `parent`, from /proc.
 fn children_of(parent: u32) -> Vec<u32> {
     live_processes_where(1, parent)

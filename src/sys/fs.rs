@@ -64,3 +64,15 @@ pub fn map_never_cut(file: &File) -> std::io::Result<memmap2::Mmap> {
     // kernel keeps coherent with the page cache the map shows.
     unsafe { memmap2::Mmap::map(file) }
 }
+
+/// `renameat2(dir, from, dir, to, RENAME_NOREPLACE)`: `from` becomes `to`, both
+/// names relative to the directory `dir`, unless `to` exists (then `EEXIST`, and
+/// nothing moved). Neither name's last component is followed if it is a link.
+pub fn rename_noreplace_in(dir: &File, from: &std::ffi::CStr, to: &std::ffi::CStr) -> std::io::Result<()> {
+    let fd = dir.as_raw_fd();
+    // SAFETY: both names are NUL-terminated and the descriptor is open.
+    match unsafe { libc::renameat2(fd, from.as_ptr(), fd, to.as_ptr(), libc::RENAME_NOREPLACE) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}

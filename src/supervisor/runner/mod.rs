@@ -148,7 +148,7 @@ fn runner_main_from(site: &Site, process: u64, from: Option<crate::ledger::Hande
         }
     };
     let ahead = Ahead::read(&ledger, gate);
-    run_process(site, &ledger, process, None, ahead, &mut StartNotice(false))
+    run_process(site, &ledger, process, Given::default(), ahead, &mut StartNotice(false))
 }
 
 /// What a runner reads of itself and of its gate before it knows its process:
@@ -170,24 +170,36 @@ impl Ahead {
     }
 }
 
-/// A runner's life once its log is open: `env` is the environment for the
-/// command (a spare's assignment), or `None` for this runner's own; `ahead`
-/// holds the gate started for it (closed, the command never started, on every way out
-/// before the start is on record); `notice` is told once the start is settled.
+/// What a spare runner is given, or makes, before its run: none of it for a
+/// fresh runner.
+#[derive(Default)]
+pub(super) struct Given {
+    /// The environment for the command (the spare's assignment); `None`: this
+    /// runner's own.
+    env: Option<Environment>,
+    /// The command's new `stdout` and `stderr` files, made ahead (see
+    /// [`capture::Prepared`]); `None`: they are made once the start is on record.
+    outputs: Option<[std::fs::File; 2]>,
+}
+
+/// A runner's life once its log is open: `given` is what it was given or made
+/// ahead; `ahead` holds the gate started for it (closed, the command never
+/// started, on every way out before the start is on record); `notice` is told
+/// once the start is settled.
 fn run_process(
     site: &Site,
     ledger: &Ledger,
     process: u64,
-    env: Option<Environment>,
+    given: Given,
     ahead: Ahead,
     notice: &mut StartNotice,
 ) -> i32 {
     let dir = site.dir.as_path();
-    let (p, secrets, gate) = match start_on_record(dir, ledger, process, env.as_ref(), ahead, notice) {
+    let (p, secrets, gate) = match start_on_record(dir, ledger, process, given.env.as_ref(), ahead, notice) {
         Ok(started) => started,
         Err(code) => return code,
     };
-    let exit = run_started(dir, ledger, process, &p, env, secrets, gate);
+    let exit = run_started(dir, ledger, process, &p, given, secrets, gate);
     record_exit(site, ledger, process, exit);
     0
 }
@@ -331,7 +343,8 @@ fn record_start(ledger: &Ledger, process: u64, ahead: Ahead, notice: &mut StartN
 }
 
 /// The command's run, its start on record: the gate becomes the command (with
-/// `env`, or this runner's own environment), its output is captured, its timeout
+/// `given.env`, or this runner's own environment), its output is captured (to
+/// `given.outputs`, or to files made now), its timeout
 /// enforced, and what it left in its group stopped. Returns how it ended, for
 /// the terminal record.
 fn run_started(
@@ -339,10 +352,11 @@ fn run_started(
     ledger: &Ledger,
     process: u64,
     p: &Process,
-    env: Option<Environment>,
+    given: Given,
     secrets: Vec<Secret>,
     gate: Gate,
 ) -> Exit {
+    let Given { env, outputs } = given;
     let pid = gate.pid;
     // Started on record: the gate becomes the command. If the exec fails, the gate
     // says why on the command's stderr and exits 127, as a shell would: the command
@@ -350,7 +364,11 @@ fn run_started(
     let env = env.unwrap_or_else(|| std::env::vars_os().collect());
     let (mut child, [out_pipe, err_pipe], exec_status) = gate.open(&gate_spec(&p.command, &env));
     let t0 = Instant::now();
-    let [out_file, err_file] = match open_outputs(dir, process) {
+    let made = match outputs {
+        Some([out, err]) => Ok([Some(out), Some(err)]),
+        None => open_outputs(dir, process),
+    };
+    let [out_file, err_file] = match made {
         Ok(o) => o,
         Err(e) => {
             // Started on record: the command must still run and end on record; its

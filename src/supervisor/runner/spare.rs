@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::model::{EndCode, Event, ProcessEnd, Txn};
 
-use super::capture::private_process_dir;
+use super::capture::{Prepared, private_process_dir};
 use super::start::{open_runner_log, runner_environment, spawn_runner, start_runner};
-use super::{Ahead, Environment, Gate, Site, end_unstarted, null_onto, run_process};
+use super::{Ahead, Environment, Gate, Given, Site, end_unstarted, null_onto, run_process};
 
 /// Most bytes of a spare runner's assignment (the process id, then the command's
 /// whole environment as `NAME=VALUE\0` entries).
@@ -190,6 +190,9 @@ pub fn spare_main(site: &Site) -> i32 {
         Err(_) => return 1,
     };
     let ahead = Ahead::read(&ledger, gate);
+    // Without them (a directory it cannot write, say), the run makes its files
+    // as a fresh runner's does, and says why if it cannot.
+    let prepared = Prepared::make(dir).ok();
     // Fd 0 is the channel this runner was started with (StartNotice replaces it).
     let mut chan = crate::sys::fd::inherited(0);
     let _ = chan.write_all(&[SPARE_READY]);
@@ -202,29 +205,36 @@ pub fn spare_main(site: &Site) -> i32 {
             }
             Ok(true) => break,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return 1,
+            Err(_) => {
+                if let Some(p) = prepared {
+                    p.discard(dir);
+                }
+                return 1;
+            }
         }
     }
-    let mut header = [0u8; 16];
-    if chan.read_exact(&mut header).is_err() {
-        return 0; // the caller is gone before it had anything for this runner
-    }
-    let process = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
-    let len = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
-    if len > ASSIGNMENT_BYTES_MAX as u64 {
-        return 2;
-    }
-    let mut entries = vec![0u8; len as usize];
-    if chan.read_exact(&mut entries).is_err() {
-        return 2; // a caller that died while it was sending
-    }
-    let Some(env) = parse_environment(&entries) else {
-        return 2;
+    let (process, env) = match read_assignment(&mut *chan) {
+        Ok(assigned) => assigned,
+        Err(code) => {
+            if let Some(p) = prepared {
+                p.discard(dir);
+            }
+            return code;
+        }
     };
     let mut notice = StartNotice(true);
     // From here on its diagnostics go where a fresh runner's go: runner.log. A
     // runner that cannot have one is a runner that could not be started.
-    match private_process_dir(dir, process).and_then(|d| open_runner_log(&d)) {
+    let (log, outputs) = match prepared.map(|p| p.adopt(process)) {
+        Some(Ok((log, outputs))) => (Ok(log), Some(outputs)),
+        adopted => {
+            if let Some(Err(p)) = adopted {
+                p.discard(dir);
+            }
+            (private_process_dir(dir, process).and_then(|d| open_runner_log(&d)), None)
+        }
+    };
+    match log {
         Ok(log) => {
             crate::sys::fd::dup_onto(log.as_raw_fd(), 2);
         }
@@ -234,7 +244,25 @@ pub fn spare_main(site: &Site) -> i32 {
             return 1;
         }
     }
-    run_process(site, &ledger, process, Some(env), ahead, &mut notice)
+    run_process(site, &ledger, process, Given { env: Some(env), outputs }, ahead, &mut notice)
+}
+
+/// A spare runner's assignment from its channel: the process and its command's
+/// environment; or the runner's exit code: 0 if the channel ends before one
+/// begins (the caller is gone before it had anything for this runner), 2 if it
+/// ends within one (a caller that died while it was sending) or what came is
+/// not an assignment.
+fn read_assignment(chan: &mut impl Read) -> Result<(u64, Environment), i32> {
+    let mut header = [0u8; 16];
+    chan.read_exact(&mut header).map_err(|_| 0)?;
+    let process = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+    if len > ASSIGNMENT_BYTES_MAX as u64 {
+        return Err(2);
+    }
+    let mut entries = vec![0u8; len as usize];
+    chan.read_exact(&mut entries).map_err(|_| 2)?;
+    Ok((process, parse_environment(&entries).ok_or(2)?))
 }
 
 /// How often a waiting spare runner catches up with the log.

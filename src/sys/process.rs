@@ -21,6 +21,19 @@ pub fn waitpid(pid: libc::pid_t, flags: libc::c_int) -> std::io::Result<Option<l
     }
 }
 
+/// `pidfd_open(pid)`: a descriptor of process `pid` that `poll` reports readable
+/// once the process has ended (Linux ≥ 5.3; `ENOSYS` before).
+pub fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the system call takes numbers only.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor (close-on-exec), owned by no one else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// Become the command (a gate's last act): SIGPIPE and glibc's two internal
 /// signals back to their defaults, `chdir(cwd)`, `execvpe(exe, argv, env)`.
 /// Returns only if that failed, with why.

@@ -52,6 +52,10 @@ impl Spawned {
         }
     }
 
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub(super) fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         self.wait_flags(libc::WNOHANG)
     }

@@ -12,23 +12,40 @@ use super::gate::Spawned;
 /// Wait for the command; after `timeout_ms` (0: none) stop its process group:
 /// TERM, then KILL after a grace. Returns the exit status (`None` if waiting
 /// failed) and whether it timed out.
+///
+/// Under a timeout the command's end is waited for on its pidfd (`poll` with
+/// the time left): it is seen the moment it comes. Without pidfds (Linux before
+/// 5.3) it is looked for after naps of 1 ms, doubling up to 20 ms: up to 20 ms
+/// late, which the pidfd spares every run with a timeout (`docs/BENCHMARKS.md`).
 pub(super) fn wait_with_timeout(child: &mut Spawned, timeout_ms: u64, pgid: u32) -> (Option<ExitStatus>, bool) {
+    use std::os::fd::AsRawFd;
     if timeout_ms == 0 {
         return (child.wait().ok(), false);
     }
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    let ended = crate::sys::process::pidfd_open(child.pid()).ok();
     let poll = |child: &mut Spawned, until: Instant| -> Option<ExitStatus> {
         let mut nap = Duration::from_millis(1);
         loop {
-            if let Ok(Some(s)) = child.try_wait() {
+            let waited = child.try_wait();
+            if let Ok(Some(s)) = waited {
                 return Some(s);
             }
             let now = Instant::now();
             if now >= until {
                 return None;
             }
-            std::thread::sleep(nap.min(until - now));
-            nap = (nap * 2).min(Duration::from_millis(20));
+            match (&ended, waited) {
+                (Some(fd), Ok(None)) => {
+                    crate::sys::fd::ppoll_ready(fd.as_raw_fd(), until - now);
+                }
+                // (A wait that failed is not retried in a spin on a pidfd that
+                // says the command ended.)
+                _ => {
+                    std::thread::sleep(nap.min(until - now));
+                    nap = (nap * 2).min(Duration::from_millis(20));
+                }
+            }
         }
     };
     if let Some(s) = poll(child, deadline) {

@@ -367,6 +367,26 @@ fn a_timeout_kills_the_whole_process_group_and_leaves_no_orphan() {
     }
 }
 
+/// Proves: a command that ends on its own before its timeout (waited for on its
+/// pidfd) is recorded with its own exit — its code, not timed out — and one
+/// that ends through TERM within the grace is recorded as timed out by that
+/// signal.
+#[test]
+fn a_command_ending_before_its_timeout_keeps_its_own_exit_and_a_term_ends_one_that_does_not() {
+    let (_t, dir) = new_log();
+    let (code, v) = run(&dir, &["--timeout-ms", "60000"], &["sh", "-c", "sleep 0.2; echo done; exit 4"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(
+        (v["status"].as_str(), v["exit_code"].as_i64(), v["timed_out"].as_bool(), v["stdout_tail"].as_str()),
+        (Some("failed"), Some(4), Some(false), Some("done\n")),
+        "{v}"
+    );
+    let (code, v) = run(&dir, &["--timeout-ms", "200"], &["sleep", "30"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["status"].as_str(), v["timed_out"].as_bool()), (Some("timed_out"), Some(true)), "{v}");
+    assert_eq!(v["signal"], libc::SIGTERM, "{v}");
+}
+
 /// Proves: output beyond --output-bytes-max is counted but not kept (truncated),
 /// the digest covers exactly what was kept, and the tail is the last bytes seen.
 #[test]
@@ -386,6 +406,35 @@ fn output_is_bounded_with_a_truncated_flag_a_digest_of_what_was_kept_and_a_tail(
     assert_eq!(logs.stdout, vec![0u8; 1000]);
     let (code, big) = run(&dir, &["--output-bytes-max", &(65u64 << 20).to_string()], &["true"]);
     assert_eq!((code, code_of(&big)), (2, "INVALID_INPUT"));
+}
+
+/// Proves: both streams are read as they come, never one to its end before the
+/// other: a command that fills its stderr pipe (200 KB, several times a pipe's
+/// buffer) before it writes a byte of stdout, then writes 200 KB there, runs to
+/// its end, and each stream's record counts, keeps and digests its bytes
+/// exactly — the interleaving too (a command alternating between them).
+#[test]
+fn both_output_streams_are_read_as_they_come_and_kept_exactly() {
+    let (_t, dir) = new_log();
+    let script = "head -c 200000 /dev/zero | tr '\\0' e >&2; head -c 200000 /dev/zero | tr '\\0' o; \
+                  for i in 1 2 3 4 5 6 7 8; do head -c 30000 /dev/zero | tr '\\0' x; \
+                  head -c 30000 /dev/zero | tr '\\0' y >&2; done";
+    let (code, v) = run(&dir, &[], &["sh", "-c", script]);
+    assert_eq!((code, v["status"].as_str()), (0, Some("succeeded")), "{v}");
+    let want_out: Vec<u8> = [vec![b'o'; 200_000], vec![b'x'; 240_000]].concat();
+    let want_err: Vec<u8> = [vec![b'e'; 200_000], vec![b'y'; 240_000]].concat();
+    for (name, want) in [("stdout", &want_out), ("stderr", &want_err)] {
+        let c = &v[name];
+        assert_eq!(
+            (c["bytes_seen"].as_u64(), c["bytes_kept"].as_u64(), c["truncated"].as_bool()),
+            (Some(want.len() as u64), Some(want.len() as u64), Some(false)),
+            "{name}: {v}"
+        );
+        assert_eq!(c["kept_blake3"], blake3::hash(want).to_hex().as_str(), "{name}");
+        let (code, kept, _) = logs(&dir, 1, name);
+        assert_eq!((code, kept.len()), (0, want.len()), "{name}");
+        assert!(kept == *want, "{name}: the file holds exactly the bytes seen");
+    }
 }
 
 /// Proves: an owner whose generation was fenced cannot cancel (FENCED, exit 3,

@@ -60,19 +60,40 @@ const SPARES_DIR: &str = ".spares";
 /// ahead, none of them is on the way to the run's answer; a rename allocates
 /// nothing.
 ///
-/// If the spare then finds its process started by another runner (one started
-/// beside it by its caller's watch), the empty `stdout` and `stderr` stay: that
-/// runner sets them aside as it makes its own, as it does with any file found
-/// there. A spare that ends without a run removes its directory; one killed
-/// leaves it, and the next spare to prepare removes every one whose runner is
-/// gone ([`remove_stale_preparations`]).
+/// The directory is taken over before the process's start is judged: if the
+/// process is then not started by this spare (taken by a runner started beside
+/// it by its caller's watch, its executable changed, …), the empty `stdout` and
+/// `stderr` stay in `processes/ID/` — never read, as nothing of an unstarted
+/// process's output is; a runner that starts it sets them aside as it makes its
+/// own, as it does with any file found there.
+///
+/// The spare holds an exclusive `flock` on its directory while it lives. A spare
+/// that ends without a run removes its directory; one killed leaves it, and the
+/// next spare to prepare removes every directory in `.spares` that no one holds
+/// ([`remove_stale_preparations`]) — whatever its name, and whichever
+/// pid namespace its spare lived in, since a live spare's lock is what keeps it.
 pub(super) struct Prepared {
     /// `DIR/processes/`, opened as a directory (never through a link): both names
     /// of the rename are relative to it.
     processes: File,
     name: String,
+    /// The directory made, opened and locked (`flock`, exclusive) for as long as
+    /// this spare holds it.
+    _held: File,
     runner_log: File,
     outputs: [File; 2],
+}
+
+/// A directory at `path`, opened (never through a link) and locked (`flock`,
+/// exclusive, without waiting): `None` if it is not a directory, or someone holds it.
+fn hold_dir(path: &Path) -> Option<File> {
+    let d = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    fs4::FileExt::try_lock(&d).ok()?;
+    Some(d)
 }
 
 impl Prepared {
@@ -90,13 +111,17 @@ impl Prepared {
         let d = spares.join(&name);
         std::fs::DirBuilder::new().mode(0o700).create(&d)?;
         let made = (|| {
+            // Locked before anything is made in it: another spare's cleanup that
+            // took the lock first removes it, and then this one fails to make its
+            // files (`ENOENT`) and prepares nothing.
+            let held = hold_dir(&d).ok_or_else(|| std::io::Error::other(format!("{} is held", d.display())))?;
             let processes = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&parent)?;
             let runner_log = super::start::open_runner_log(&d)?;
             let outputs = [new_private_file(&d, "stdout")?, new_private_file(&d, "stderr")?];
-            Ok(Prepared { processes, name: name.clone(), runner_log, outputs })
+            Ok(Prepared { processes, name: name.clone(), _held: held, runner_log, outputs })
         })();
         if made.is_err() {
             let _ = std::fs::remove_dir_all(&d);
@@ -121,22 +146,21 @@ impl Prepared {
     /// directory exists).
     pub(super) fn discard(self, dir: &Path) {
         let d = dir.join(crate::supervisor::PROCESS_DIR).join(SPARES_DIR).join(&self.name);
-        drop(self);
+        // Removed while still held.
         let _ = std::fs::remove_dir_all(d);
     }
 }
 
-/// Remove the preparations in `spares` whose runner is gone (no process with
-/// that pid and start time): those of spares killed while they waited.
+/// Remove the directories in `spares` that no spare holds (see [`Prepared`]):
+/// those of spares killed while they waited. Anything there that is not a
+/// directory (a link included) is left alone.
 fn remove_stale_preparations(spares: &Path) {
     for e in std::fs::read_dir(spares).into_iter().flatten().filter_map(|e| e.ok()) {
-        let name = e.file_name();
-        let Some((pid, ticks)) = name.to_str().and_then(|n| n.split_once('-')) else { continue };
-        let (Ok(pid), Ok(ticks)) = (pid.parse::<u32>(), ticks.parse::<u64>()) else { continue };
-        if crate::ledger::identity::start_ticks(pid) != Some(ticks) {
-            // `remove_dir_all` follows no link: a link planted here is removed,
-            // never what it points to.
+        if let Some(held) = hold_dir(&e.path()) {
+            // Removed while this holds it, so no spare can take it meanwhile;
+            // `remove_dir_all` follows no link inside it.
             let _ = std::fs::remove_dir_all(e.path());
+            drop(held);
         }
     }
 }

@@ -191,8 +191,11 @@ pub fn spare_main(site: &Site) -> i32 {
     };
     let ahead = Ahead::read(&ledger, gate);
     // Without them (a directory it cannot write, say), the run makes its files
-    // as a fresh runner's does, and says why if it cannot.
-    let prepared = Prepared::make(dir).ok();
+    // as a fresh runner's does; why is said in its runner.log.
+    let (prepared, unprepared) = match Prepared::make(dir) {
+        Ok(p) => (Some(p), None),
+        Err(e) => (None, Some(e)),
+    };
     // Fd 0 is the channel this runner was started with (StartNotice replaces it).
     let mut chan = crate::sys::fd::inherited(0);
     let _ = chan.write_all(&[SPARE_READY]);
@@ -237,6 +240,9 @@ pub fn spare_main(site: &Site) -> i32 {
     match log {
         Ok(log) => {
             crate::sys::fd::dup_onto(log.as_raw_fd(), 2);
+            if let Some(e) = unprepared {
+                super::say(process, format!("no files were made ahead for the run: {e}"));
+            }
         }
         Err(e) => {
             end_unstarted(&ledger, process, EndCode::SpawnFailed, &format!("cannot start a runner: {e}"));

@@ -23,13 +23,19 @@ pub(super) fn wait_with_timeout(child: &mut Spawned, timeout_ms: u64, pgid: u32)
         return (child.wait().ok(), false);
     }
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    let ended = crate::sys::process::pidfd_open(child.pid()).ok();
-    let poll = |child: &mut Spawned, until: Instant| -> Option<ExitStatus> {
+    let mut ended = crate::sys::process::pidfd_open(child.pid()).ok();
+    let mut poll = |child: &mut Spawned, until: Instant| -> Option<ExitStatus> {
         let mut nap = Duration::from_millis(1);
+        let mut said_ended = false;
         loop {
             let waited = child.try_wait();
             if let Ok(Some(s)) = waited {
                 return Some(s);
+            }
+            if said_ended {
+                // The pidfd says the command ended, yet it cannot be reaped yet
+                // (a tracer holds it): naps from here on, never a spin.
+                ended = None;
             }
             let now = Instant::now();
             if now >= until {
@@ -37,7 +43,7 @@ pub(super) fn wait_with_timeout(child: &mut Spawned, timeout_ms: u64, pgid: u32)
             }
             match (&ended, waited) {
                 (Some(fd), Ok(None)) => {
-                    crate::sys::fd::ppoll_ready(fd.as_raw_fd(), until - now);
+                    said_ended = crate::sys::fd::ppoll_ready(fd.as_raw_fd(), until - now);
                 }
                 // (A wait that failed is not retried in a spin on a pidfd that
                 // says the command ended.)

@@ -19,11 +19,8 @@ SECONDS_TRACED=${SECONDS_TRACED:-0.6}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # (Builds the bench if needed, and names its executable.)
-bench=$(cargo bench --bench serve --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="serve" and m.get("executable"): print(m["executable"])')
+. "$(dirname "$0")/bench-exe.sh"
+bench=$(bench_exe serve)
 "$bench" --bench --quick --json --clients 1 --no-etcd >"$out/bench.json" 2>/dev/null &
 bench_pid=$!
 daemon=""

@@ -15,11 +15,8 @@ SECONDS_TRACED=${SECONDS_TRACED:-1.0}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # (Builds the bench if needed, and names its executable.)
-bench=$(cargo bench --bench supervise --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="supervise" and m.get("executable"): print(m["executable"])')
+. "$(dirname "$0")/bench-exe.sh"
+bench=$(bench_exe supervise)
 "$bench" --bench --quick --json >"$out/bench.json" 2>/dev/null &
 bench_pid=$!
 # Past the raw syncs and the direct spawns of the first round.

@@ -55,7 +55,7 @@ const SPARES_DIR: &str = ".spares";
 /// holding an empty `runner.log`, `stdout` and `stderr` (0600). Given its process,
 /// the spare renames that directory to `DIR/processes/ID/`, never over one that
 /// exists ([`Prepared::adopt`]). A directory and three files are four inode
-/// allocations, and on some file systems each takes 0.5–0.8 ms (ext4 without a
+/// allocations, and on some file systems each takes 0.4–0.9 ms (ext4 without a
 /// journal scans the group's recently deleted inodes for one it may reuse): made
 /// ahead, none of them is on the way to the run's answer; a rename allocates
 /// nothing.

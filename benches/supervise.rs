@@ -85,10 +85,6 @@ fn request() -> RunRequest {
     }
 }
 
-fn run_once(ledger: &Ledger, dir: &Path, exe: &Path, spares: Option<&Spares>) -> f64 {
-    run_with(ledger, dir, exe, spares)
-}
-
 /// How long a sample waits for the spare runner to be ready (its log open).
 const SPARE_READY_WAIT: Duration = Duration::from_secs(10);
 
@@ -221,18 +217,18 @@ fn main() {
     let (mut direct, mut through, mut fresh, mut fresh_big, mut sync) = (vec![], vec![], vec![], vec![], vec![]);
     let mut cli = vec![];
     for _ in 0..10 {
-        run_once(&ledger, &dir, exe, None);
-        run_once(&big, &big_dir, exe, None);
-        run_once(&ledger, &dir, exe, Some(&spares));
+        run_with(&ledger, &dir, exe, None);
+        run_with(&big, &big_dir, exe, None);
+        run_with(&ledger, &dir, exe, Some(&spares));
         cli_once_of(exe, &dir);
     }
     for _ in 0..samples {
         ready(&spares);
         direct.push(direct_once());
-        through.push(run_once(&ledger, &dir, exe, Some(&spares)));
+        through.push(run_with(&ledger, &dir, exe, Some(&spares)));
         ready(&spares);
-        fresh.push(run_once(&ledger, &dir, exe, None));
-        fresh_big.push(run_once(&big, &big_dir, exe, None));
+        fresh.push(run_with(&ledger, &dir, exe, None));
+        fresh_big.push(run_with(&big, &big_dir, exe, None));
         cli.push(cli_once_of(exe, &dir));
         sync.push(fdatasync_once(&mut raw));
     }
@@ -265,7 +261,7 @@ fn main() {
             std::thread::spawn(move || {
                 let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
                 while start.elapsed() < run_for {
-                    run_once(&l, &dir, &exe, Some(&spares));
+                    run_with(&l, &dir, &exe, Some(&spares));
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             })

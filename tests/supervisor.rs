@@ -1258,8 +1258,8 @@ fn a_spare_runners_files_made_ahead_do_not_outlive_it() {
     kill9(killed);
     wait_gone(killed);
     assert_eq!(spare_preparations(&dir), [left], "a killed spare leaves its directory");
-    // Beside it: a directory held by someone alive (named for a pid that is
-    // not this namespace's), an unheld one of another name, and a file.
+    // Beside it: a directory held by someone alive (its name no spare's here:
+    // only the lock keeps it), an unheld one of another name, and a file.
     let spares_dir = dir.join("processes/.spares");
     fs::create_dir(spares_dir.join("4000000-1")).unwrap();
     let held = fs::File::open(spares_dir.join("4000000-1")).unwrap();

@@ -130,19 +130,33 @@ fn read(path: &Path, keep: bool) -> Result<(SnapshotMeta, Option<Vec<u8>>), Stri
         return Err(format!("the header says {body_len} body bytes but the file holds {}", len - HEADER_BYTES as u64));
     }
     let (mut crc_state, mut digest) = (crc32fast::Hasher::new(), blake3::Hasher::new());
-    let mut kept = keep.then(|| Vec::with_capacity(body_len as usize));
-    let mut chunk = vec![0u8; (1 << 20).min(body_len as usize)];
-    let mut at = HEADER_BYTES as u64;
-    while at < len {
-        let n = chunk.len().min((len - at) as usize);
-        f.read_exact_at(&mut chunk[..n], at).map_err(|e| e.to_string())?;
-        crc_state.update(&chunk[..n]);
-        digest.update(&chunk[..n]);
-        if let Some(k) = kept.as_mut() {
-            k.extend_from_slice(&chunk[..n]);
+    let kept = if keep {
+        // Kept: read straight into the body's own buffer, not through a zeroed
+        // chunk copied over: each is memory a short-lived runner touches for the
+        // first time, a page fault per 4 KiB.
+        use std::io::{Read, Seek, SeekFrom};
+        let mut body = Vec::with_capacity(body_len as usize);
+        let mut r = &f;
+        r.seek(SeekFrom::Start(HEADER_BYTES as u64)).map_err(|e| e.to_string())?;
+        r.take(body_len).read_to_end(&mut body).map_err(|e| e.to_string())?;
+        if body.len() as u64 != body_len {
+            return Err(format!("{} body bytes read of the {body_len} its header says", body.len()));
         }
-        at += n as u64;
-    }
+        crc_state.update(&body);
+        digest.update(&body);
+        Some(body)
+    } else {
+        let mut chunk = vec![0u8; (1 << 20).min(body_len as usize)];
+        let mut at = HEADER_BYTES as u64;
+        while at < len {
+            let n = chunk.len().min((len - at) as usize);
+            f.read_exact_at(&mut chunk[..n], at).map_err(|e| e.to_string())?;
+            crc_state.update(&chunk[..n]);
+            digest.update(&chunk[..n]);
+            at += n as u64;
+        }
+        None
+    };
     if crc_state.finalize() != crc {
         return Err("checksum mismatch".into());
     }

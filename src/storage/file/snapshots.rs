@@ -201,13 +201,23 @@ fn file_name(seq: u64) -> String {
 
 /// The newest snapshot files (at most [`SNAPSHOTS_KEPT`]) that pass their own
 /// checks, newest first, with a warning for each one skipped. Older files are not
-/// read at all (they are pruned on every write).
+/// read at all (they are pruned on every write). A file listed and gone when it
+/// is read was pruned meanwhile by a writer that wrote a newer one: not damaged,
+/// and no warning.
 pub fn newest(dir: &Path) -> (Vec<SnapshotMeta>, Vec<String>) {
+    newest_of(list(&dir.join(SNAPSHOT_DIR)))
+}
+
+/// [`newest`] of the files `listed` (oldest first), read one by one after.
+fn newest_of(listed: Vec<(u64, PathBuf)>) -> (Vec<SnapshotMeta>, Vec<String>) {
     let mut warnings = Vec::new();
     let mut metas = Vec::new();
-    for (_, path) in list(&dir.join(SNAPSHOT_DIR)).into_iter().rev().take(SNAPSHOTS_KEPT) {
+    for (_, path) in listed.into_iter().rev().take(SNAPSHOTS_KEPT) {
         match peek(&path) {
             Ok(m) => metas.push(m),
+            Err(_) if fs::symlink_metadata(&path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) => {
+                tracing::debug!(snapshot = %path.display(), "snapshot pruned by another writer as it was read");
+            }
             Err(e) => {
                 tracing::warn!(snapshot = %path.display(), error = %e, "damaged snapshot ignored");
                 warnings.push(format!("{}: {e}; ignored", path.display()));
@@ -220,4 +230,28 @@ pub fn newest(dir: &Path) -> (Vec<SnapshotMeta>, Vec<String>) {
 /// Snapshot files in `dir`, oldest first (for the inspector).
 pub fn list_files(dir: &Path) -> Vec<PathBuf> {
     list(&dir.join(SNAPSHOT_DIR)).into_iter().map(|(_, p)| p).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file listed and gone when read (pruned by a writer of a newer one) is
+    /// skipped without a warning; a damaged one still warns.
+    #[test]
+    fn a_snapshot_pruned_between_its_listing_and_its_read_is_no_warning() {
+        let d = tempfile::tempdir().unwrap();
+        let good = write(d.path(), 7, &[1; 32], b"state").unwrap();
+        let sdir = d.path().join(SNAPSHOT_DIR);
+        let damaged = sdir.join(file_name(5));
+        fs::write(&damaged, b"not a snapshot").unwrap();
+        let gone = sdir.join(file_name(6));
+        let (metas, warnings) = newest_of(vec![(6, gone), (7, sdir.join(file_name(7)))]);
+        assert_eq!(metas.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![good.seq]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let (metas, warnings) = newest_of(vec![(5, damaged), (7, sdir.join(file_name(7)))]);
+        assert_eq!(metas.len(), 1);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("not a snapshot"), "{warnings:?}");
+    }
 }

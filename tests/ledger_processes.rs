@@ -594,8 +594,8 @@ fn request_status_finds_ids_older_than_the_projection_remembers() {
 }
 
 /// Proves: `snapshot_if_tail_exceeds` writes a snapshot only where this
-/// ledger's own open replayed at least the bound and at least as many records
-/// as the state has entries, and only if no writer has written a newer snapshot
+/// ledger's own open replayed at least the bound and enough records for the
+/// state's entries (a quarter of them: the next test), and only if no writer has written a newer snapshot
 /// since it opened; the next open starts from it.
 #[test]
 fn a_snapshot_after_a_long_replay_is_written_once_and_only_if_none_is_newer() {
@@ -617,7 +617,7 @@ fn a_snapshot_after_a_long_replay_is_written_once_and_only_if_none_is_newer() {
     let c = Ledger::open(d.path(), opts.clone()).unwrap();
     assert_eq!((c.open_report().snapshot_seq, c.open_report().replayed_records), (Some(30), 1));
     // One record replayed (the checkpoint), 30 entries: not worth a snapshot.
-    assert_eq!(c.snapshot_if_tail_exceeds(1).unwrap(), None, "a tail shorter than the state");
+    assert_eq!(c.snapshot_if_tail_exceeds(1).unwrap(), None, "a tail of under a quarter of the state");
     for _ in 0..40 {
         let beat = Event::Heartbeat { subject: "s/0".into(), generation: 1 };
         c.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![beat.clone()]))).unwrap();
@@ -630,6 +630,42 @@ fn a_snapshot_after_a_long_replay_is_written_once_and_only_if_none_is_newer() {
     drop(e);
     let f = Ledger::open(d.path(), opts).unwrap();
     assert_eq!((f.open_report().snapshot_seq, f.open_report().replayed_records), (Some(71), 1));
+}
+
+/// Proves: a short-lived writer's snapshot is worth writing from a tail of a
+/// quarter of the state's entries (`STATE_ENTRIES_PER_TAIL_RECORD_MAX`), not
+/// only from a tail as long as the state: 40 subjects, then a tail of 9 records
+/// (36 < 40) leaves none, and a tail of 10 (40) leaves one.
+#[test]
+fn a_tail_of_a_quarter_of_the_states_entries_is_worth_a_snapshot() {
+    let per_record = fencelog::ledger::snapshot::STATE_ENTRIES_PER_TAIL_RECORD_MAX;
+    assert_eq!(per_record, 4, "the figures below are for four entries per record");
+    let d = tempfile::tempdir().unwrap();
+    let opts = LedgerOptions::default();
+    let beat = |l: &Ledger| {
+        let e = Event::Heartbeat { subject: "s/0".into(), generation: 1 };
+        l.submit(None, |_, now_ms, writer| Ok(Txn::new(now_ms, writer, vec![e.clone()]))).unwrap();
+    };
+    let l = Ledger::open(d.path(), opts.clone()).unwrap();
+    for i in 0..40 {
+        l.submit(None, claim_txn(format!("s/{i}"))).unwrap();
+    }
+    l.snapshot_now().unwrap(); // covers seq 40; its checkpoint is 41
+    for _ in 0..8 {
+        beat(&l);
+    }
+    drop(l);
+    let a = Ledger::open(d.path(), opts.clone()).unwrap();
+    assert_eq!((a.open_report().snapshot_seq, a.open_report().replayed_records), (Some(40), 9));
+    assert_eq!(a.snapshot_if_tail_exceeds(1).unwrap(), None, "9 records, 40 entries: 36 < 40");
+    beat(&a);
+    drop(a);
+    let b = Ledger::open(d.path(), opts.clone()).unwrap();
+    assert_eq!(b.open_report().replayed_records, 10);
+    assert!(b.snapshot_if_tail_exceeds(1).unwrap().is_some(), "10 records, 40 entries");
+    drop(b);
+    let c = Ledger::open(d.path(), opts).unwrap();
+    assert_eq!((c.open_report().snapshot_seq, c.open_report().replayed_records), (Some(50), 1));
 }
 
 /// Proves: a ledger opened from a state handed over (`hand_over`, as a forked

@@ -1822,20 +1822,23 @@ fn a_runner_that_replayed_a_long_tail_leaves_a_snapshot_for_the_next_open() {
     assert_eq!(snapshot_and_tail(&dir), (Some(ended), 4), "a short tail again: no new snapshot");
 }
 
-/// Proves: a runner leaves no snapshot after a tail shorter than the state has
-/// entries, however long the tail: a snapshot would be larger to read than the
-/// tail it saves (a state of 1,500 subjects, snapshotted, then 1,100 records).
+/// Proves: a runner leaves no snapshot after a tail of fewer records than a
+/// quarter of the state's entries (`STATE_ENTRIES_PER_TAIL_RECORD_MAX`),
+/// however far past `TAIL_RECORDS_SNAPSHOT_MIN`: writing a snapshot costs in
+/// proportion to the state, more than that tail saves (a state of 1,308
+/// subjects, snapshotted, then 300 records).
 #[test]
-fn a_runner_leaves_no_snapshot_after_a_tail_shorter_than_the_state() {
+fn a_runner_leaves_no_snapshot_after_a_tail_short_for_the_state() {
     let (_t, dir) = new_log();
-    let subjects = 1_500;
+    let beats = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN + 100;
+    // The runner replays the checkpoint, the beats and its intent.
+    let subjects = fencelog::ledger::snapshot::STATE_ENTRIES_PER_TAIL_RECORD_MAX * (beats + 2) + 100;
     let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     submit_each(&l, (0..subjects).map(|i| claim_of(&l, &format!("s/{i}"))));
     l.close().unwrap();
     let (snapshot, _) = snapshot_and_tail(&dir);
     let snapshot = snapshot.expect("close writes one");
     let l = Ledger::open(&dir, LedgerOptions::default()).unwrap();
-    let beats = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN + 100;
     submit_each(&l, (0..beats).map(|_| beat("s/0")));
     drop(l);
     let (code, v) = run(&dir, &[], &["/bin/true"]);

@@ -71,6 +71,14 @@ pub fn describe(seq: u64, chain_head: &ChainLink) -> String {
     format!("sequence {seq}, chain head {}", hex(chain_head))
 }
 
+/// The most entries the state may hold per record of the tail for a short-lived
+/// writer to snapshot it ([`Ledger::snapshot_if_tail_exceeds`]): four. A
+/// replayed record (decoded, checked, chained, applied) costs a few times what an
+/// entry of a snapshot costs to decode, and a snapshot is written once for every
+/// open that then decodes it instead of the tail (measured in docs/BENCHMARKS.md,
+/// "The tail a short-lived writer leaves").
+pub const STATE_ENTRIES_PER_TAIL_RECORD_MAX: u64 = 4;
+
 impl Ledger {
     /// Start writing a snapshot of the durable state on a thread of its own, if one
     /// is due (`LedgerOptions::snapshot_every_records`, `snapshot_every_bytes`) and
@@ -143,18 +151,20 @@ impl Ledger {
 
     /// Write a snapshot now (as [`Ledger::snapshot_now`]) if this ledger's open
     /// replayed at least `min_records` records after the newest snapshot it
-    /// started from — and at least as many as the state has entries (a snapshot
-    /// larger than the tail it saves is not worth writing) — and no newer
-    /// snapshot has been written since (by anyone: the log's newest is still the
-    /// one it started from, or there is none). The next open then decodes that
-    /// snapshot instead of replaying the tail. For a short-lived writer whose
+    /// started from — and at least a [`STATE_ENTRIES_PER_TAIL_RECORD_MAX`]th of
+    /// the state's entries (writing a snapshot costs in proportion to the state:
+    /// it must be paid back by the tail each later open no longer replays) — and
+    /// no newer snapshot has been written since (by anyone: the log's newest is
+    /// still the one it started from, or there is none). The next open then
+    /// decodes that snapshot instead of replaying the tail. For a short-lived writer whose
     /// work is done (a runner, its exit on record and its caller told): without
     /// it, a log written only by short-lived processes is snapshotted every
     /// `snapshot_every_records` records, and every open before that replays up to
     /// as many. Returns where the snapshot is, if one was written.
     pub fn snapshot_if_tail_exceeds(&self, min_records: u64) -> Result<Option<String>, LedgerError> {
         let (opened_from, replayed) = (self.report.snapshot_seq, self.report.replayed_records);
-        if replayed < min_records || replayed < self.settled()?.projection.entries() {
+        let entries = self.settled()?.projection.entries();
+        if replayed < min_records || replayed.saturating_mul(STATE_ENTRIES_PER_TAIL_RECORD_MAX) < entries {
             return Ok(None);
         }
         let (newest, _) = self.backend.newest_snapshots();

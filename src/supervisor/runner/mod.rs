@@ -56,13 +56,16 @@ pub const TERM_TO_KILL_GRACE_MS: u64 = 1_000;
 /// processes it left behind) before the runner stops reading them.
 pub const OUTPUT_DRAIN_MS: u64 = 2_000;
 /// Records replayed at open (after the newest snapshot) from which a runner, its
-/// exit on record, writes a snapshot (unless the state has more entries, or a
-/// newer snapshot was written meanwhile): an open of a log written by
-/// short-lived processes — the next runner's, the CLI's — then replays about
-/// this many records, or as many as the state has entries if that is more,
-/// instead of up to `LedgerOptions::snapshot_every_records` (a replay costs
-/// about 0.5–2 µs a record on a small machine: 1,000 is ~1–2 ms).
-pub const TAIL_RECORDS_SNAPSHOT_MIN: u64 = 1_000;
+/// exit on record, writes a snapshot (unless the state has more than
+/// [`STATE_ENTRIES_PER_TAIL_RECORD_MAX`](crate::ledger::snapshot::STATE_ENTRIES_PER_TAIL_RECORD_MAX)
+/// entries per record replayed, or a newer snapshot was written meanwhile): an
+/// open of a log written by short-lived processes — the next runner's, the
+/// CLI's — then replays at most about this many records, or a quarter of the
+/// state's entries if that is more, instead of up to
+/// `LedgerOptions::snapshot_every_records`. A replayed record of a supervised
+/// run cost 3–4 µs on this project's 2-core machine: 1,000 of them (the bound
+/// before) were 3–4 ms of every such open at worst, 1.5–2 ms on average.
+pub const TAIL_RECORDS_SNAPSHOT_MIN: u64 = 200;
 /// Attempts to append the terminal record before the runner gives up (the
 /// process then reads `completed_unknown` on recovery: never a guess).
 const TERMINAL_APPEND_ATTEMPTS_MAX: u32 = 30;

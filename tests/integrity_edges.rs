@@ -449,6 +449,56 @@ fn a_tampered_snapshot_is_not_adopted_and_verify_reports_it() {
     assert!(v["problems"].as_array().unwrap().iter().any(|p| p["kind"] == "snapshot_mismatch"), "{v}");
 }
 
+/// `fencelog state` on `dir`: its exit code and what it wrote to stderr.
+fn state_stderr(dir: &Path) -> (i32, String) {
+    let out = Command::new(FENCELOG).args(["state", "--dir", dir.to_str().unwrap()]).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Proves: a snapshot no checkpoint record names yet, stored just now (its
+/// writer is appending the checkpoint), is ignored without a warning on stderr —
+/// the open report still says why — and warned about once it is a minute old
+/// (its writer is gone); a young one whose sequence a checkpoint names with
+/// another digest (not the file it vouched for) is warned about at once.
+#[test]
+fn an_unvouched_snapshot_is_warned_about_unless_its_checkpoint_is_still_on_its_way() {
+    let d = small_segment_log(6);
+    let dir = d.path();
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let (seq, link) = (l.projection().last_seq(), l.view().unwrap().chain_head);
+    let body = fencelog::ledger::snapshot::body_of(&l.projection());
+    drop(l);
+    // Stored, and no checkpoint appended: as a writer leaves it for a moment.
+    let meta = fencelog::storage::snapshots::write(dir, seq, &link, &body).unwrap();
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let r = l.open_report().clone();
+    assert_eq!(r.snapshot_seq, None, "{r:?}");
+    assert!(r.snapshot_warnings.iter().any(|w| w.contains("vouches for it yet")), "{r:?}");
+    drop(l);
+    let (code, stderr) = state_stderr(dir);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("snapshot ignored"), "{stderr}");
+
+    // A minute old, still unvouched: its writer is gone.
+    let f = fs::File::options().write(true).open(&meta.source).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(61)).unwrap();
+    drop(f);
+    let (code, stderr) = state_stderr(dir);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("no checkpoint record in the log vouches for it"), "{stderr}");
+
+    // Young again, and a checkpoint names its sequence with another digest.
+    let l = Ledger::open(dir, LedgerOptions::default()).unwrap();
+    let other = [7u8; 32];
+    l.submit(None, move |_, t, w| Ok(Txn::new(t, w, vec![Event::Checkpoint { snapshot_seq: seq, digest: other }])))
+        .unwrap();
+    drop(l);
+    fencelog::storage::snapshots::write(dir, seq, &link, &body).unwrap();
+    let (code, stderr) = state_stderr(dir);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("no checkpoint record in the log vouches for it"), "{stderr}");
+}
+
 /// Proves: `inspect head` prints {seq, chain_head, time_ms}; `verify --expect-head`
 /// passes for a kept head and fails with `head_mismatch` for another, and with
 /// `log_shorter_than_pinned` once the log is cut before the pinned sequence.

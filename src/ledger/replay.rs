@@ -130,6 +130,12 @@ impl SinceSnapshot {
     }
 }
 
+/// How young a snapshot no checkpoint vouches for may be and still be taken for
+/// one whose writer is appending its checkpoint (a short-lived writer appends it
+/// at once; a daemon's background snapshot joins its next commit group): an
+/// open ignores it either way, and warns only when it is older.
+const SNAPSHOT_IN_FLIGHT_MS: u64 = 60_000;
+
 /// Replay the log in `dir`: try each snapshot (the newest few, newest first); one
 /// is adopted only if the log holds its chain head and a checkpoint record with
 /// the blake3 of its body — checked by a pass over the tail *before* the snapshot
@@ -158,7 +164,18 @@ pub(super) fn replay(backend: &dyn LogBackend) -> Result<Replayed, LedgerError> 
         let mut tail = vouch_and_collect(backend, &m)?;
         match tail.verdict {
             Vouched::Yes => {}
-            Vouched::NoCheckpoint => {
+            Vouched::NoCheckpoint if backend.snapshot_age_ms(&m).is_some_and(|ms| ms < SNAPSHOT_IN_FLIGHT_MS) => {
+                // Its writer is most likely appending the checkpoint now: kept in
+                // the report, not warned about.
+                let w = format!(
+                    "{}: no checkpoint record vouches for it yet (stored just now); snapshot ignored",
+                    m.source
+                );
+                tracing::debug!("{w}");
+                warnings.push(w);
+                continue;
+            }
+            Vouched::NoCheckpoint | Vouched::DigestDiffers => {
                 ignored(format!("no checkpoint record in the log vouches for it (digest {})", hex(&m.digest)));
                 continue;
             }
@@ -234,7 +251,11 @@ pub(super) fn resume(backend: &dyn LogBackend, h: super::HandedOver) -> Result<R
 
 enum Vouched {
     Yes,
+    /// No checkpoint record names the snapshot's sequence.
     NoCheckpoint,
+    /// Checkpoint records name its sequence, none with its digest: the file is
+    /// not the one they vouched for.
+    DigestDiffers,
     HeadDiffers,
 }
 
@@ -259,7 +280,7 @@ struct Tail {
 /// is refused: records were cut. A record that does not decode is `CORRUPTION`.
 fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Result<Tail, LedgerError> {
     let mut reader = backend.reader(m.seq);
-    let (mut last, mut head_ok, mut found) = (0, false, false);
+    let (mut last, mut head_ok, mut found, mut named) = (0, false, false, false);
     let mut records = Some(Vec::new());
     let mut undecodable = None;
     reader.poll(&mut |r| {
@@ -273,9 +294,14 @@ fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Re
         }
         match decode_txn(r.payload) {
             Ok(txn) => {
-                found |= txn.events.iter().any(
-                    |e| matches!(e, Event::Checkpoint { snapshot_seq, digest } if *snapshot_seq == m.seq && *digest == m.digest),
-                );
+                for e in &txn.events {
+                    if let Event::Checkpoint { snapshot_seq, digest } = e
+                        && *snapshot_seq == m.seq
+                    {
+                        named = true;
+                        found |= *digest == m.digest;
+                    }
+                }
                 match records.as_mut() {
                     Some(kept) if kept.len() < TAIL_RECORDS_KEPT_MAX => {
                         kept.push((r.seq, txn, r.link, r.payload.len() as u64))
@@ -300,6 +326,8 @@ fn vouch_and_collect(backend: &dyn LogBackend, m: &snapshot::SnapshotMeta) -> Re
         Vouched::HeadDiffers
     } else if found {
         Vouched::Yes
+    } else if named {
+        Vouched::DigestDiffers
     } else {
         Vouched::NoCheckpoint
     };

@@ -125,6 +125,13 @@ pub trait LogBackend: Send + Sync {
     /// The body of a snapshot `newest_snapshots` described (the same bytes, or an
     /// error).
     fn snapshot_body(&self, meta: &SnapshotMeta) -> std::result::Result<Vec<u8>, String>;
+    /// How long ago the snapshot `meta` describes was stored, in ms, where the
+    /// backend can tell (`None`: it cannot). A snapshot no checkpoint vouches
+    /// for yet is normal for a moment after it is stored (its writer appends the
+    /// checkpoint next): an open says so quietly while it is young.
+    fn snapshot_age_ms(&self, _meta: &SnapshotMeta) -> Option<u64> {
+        None
+    }
     /// This writer's identity in the records it appends.
     fn writer_id(&self) -> uuid::Uuid;
     /// What opening found and did.

@@ -122,6 +122,10 @@ impl LogBackend for FileBackend {
         snapshots::body(&self.dir, meta)
     }
 
+    fn snapshot_age_ms(&self, meta: &SnapshotMeta) -> Option<u64> {
+        snapshots::age_ms(&self.dir, meta)
+    }
+
     fn writer_id(&self) -> uuid::Uuid {
         self.log.as_ref().map_or(uuid::Uuid::nil(), Log::writer_id)
     }

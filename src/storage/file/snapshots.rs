@@ -195,6 +195,14 @@ pub fn body(dir: &Path, meta: &SnapshotMeta) -> Result<Vec<u8>, String> {
     }
 }
 
+/// How long ago the snapshot `meta` describes was renamed into place (its
+/// file's modification time, which the rename keeps from its last write), in ms.
+pub fn age_ms(dir: &Path, meta: &SnapshotMeta) -> Option<u64> {
+    let path = dir.join(SNAPSHOT_DIR).join(file_name(meta.seq));
+    let modified = fs::symlink_metadata(path).ok()?.modified().ok()?;
+    Some(u64::try_from(modified.elapsed().ok()?.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn file_name(seq: u64) -> String {
     format!("{seq:020}.snap")
 }

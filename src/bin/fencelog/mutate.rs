@@ -25,9 +25,10 @@ pub(crate) fn ledger_options() -> LedgerOptions {
 
 /// Records replayed at open (after the newest snapshot) from which a mutation
 /// writes a snapshot at its end, with the checkpoint that vouches for it (see
-/// `Ledger::snapshot_if_tail_exceeds`: not if the state has more entries, nor
-/// if a newer snapshot was written meanwhile): the runner's bound, so that an
-/// open of a log written only by commands replays about this many records.
+/// `Ledger::snapshot_if_tail_exceeds`: not if the state has more than four
+/// entries per record of the tail, nor if a newer snapshot was written
+/// meanwhile): the runner's bound, so that an open of a log written only by
+/// commands replays about this many records.
 const TAIL_RECORDS_SNAPSHOT_MIN: u64 = fencelog::supervisor::runner::TAIL_RECORDS_SNAPSHOT_MIN;
 
 /// `op` on the log of `dir`, then a snapshot if its open replayed a long tail
